@@ -1,0 +1,60 @@
+// An input checkpoint: its safetensors shards, index, config.json and the
+// other files of its directory.
+//
+// open_checkpoint() accepts a checkpoint directory (config.json, one
+// `*.safetensors` file or shards listed by `model.safetensors.index.json`,
+// other files) or a single `.safetensors` file, validates every shard header
+// (section 1 of the format spec) and the index against the shards, and reads
+// config.json. It opens files read-only and never writes to them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/safetensors.hpp"
+
+namespace ctquant {
+
+inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
+inline constexpr const char* kConfigFileName = "config.json";
+
+// Where a tensor lives: shard index and entry index in that shard's header.
+struct TensorLocation {
+  std::size_t shard = 0;
+  std::size_t entry = 0;
+};
+
+struct Checkpoint {
+  std::filesystem::path root;    // the input directory (a file's parent for a single file)
+  bool single_file = false;      // INPUT was a .safetensors file, not a directory
+  bool has_index = false;        // model.safetensors.index.json was present
+  nlohmann::json index;          // its content, when has_index
+  std::vector<SafetensorsFile> shards;  // sorted by file name
+  std::optional<nlohmann::json> config;  // config.json, when present
+  std::vector<std::string> other_files;  // regular files to copy unchanged, sorted
+  std::unordered_map<std::string, TensorLocation> tensors;  // every tensor of every shard
+
+  const TensorEntry& entry(const TensorLocation& at) const {
+    return shards[at.shard].header().tensors[at.entry];
+  }
+  const TensorEntry* find(const std::string& name) const;
+  std::uint64_t total_tensor_bytes() const;
+  std::uint64_t total_file_bytes() const;  // shards plus copied files
+};
+
+// Opens and validates the checkpoint at input. Throws Error{kBadInput} for a
+// checkpoint that breaks section 1 of the format spec (each shard's header;
+// the index naming a missing file, a path outside the directory or a tensor
+// its file does not hold; a shard tensor the index does not list; the same
+// tensor in two shards; several safetensors files without an index; an
+// unreadable config.json) and Error{kIo} when a file cannot be read.
+Checkpoint open_checkpoint(const std::filesystem::path& input);
+
+}  // namespace ctquant

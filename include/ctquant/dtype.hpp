@@ -1,0 +1,124 @@
+// Element types of the safetensors format and the scalar conversions the
+// quantizer needs.
+//
+// One constexpr trait table (kDTypeTraits) holds every dtype's tag, width in
+// bits and whether it is a float type the quantizer accepts; nothing else in
+// the library switches over tags. The tags and widths are those of section 1
+// of the format spec (shared/spec/format.md).
+//
+// The conversions below are exact IEEE-754 round-to-nearest-even, including
+// subnormals; they never flush to zero. They are the building blocks of the
+// scalar reference kernel and are tested bit for bit.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace ctquant {
+
+enum class DType : std::uint8_t {
+  kBool,
+  kU8,
+  kI8,
+  kF8_E4M3,
+  kF8_E5M2,
+  kF8_E8M0,
+  kF8_E4M3FNUZ,
+  kF8_E5M2FNUZ,
+  kF4,
+  kF6_E2M3,
+  kF6_E3M2,
+  kI16,
+  kU16,
+  kF16,
+  kBF16,
+  kI32,
+  kU32,
+  kF32,
+  kC64,
+  kI64,
+  kU64,
+  kF64,
+};
+
+struct DTypeTraits {
+  DType dtype;
+  std::string_view tag;  // as written in a safetensors header
+  int bits;              // width of one element
+};
+
+// Section 1 of the format spec: tags and sizes in bits.
+inline constexpr std::array<DTypeTraits, 22> kDTypeTraits = {{
+    {DType::kBool, "BOOL", 8},
+    {DType::kU8, "U8", 8},
+    {DType::kI8, "I8", 8},
+    {DType::kF8_E4M3, "F8_E4M3", 8},
+    {DType::kF8_E5M2, "F8_E5M2", 8},
+    {DType::kF8_E8M0, "F8_E8M0", 8},
+    {DType::kF8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
+    {DType::kF8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
+    {DType::kF4, "F4", 4},
+    {DType::kF6_E2M3, "F6_E2M3", 6},
+    {DType::kF6_E3M2, "F6_E3M2", 6},
+    {DType::kI16, "I16", 16},
+    {DType::kU16, "U16", 16},
+    {DType::kF16, "F16", 16},
+    {DType::kBF16, "BF16", 16},
+    {DType::kI32, "I32", 32},
+    {DType::kU32, "U32", 32},
+    {DType::kF32, "F32", 32},
+    {DType::kC64, "C64", 64},
+    {DType::kI64, "I64", 64},
+    {DType::kU64, "U64", 64},
+    {DType::kF64, "F64", 64},
+}};
+
+constexpr const DTypeTraits& traits(DType dtype) {
+  return kDTypeTraits[static_cast<std::size_t>(dtype)];
+}
+constexpr std::string_view dtype_tag(DType dtype) { return traits(dtype).tag; }
+constexpr int dtype_bits(DType dtype) { return traits(dtype).bits; }
+
+// The dtype for a header tag, or nullopt for an unknown tag.
+std::optional<DType> dtype_from_tag(std::string_view tag);
+
+// True for the dtypes a weight may have to be quantized directly (section 2,
+// rule 4 of the format spec): BF16, F16, F32.
+constexpr bool is_quantizable_float(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+}
+
+// ---- scalar conversions (exact, round-to-nearest-even, no flush-to-zero) ----
+
+constexpr float bf16_to_float(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+// Rounds a float to the nearest BF16 (ties to even). NaN stays NaN (quiet).
+constexpr std::uint16_t float_to_bf16(float value) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(value);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  const std::uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>((u + rounding_bias) >> 16);
+}
+
+// IEEE binary16 <-> float. Subnormal halves are exact in float; the float to
+// half direction rounds to nearest even, produces subnormals and infinities.
+float f16_to_float(std::uint16_t bits);
+std::uint16_t float_to_f16(float value);
+
+// The float value of one element of a float dtype (BF16, F16 or F32) whose raw
+// little-endian bits are given; used by the scalar reference and verify.
+float load_as_float(DType dtype, const void* element);
+
+// round_T(x) of section 3 of the format spec: x rounded to the dtype T
+// (BF16, F16 or F32) and widened back to float, exactly.
+float round_to_dtype(DType dtype, float value);
+
+// eps(T) of section 3 step 3: BF16 2^-7, F16 2^-10, F32 2^-23.
+float dtype_eps(DType dtype);
+
+}  // namespace ctquant

@@ -1,0 +1,54 @@
+// Ignore-list and targets matching of module names.
+//
+// Section 2 of the format spec: an entry `re:PATTERN` matches a module name
+// when Python's `re.match(PATTERN, name)` would, i.e. anchored at the start
+// and not at the end; any other entry matches only the identical name. The
+// regex engine is PCRE2 in UTF mode with Unicode properties, which accepts
+// Python syntax such as `(?P<name>...)`, `(?P=name)`, `(?i)`, lookbehind and
+// `\d`. Python's `\Z` (end of string only) is translated to PCRE2's `\z`.
+//
+// For targets, the entry `Linear` (the class name vLLM and compressed-tensors
+// use) matches every module: a checkpoint carries no class information, and
+// the planner already excludes norms and embeddings (section 2, rules 3, 6).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ctquant {
+
+class ModuleMatcher {
+ public:
+  enum class Role { kIgnore, kTargets };
+
+  // Compiles every entry up front. Throws Error{kUsage} listing every entry
+  // whose pattern does not compile (with PCRE2's message and offset), and
+  // for an empty entry or an empty `re:` pattern.
+  ModuleMatcher(std::vector<std::string> entries, Role role);
+  ~ModuleMatcher();
+  ModuleMatcher(ModuleMatcher&&) noexcept;
+  ModuleMatcher& operator=(ModuleMatcher&&) noexcept;
+
+  // Index of the first entry matching module, or nullopt.
+  std::optional<std::size_t> first_match(std::string_view module) const;
+  // Whether entry i matches module.
+  bool entry_matches(std::size_t i, std::string_view module) const;
+
+  const std::vector<std::string>& entries() const { return entries_; }
+  bool is_regex(std::size_t i) const;
+
+ private:
+  struct Compiled;
+  std::vector<std::string> entries_;
+  Role role_;
+  std::vector<std::unique_ptr<Compiled>> compiled_;  // one per entry; null for literals
+};
+
+// The pattern text of an entry ("re:.*x$" -> ".*x$"), or nullopt for a literal.
+std::optional<std::string_view> regex_pattern(std::string_view entry);
+
+}  // namespace ctquant

@@ -1,0 +1,28 @@
+// Packing of b-bit integer codes into int32 words, and unpacking.
+//
+// Section 4 of the format spec: codes are stored offset by 2^(b-1) (so in
+// [0, 2^b)) as a dense little-endian bit stream: element i occupies bits
+// i*b .. i*b+b-1 counted from bit 0 of word 0, and may straddle two words.
+// Example (b = 4): codes 0,1,2,3,4,5,6,7,-8,-7,-1,0,0,0,0,0 pack to the words
+// 0xFEDCBA98, 0x88887F10. This is compressed-tensors' pack_to_int32.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace ctquant {
+
+// Packs codes (signed, each in [-2^(b-1), 2^(b-1))) into out, which must hold
+// ceil(codes.size()*b/32) words; every word of out is overwritten.
+void pack_codes(std::span<const std::int8_t> codes, int num_bits, std::span<std::uint32_t> out);
+
+// Inverse of pack_codes: fills codes (codes.size() elements) from words.
+void unpack_codes(std::span<const std::uint32_t> words, int num_bits, std::span<std::int8_t> codes);
+
+// Packs a zero-point matrix z [n_rows, n_cols] (signed codes) along dim 0 into
+// out [ceil(n_rows*b/32), n_cols] (section 4: weight_zero_point): column g's
+// codes form one bit stream down the rows.
+void pack_zero_points(std::span<const std::int8_t> z, std::uint64_t n_rows, std::uint64_t n_cols,
+                      int num_bits, std::span<std::uint32_t> out);
+
+}  // namespace ctquant

@@ -1,0 +1,99 @@
+// The quantization plan: every output tensor's name, dtype, shape, byte size,
+// file and offset, decided before any tensor data is read.
+//
+// make_plan() is pure: it reads only headers (already validated by
+// open_checkpoint) and the options. It applies section 2 of the format spec
+// to decide each input tensor's fate and the rule that decided it, computes
+// the output tensors of section 4 for each quantized module, lays out every
+// output shard (section 5: same file names, tensors sorted by name,
+// `{"format": "pt"}` metadata) and builds the output index and config.json.
+// Because the plan holds each output header, the executor writes headers
+// first and then streams data, and `--dry-run` costs nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/checkpoint.hpp"
+#include "ctquant/kernel.hpp"
+
+namespace ctquant {
+
+// What happens to one input tensor.
+enum class Fate {
+  kCopy,      // written unchanged under the same name
+  kQuantize,  // replaced by weight_packed, weight_scale, weight_shape (+ weight_zero_point)
+};
+
+const char* fate_name(Fate fate);
+
+// The decision for one input tensor, in input order (shard by shard, data order).
+struct TensorDecision {
+  std::string name;
+  std::string module;  // name up to the last dot ("" when there is none)
+  TensorLocation source;
+  Fate fate = Fate::kCopy;
+  std::string rule;    // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
+  std::optional<std::size_t> ignore_entry;  // the ignore entry that matched, if any
+};
+
+// What one output tensor holds.
+enum class OutputRole { kCopy, kPacked, kScale, kShape, kZeroPoint };
+
+struct PlannedTensor {
+  std::string name;
+  DType dtype{};
+  std::vector<std::uint64_t> shape;
+  std::uint64_t byte_size = 0;
+  std::uint64_t offset = 0;  // in the data buffer of its shard
+  OutputRole role = OutputRole::kCopy;
+  std::size_t decision = 0;  // index into QuantizePlan::decisions
+};
+
+struct ShardPlan {
+  std::string file_name;     // same as the input shard
+  std::size_t input_shard = 0;
+  std::vector<PlannedTensor> tensors;  // sorted by name == data order
+  std::string header;        // bytes to write at offset 0 (length prefix, JSON, padding)
+  std::uint64_t data_start = 0;
+  std::uint64_t file_size = 0;
+};
+
+struct PlanOptions {
+  QuantScheme scheme;
+  std::vector<std::string> ignore{"lm_head"};
+  std::vector<std::string> targets{"Linear"};
+};
+
+struct QuantizePlan {
+  PlanOptions options;
+  std::vector<TensorDecision> decisions;
+  std::vector<ShardPlan> shards;
+  std::optional<nlohmann::json> index;  // output model.safetensors.index.json
+  nlohmann::json config;                // output config.json
+  std::vector<std::string> copied_files;
+  // For each ignore entry, the modules it matched among the modules whose
+  // .weight passed rules 1-4 and 6 of section 2 (the ones it could affect).
+  std::vector<std::vector<std::string>> ignore_matches;
+
+  std::size_t n_quantized = 0;   // input tensors quantized
+  std::size_t n_copied = 0;      // input tensors copied
+  std::uint64_t tensor_bytes_out = 0;  // sum of output tensor byte sizes
+  std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
+};
+
+// Builds the plan. Throws Error{kUsage} for invalid ignore/target entries or
+// scheme, and Error{kBadInput} listing every selected tensor whose
+// in_features is not a multiple of the group size (section 2), and for an
+// input config whose quantization_config ctquant does not convert.
+QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
+
+// The module a tensor belongs to: the name up to its last dot.
+std::string module_of(const std::string& tensor_name);
+
+}  // namespace ctquant

@@ -1,0 +1,365 @@
+#include "ctquant/executor.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ctquant/config.hpp"
+#include "ctquant/error.hpp"
+#include "ctquant/kernel.hpp"
+#include "ctquant/pack.hpp"
+#include "ctquant/safetensors_writer.hpp"
+
+namespace ctquant {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::uint64_t kCopyJobBytes = 64u << 20;
+
+// The output tensors of one quantized module.
+struct QuantizedModule {
+  std::size_t shard = 0;  // output shard == input shard
+  std::size_t decision = 0;
+  const PlannedTensor* packed = nullptr;
+  const PlannedTensor* scale = nullptr;
+  const PlannedTensor* zero_point = nullptr;
+};
+
+struct Job {
+  enum class Kind { kCopy, kQuantize } kind = Kind::kCopy;
+  std::size_t shard = 0;
+  const PlannedTensor* tensor = nullptr;  // kCopy
+  std::size_t module = 0;                 // kQuantize: index into modules
+  std::uint64_t begin = 0;  // kCopy: byte offset in the tensor; kQuantize: first row
+  std::uint64_t end = 0;    // kCopy: end byte; kQuantize: end row
+  std::uint64_t input_bytes = 0;
+  bool last_of_tensor = false;
+};
+
+// Rows per zero-point word boundary: row chunks of asymmetric schemes start at
+// multiples of this so each chunk owns whole zero-point words.
+std::uint64_t row_alignment(const QuantScheme& scheme) {
+  return scheme.symmetric ? 1 : 32 / std::gcd(32, scheme.num_bits);
+}
+
+class Executor {
+ public:
+  Executor(const Checkpoint& checkpoint, const QuantizePlan& plan, const fs::path& out_dir,
+           const ExecuteOptions& options)
+      : ckpt_(checkpoint), plan_(plan), out_dir_(out_dir), options_(options) {}
+
+  void run() {
+    build_jobs();
+    open_outputs();
+    run_jobs();
+    write_json_files();
+    copy_other_files();
+    finish();
+  }
+
+ private:
+  void build_jobs() {
+    const QuantScheme& scheme = plan_.options.scheme;
+    for (std::size_t s = 0; s < plan_.shards.size(); ++s) {
+      const ShardPlan& shard = plan_.shards[s];
+      for (const PlannedTensor& t : shard.tensors) {
+        switch (t.role) {
+          case OutputRole::kCopy: {
+            std::uint64_t pos = 0;
+            do {
+              const std::uint64_t end = std::min(t.byte_size, pos + kCopyJobBytes);
+              jobs_.push_back(Job{Job::Kind::kCopy, s, &t, 0, pos, end, end - pos, end == t.byte_size});
+              pos = end;
+            } while (pos < t.byte_size);
+            ++tensors_total_;
+            break;
+          }
+          case OutputRole::kPacked: {
+            QuantizedModule m{s, t.decision, &t, nullptr, nullptr};
+            for (const PlannedTensor& o : shard.tensors) {
+              if (o.decision != t.decision) continue;
+              if (o.role == OutputRole::kScale) m.scale = &o;
+              if (o.role == OutputRole::kZeroPoint) m.zero_point = &o;
+            }
+            modules_.push_back(m);
+            const TensorEntry& w = ckpt_.entry(plan_.decisions[t.decision].source);
+            const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
+            const std::uint64_t align = row_alignment(scheme);
+            std::uint64_t rows_per_job = std::max<std::uint64_t>(1, options_.chunk_bytes / row_bytes);
+            rows_per_job = std::max(align, rows_per_job / align * align);
+            for (std::uint64_t r = 0; r < w.shape[0]; r += rows_per_job) {
+              const std::uint64_t end = std::min(w.shape[0], r + rows_per_job);
+              jobs_.push_back(Job{Job::Kind::kQuantize, s, nullptr, modules_.size() - 1, r, end,
+                                  (end - r) * row_bytes, end == w.shape[0]});
+              const std::uint64_t rows = end - r;
+              const std::uint64_t n_groups = w.shape[1] / scheme.effective_group_size(w.shape[1]);
+              max_in_bytes_ = std::max(max_in_bytes_, rows * row_bytes);
+              max_packed_words_ = std::max(
+                  max_packed_words_, rows * packed_words_per_row(w.shape[1], scheme.num_bits));
+              max_scale_values_ = std::max(max_scale_values_, rows * n_groups);
+              max_zero_point_words_ = std::max(
+                  max_zero_point_words_, packed_words_per_row(rows, scheme.num_bits) * n_groups);
+            }
+            ++tensors_total_;
+            break;
+          }
+          default:
+            break;  // scale and zero point are written by the packed jobs; shape below
+        }
+      }
+    }
+    for (const Job& j : jobs_) bytes_total_ += j.input_bytes;
+  }
+
+  void open_outputs() {
+    for (const ShardPlan& shard : plan_.shards) {
+      auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name);
+      file->reserve(shard.file_size);
+      file->write_at(0, std::as_bytes(std::span(shard.header)));
+      // weight_shape tensors are 16 bytes each: write them now.
+      for (const PlannedTensor& t : shard.tensors) {
+        if (t.role != OutputRole::kShape) continue;
+        const TensorEntry& w = ckpt_.entry(plan_.decisions[t.decision].source);
+        const std::int64_t shape[2] = {static_cast<std::int64_t>(w.shape[0]),
+                                       static_cast<std::int64_t>(w.shape[1])};
+        file->write_at(shard.data_start + t.offset, std::as_bytes(std::span(shape)));
+      }
+      outputs_.push_back(std::move(file));
+    }
+  }
+
+  // Per-thread buffers, sized once for the largest job.
+  struct Buffers {
+    std::vector<std::byte> input;
+    std::vector<std::uint32_t> packed;
+    std::vector<std::byte> scale;
+    std::vector<std::int8_t> zero_point;
+    std::vector<std::uint32_t> zero_point_packed;
+  };
+
+  void run_quantize_job(const Job& job, Buffers& buf) {
+    const QuantScheme& scheme = plan_.options.scheme;
+    const QuantizedModule& m = modules_[job.module];
+    const TensorDecision& d = plan_.decisions[m.decision];
+    const TensorEntry& w = ckpt_.entry(d.source);
+    const SafetensorsFile& in = ckpt_.shards[d.source.shard];
+    const std::uint64_t n_rows = job.end - job.begin;
+    const std::uint64_t n_cols = w.shape[1];
+    const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
+    const std::uint64_t esize = row_bytes / n_cols;
+    const std::uint64_t n_groups = n_cols / scheme.effective_group_size(n_cols);
+    const std::uint64_t words = packed_words_per_row(n_cols, scheme.num_bits);
+
+    const std::span<std::byte> input(buf.input.data(), n_rows * row_bytes);
+    in.read(w.begin + job.begin * row_bytes, input);
+
+    KernelBlock block;
+    block.dtype = w.dtype;
+    block.n_rows = n_rows;
+    block.n_cols = n_cols;
+    block.weight = input.data();
+    block.packed = buf.packed.data();
+    block.scale = buf.scale.data();
+    block.zero_point = buf.zero_point.data();
+    if (const auto bad = quantize_block(scheme, block)) {
+      const std::uint64_t row = job.begin + *bad / n_cols;
+      const std::uint64_t col = *bad % n_cols;
+      const float value = load_as_float(w.dtype, input.data() + *bad * esize);
+      throw bad_input(fmt::format("{}: tensor '{}': element [{}, {}] is {} (a weight to be "
+                                  "quantized must be finite; section 3 of the format spec)",
+                                  in.label(), w.name, row, col, value));
+    }
+    const OutputFile& out = *outputs_[m.shard];
+    const std::uint64_t base = plan_.shards[m.shard].data_start;
+    out.write_at(base + m.packed->offset + job.begin * words * 4,
+                 std::as_bytes(std::span(buf.packed.data(), n_rows * words)));
+    out.write_at(base + m.scale->offset + job.begin * n_groups * esize,
+                 std::span<const std::byte>(buf.scale.data(), n_rows * n_groups * esize));
+    if (m.zero_point != nullptr) {
+      const std::uint64_t zp_rows = packed_words_per_row(n_rows, scheme.num_bits);
+      const std::span<std::uint32_t> packed(buf.zero_point_packed.data(), zp_rows * n_groups);
+      pack_zero_points(std::span(buf.zero_point.data(), n_rows * n_groups), n_rows, n_groups,
+                       scheme.num_bits, packed);
+      const std::uint64_t first_word_row = job.begin * scheme.num_bits / 32;
+      out.write_at(base + m.zero_point->offset + first_word_row * n_groups * 4,
+                   std::as_bytes(std::span<const std::uint32_t>(packed)));
+    }
+  }
+
+  void run_copy_job(const Job& job) {
+    const TensorDecision& d = plan_.decisions[job.tensor->decision];
+    const TensorEntry& src = ckpt_.entry(d.source);
+    const SafetensorsFile& in = ckpt_.shards[d.source.shard];
+    const std::uint64_t base = plan_.shards[job.shard].data_start + job.tensor->offset;
+    outputs_[job.shard]->copy_from(in.fd(), in.header().data_start + src.begin + job.begin,
+                                   base + job.begin, job.end - job.begin);
+  }
+
+  void worker() {
+    Buffers buf;
+    const QuantScheme& scheme = plan_.options.scheme;
+    buf.input.resize(max_in_bytes_);
+    buf.packed.resize(max_packed_words_);
+    buf.scale.resize(max_scale_values_ * 4);  // 4 bytes: the widest scale dtype (F32)
+    if (!scheme.symmetric) {
+      buf.zero_point.resize(max_scale_values_);
+      buf.zero_point_packed.resize(max_zero_point_words_);
+    }
+    for (;;) {
+      if (failed_.load(std::memory_order_relaxed)) return;
+      if (options_.cancel != nullptr && options_.cancel->load()) {
+        record_error(jobs_.size(), std::make_exception_ptr(Error(
+                                       ErrorKind::kInterrupted, "interrupted by a signal")));
+        return;
+      }
+      const std::size_t i = next_job_.fetch_add(1);
+      if (i >= jobs_.size()) return;
+      const Job& job = jobs_[i];
+      try {
+        if (job.kind == Job::Kind::kCopy) {
+          run_copy_job(job);
+        } else {
+          run_quantize_job(job, buf);
+        }
+      } catch (...) {
+        record_error(i, std::current_exception());
+        return;
+      }
+      bytes_done_.fetch_add(job.input_bytes);
+      if (job.last_of_tensor) tensors_done_.fetch_add(1);
+    }
+  }
+
+  void record_error(std::size_t job_index, std::exception_ptr error) {
+    std::lock_guard lock(error_mutex_);
+    if (!first_error_ || job_index < first_error_job_) {
+      first_error_ = error;
+      first_error_job_ = job_index;
+    }
+    failed_.store(true);
+  }
+
+  Progress progress() const {
+    return Progress{bytes_done_.load(), bytes_total_, tensors_done_.load(), tensors_total_};
+  }
+
+  void run_jobs() {
+    const unsigned n_threads =
+        std::max(1u, std::min<unsigned>(options_.threads, static_cast<unsigned>(jobs_.size())));
+    std::vector<std::thread> threads;
+    std::mutex done_mutex;
+    std::condition_variable done_cv;
+    unsigned running = n_threads;
+    for (unsigned t = 0; t < n_threads; ++t) {
+      threads.emplace_back([&] {
+        worker();
+        std::lock_guard lock(done_mutex);
+        --running;
+        done_cv.notify_all();
+      });
+    }
+    {
+      std::unique_lock lock(done_mutex);
+      while (running > 0) {
+        done_cv.wait_for(lock, std::chrono::milliseconds(options_.progress_interval_ms));
+        if (options_.on_progress && running > 0) options_.on_progress(progress());
+      }
+    }
+    for (auto& t : threads) t.join();
+    if (first_error_) std::rethrow_exception(first_error_);
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      throw Error(ErrorKind::kInterrupted, "interrupted by a signal");
+    }
+    if (options_.on_progress) options_.on_progress(progress());
+  }
+
+  void write_text_file(const std::string& name, const std::string& text) {
+    OutputFile file(out_dir_ / name);
+    file.write_at(0, std::as_bytes(std::span(text)));
+    if (options_.fsync) file.sync_and_close();
+  }
+
+  void write_json_files() {
+    if (plan_.index) write_text_file(kIndexFileName, dump_json(*plan_.index));
+    write_text_file(kConfigFileName, dump_json(plan_.config));
+  }
+
+  void copy_other_files() {
+    for (const std::string& name : plan_.copied_files) {
+      const fs::path src = ckpt_.root / name;
+      const int fd = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw io_error(fmt::format("{}: cannot open: {}", name, std::strerror(errno)));
+      try {
+        OutputFile file(out_dir_ / name);
+        file.copy_from(fd, 0, 0, fs::file_size(src));
+        if (options_.fsync) file.sync_and_close();
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+    }
+  }
+
+  void finish() {
+    for (auto& file : outputs_) {
+      if (options_.fsync) file->sync_and_close();
+    }
+    outputs_.clear();
+    if (options_.fsync) {
+      const int dir_fd = ::open(out_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dir_fd >= 0) {
+        ::fsync(dir_fd);
+        ::close(dir_fd);
+      }
+    }
+  }
+
+  const Checkpoint& ckpt_;
+  const QuantizePlan& plan_;
+  const fs::path out_dir_;
+  const ExecuteOptions& options_;
+
+  std::vector<QuantizedModule> modules_;
+  std::vector<Job> jobs_;
+  std::vector<std::unique_ptr<OutputFile>> outputs_;
+  // Largest per-job buffer sizes, so each thread allocates once.
+  std::uint64_t max_in_bytes_ = 0;
+  std::uint64_t max_packed_words_ = 0;
+  std::uint64_t max_scale_values_ = 0;
+  std::uint64_t max_zero_point_words_ = 0;
+  std::uint64_t bytes_total_ = 0;
+  std::uint64_t tensors_total_ = 0;
+
+  std::atomic<std::size_t> next_job_{0};
+  std::atomic<std::uint64_t> bytes_done_{0};
+  std::atomic<std::uint64_t> tensors_done_{0};
+  std::atomic<bool> failed_{false};
+  std::mutex error_mutex_;
+  std::exception_ptr first_error_;
+  std::size_t first_error_job_ = 0;
+};
+
+}  // namespace
+
+void execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan, const fs::path& out_dir,
+                  const ExecuteOptions& options) {
+  Executor(checkpoint, plan, out_dir, options).run();
+}
+
+}  // namespace ctquant

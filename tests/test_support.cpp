@@ -1,0 +1,169 @@
+#include "test_support.hpp"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "ctquant/safetensors_writer.hpp"
+
+namespace ctquant::test {
+
+namespace fs = std::filesystem;
+
+fs::path golden_dir() { return CTQUANT_GOLDEN_DIR; }
+fs::path ctquant_binary() { return CTQUANT_BINARY; }
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "ctquant-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  // Tests may make files read-only; make them writable again so they can go.
+  for (auto it = fs::recursive_directory_iterator(path_, ec); it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
+  }
+  fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+  fs::remove_all(path_, ec);
+}
+
+std::vector<std::byte> float_bytes(DType dtype, const std::vector<float>& values) {
+  std::vector<std::byte> out;
+  for (float v : values) {
+    if (dtype == DType::kF32) {
+      std::byte b[4];
+      std::memcpy(b, &v, 4);
+      out.insert(out.end(), b, b + 4);
+    } else {
+      const std::uint16_t bits = dtype == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+      out.push_back(static_cast<std::byte>(bits & 0xFF));
+      out.push_back(static_cast<std::byte>(bits >> 8));
+    }
+  }
+  return out;
+}
+
+std::vector<std::byte> u16_bytes(const std::vector<std::uint16_t>& bits) {
+  std::vector<std::byte> out;
+  for (std::uint16_t b : bits) {
+    out.push_back(static_cast<std::byte>(b & 0xFF));
+    out.push_back(static_cast<std::byte>(b >> 8));
+  }
+  return out;
+}
+
+FakeTensor random_weight(const std::string& name, DType dtype, std::uint64_t rows,
+                         std::uint64_t cols, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> values(rows * cols);
+  for (float& v : values) v = normal(rng);
+  return FakeTensor{name, dtype, {rows, cols}, float_bytes(dtype, values)};
+}
+
+void write_safetensors(const fs::path& path, const std::vector<FakeTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.data.size()});
+  const ShardLayout layout = layout_shard(specs, metadata);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(layout.header.data(), static_cast<std::streamsize>(layout.header.size()));
+  for (const auto& t : tensors) {
+    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+  }
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void write_raw_safetensors(const fs::path& path, const std::string& header,
+                           const std::vector<std::byte>& data) {
+  std::string bytes(8, '\0');
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(data.data()), data.size());
+  write_file(path, bytes);
+}
+
+void write_file(const fs::path& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::byte> read_tensor(const fs::path& file, const std::string& name) {
+  SafetensorsFile f(file, file.filename().string());
+  const TensorEntry* e = f.header().find(name);
+  if (e == nullptr) throw std::runtime_error("no tensor " + name + " in " + file.string());
+  std::vector<std::byte> bytes(e->byte_size());
+  f.read(e->begin, bytes);
+  return bytes;
+}
+
+namespace {
+std::string slurp_fd(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+}  // namespace
+
+CommandResult run_ctquant(const std::vector<std::string>& args) {
+  TempDir capture;
+  const fs::path out_path = capture / "stdout";
+  const fs::path err_path = capture / "stderr";
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    std::vector<std::string> storage{ctquant_binary().string()};
+    storage.insert(storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : storage) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int out_fd = ::open(out_path.c_str(), O_RDONLY);
+  const int err_fd = ::open(err_path.c_str(), O_RDONLY);
+  result.out = slurp_fd(out_fd);
+  result.err = slurp_fd(err_fd);
+  ::close(out_fd);
+  ::close(err_fd);
+  return result;
+}
+
+void copy_dir(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  for (auto& item : fs::recursive_directory_iterator(to)) {
+    fs::permissions(item.path(), fs::perms::owner_write, fs::perm_options::add);
+  }
+}
+
+}  // namespace ctquant::test

@@ -1,0 +1,78 @@
+// Helpers shared by the tests: temporary directories, hand-made safetensors
+// files, reading tensors back, and running the ctquant binary.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ctquant/dtype.hpp"
+#include "ctquant/safetensors.hpp"
+
+namespace ctquant::test {
+
+// The golden fixtures copied into tests/golden (see tests/golden/README.md).
+std::filesystem::path golden_dir();
+// The ctquant executable under test.
+std::filesystem::path ctquant_binary();
+
+// A fresh directory under the system temp dir, removed with everything in it.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A tensor to write into a hand-made safetensors file.
+struct FakeTensor {
+  std::string name;
+  DType dtype{};
+  std::vector<std::uint64_t> shape;
+  std::vector<std::byte> data;  // exactly numel * bits / 8 bytes
+};
+
+// Raw little-endian bytes of floats stored as dtype (BF16, F16: rounded to
+// nearest even; F32: exact).
+std::vector<std::byte> float_bytes(DType dtype, const std::vector<float>& values);
+// Raw bytes of 16-bit patterns (BF16/F16 bit patterns given exactly).
+std::vector<std::byte> u16_bytes(const std::vector<std::uint16_t>& bits);
+// A 2-D float tensor of seeded normal values (std 0.02) stored as dtype.
+FakeTensor random_weight(const std::string& name, DType dtype, std::uint64_t rows,
+                         std::uint64_t cols, std::uint32_t seed);
+
+// Writes a valid safetensors file with the library's writer (sorted as given).
+void write_safetensors(const std::filesystem::path& path, const std::vector<FakeTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+// Writes a file made of an 8-byte length prefix of header.size(), header, then data.
+void write_raw_safetensors(const std::filesystem::path& path, const std::string& header,
+                           const std::vector<std::byte>& data);
+// Writes any bytes to a file.
+void write_file(const std::filesystem::path& path, const std::string& content);
+std::string read_file(const std::filesystem::path& path);
+
+// The bytes of one tensor of a safetensors file (validated on open).
+std::vector<std::byte> read_tensor(const std::filesystem::path& file, const std::string& name);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+// Runs the ctquant binary with args (no shell quoting issues: args are
+// passed as they are) and captures its exit code, stdout and stderr.
+CommandResult run_ctquant(const std::vector<std::string>& args);
+
+// Recursively copies a directory (the golden inputs are read-only).
+void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to);
+
+}  // namespace ctquant::test

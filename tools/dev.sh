@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set-up and everyday commands for a fresh Debian 12 machine (run as root, or
+# as a user with sudo). Installs the missing Debian packages, builds, then:
+#   tools/dev.sh sample   quantize the bundled sample checkpoint into a
+#                         temporary directory and print the summary
+#   tools/dev.sh test     run the whole test suite (what CI runs)
+#   tools/dev.sh build    only install and build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  googletest libgtest-dev libpcre2-dev libbenchmark-dev
+)
+BUILD_DIR=${CTQUANT_BUILD_DIR:-build}
+
+install_packages() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  echo "dev.sh: installing ${missing[*]}" >&2
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  install_packages "${PACKAGES[@]}"
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON "$@" >/dev/null
+  cmake --build "$BUILD_DIR" -j "$(nproc)"
+}
+
+case "${1:-}" in
+  build)
+    build
+    ;;
+  sample)
+    build
+    out="$(mktemp -d)/dflash-w4a16"
+    "$BUILD_DIR/ctquant" quantize tests/golden/dflash-bf16-sharded/input "$out" \
+      --ignore 're:.*qkv_proj$' --ignore 're:.*g_proj$'
+    echo "output: $out"
+    ls -l "$out"
+    ;;
+  test)
+    build
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+    ;;
+  *)
+    echo "usage: tools/dev.sh sample|test|build" >&2
+    exit 2
+    ;;
+esac
