@@ -49,12 +49,18 @@ struct Checkpoint {
   std::uint64_t total_file_bytes() const;  // shards plus copied files
 };
 
-// Opens and validates the checkpoint at input. Throws Error{kBadInput} for a
-// checkpoint that breaks section 1 of the format spec (each shard's header;
-// the index naming a missing file, a path outside the directory or a tensor
-// its file does not hold; a shard tensor the index does not list; the same
-// tensor in two shards; several safetensors files without an index; an
-// unreadable config.json) and Error{kIo} when a file cannot be read.
+// Opens and validates the checkpoint at input. Only regular files are read:
+// in a directory, a symbolic link is followed when it resolves to a regular
+// file inside the directory and refused when it resolves to one outside it;
+// subdirectories, devices, FIFOs and dangling links are ignored. config.json
+// and the index are read only up to 100,000,000 bytes and 128 levels of JSON
+// nesting. Throws Error{kBadInput} for a checkpoint that breaks section 1 of
+// the format spec (each shard's header; the index naming a missing file, a
+// path outside the directory or a tensor its file does not hold, or naming a
+// tensor twice; a shard tensor the index does not list; the same tensor in
+// two shards; several safetensors files without an index; a config.json that
+// is not a JSON object) or links out of the directory, listing every problem
+// of the phase at once; Error{kIo} when a file cannot be read.
 Checkpoint open_checkpoint(const std::filesystem::path& input);
 
 }  // namespace ctquant
