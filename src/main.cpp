@@ -23,18 +23,64 @@
 namespace {
 
 std::atomic<bool> g_cancel{false};
+std::atomic<int> g_signal{0};
 
-extern "C" void on_signal(int) { g_cancel.store(true); }
+extern "C" void on_signal(int signal_number) {
+  g_signal.store(signal_number);
+  g_cancel.store(true);
+}
 
+// SIGINT, SIGTERM and SIGHUP ask the run to stop: the library polls the
+// cancel flag between jobs and phases, removes the temporary directory and
+// throws Error{kInterrupted}. SA_RESETHAND: a second signal ends the process
+// at once (the temporary directory may then be left, recognisable by name).
 void install_signal_handlers() {
   struct sigaction action {};
   action.sa_handler = on_signal;
+  action.sa_flags = SA_RESETHAND | SA_RESTART;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
+    // A signal the parent ignores stays ignored (nohup, `cmd &` in a script).
+    struct sigaction previous {};
+    if (sigaction(signal_number, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) {
+      continue;
+    }
+    sigaction(signal_number, &action, nullptr);
+  }
   // A file size limit (RLIMIT_FSIZE) must surface as EFBIG, a clean "no
-  // space" error, not as a signal that kills the process mid-write.
+  // space" error, not as a signal that kills the process mid-write; a closed
+  // stderr pipe must not kill it before it has cleaned up either.
   std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+const char* signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "a signal";
+  }
+}
+
+// Prints an error message to stderr with control characters escaped: names
+// in messages come from input files and must not drive the terminal.
+void print_error(const std::string& message) {
+  std::string text = "\nctquant: error: ";
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7F) {
+      text += fmt::format("\\x{:02x}", u);
+    } else {
+      text += c;
+    }
+  }
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stderr);
 }
 
 std::string human_bytes(std::uint64_t bytes) {
@@ -174,10 +220,17 @@ int main(int argc, char** argv) {
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
   } catch (const ctquant::Error& e) {
-    std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
+    if (e.kind() == ctquant::ErrorKind::kInterrupted) {
+      print_error(
+          fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
+                      "removed",
+                      e.what(), signal_name(g_signal.load())));
+    } else {
+      print_error(e.what());
+    }
     return ctquant::exit_status(e.kind());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
+    print_error(e.what());
     return 1;
   }
   return 0;

@@ -23,13 +23,28 @@ QuantizeOptions default_quantize_options() {
 
 namespace {
 
+// Size of a file for the summary; 0 if it cannot be read.
+std::uint64_t file_bytes(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
 std::uint64_t directory_bytes(const fs::path& dir) {
   std::uint64_t total = 0;
   std::error_code ec;
   for (const auto& item : fs::directory_iterator(dir, ec)) {
-    if (item.is_regular_file(ec)) total += item.file_size(ec);
+    if (item.is_regular_file(ec)) total += file_bytes(item.path());
   }
   return total;
+}
+
+// A signal that arrives while the checkpoint is opened or planned stops the
+// run before anything is written.
+void check_cancel(const std::atomic<bool>* cancel) {
+  if (cancel != nullptr && cancel->load()) {
+    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+  }
 }
 
 }  // namespace
@@ -40,18 +55,21 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
 
   check_output_path(options.output, options.input, options.force);
+  check_cancel(options.cancel);
   Checkpoint checkpoint = open_checkpoint(options.input);
+  check_cancel(options.cancel);
   if (log) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
   }
   QuantizeSummary summary;
   summary.plan = make_plan(checkpoint, options.plan);
+  check_cancel(options.cancel);
   summary.tensors_quantized = summary.plan.n_quantized;
   summary.tensors_copied = summary.plan.n_copied;
   summary.bytes_in = checkpoint.total_file_bytes();
-  if (checkpoint.has_index) summary.bytes_in += fs::file_size(checkpoint.root / kIndexFileName);
-  if (checkpoint.config) summary.bytes_in += fs::file_size(checkpoint.root / kConfigFileName);
+  if (checkpoint.has_index) summary.bytes_in += file_bytes(checkpoint.root / kIndexFileName);
+  if (checkpoint.config) summary.bytes_in += file_bytes(checkpoint.root / kConfigFileName);
   if (log && !checkpoint.config) {
     log->warn("{}: no config.json; writing one that holds only quantization_config",
               options.input.string());
@@ -72,6 +90,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   exec.fsync = options.fsync;
   execute_plan(checkpoint, summary.plan, staged.dir(), exec);
   summary.bytes_out = directory_bytes(staged.dir());
+  // The last moment a signal can stop the run: after the rename OUTPUT is
+  // complete and the run has succeeded.
+  check_cancel(options.cancel);
   staged.commit();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
