@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ctquant/error.hpp"
+#include "ctquant/matcher.hpp"
 #include "ctquant/quantize.hpp"
 #include "test_support.hpp"
 
@@ -551,6 +552,25 @@ TEST(CheckpointReader, ReportsEveryIndexProblemAtOnce) {
               std::string::npos)
         << message;
   }
+}
+
+// A pattern that hits PCRE2's match limit on a long tensor name must not
+// count as "does not match" (the module would be quantized although the user
+// meant to ignore it).
+TEST(ModuleMatcher, RefusesToGuessWhenAMatchCannotBeDecided) {
+  const ModuleMatcher ignore({"re:(a|aa)+$"}, ModuleMatcher::Role::kIgnore);
+  const std::string module = std::string(60, 'a') + "b";
+  try {
+    ignore.entry_matches(0, module);
+    FAIL() << "the match limit was not reached or was taken as an answer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    EXPECT_NE(std::string(e.what()).find("--ignore 're:(a|aa)+$': cannot be matched"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(ignore.entry_matches(0, "aaaa"));
+  EXPECT_FALSE(ignore.entry_matches(0, "b"));
 }
 
 }  // namespace
