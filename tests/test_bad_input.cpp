@@ -38,6 +38,7 @@ enum class Corruption {
   kEntryMissingDataOffsets,
   kEntryKeyRepeated,
   kUnknownDtype,
+  kDtypeNestedDeeply,
   kNegativeDimension,
   kFractionalDimension,
   kNonNumericDimension,
@@ -69,6 +70,7 @@ enum class Corruption {
   kNegativeInfinityInWeight,
   // config.json
   kConfigNotJson,
+  kConfigNestedTooDeep,
   kConfigQuantizationNotConverted,
   kCount,
 };
@@ -97,6 +99,8 @@ const char* corruption_name(Corruption c) {
       return "EntryKeyRepeated";
     case Corruption::kUnknownDtype:
       return "UnknownDtype";
+    case Corruption::kDtypeNestedDeeply:
+      return "DtypeNestedDeeply";
     case Corruption::kNegativeDimension:
       return "NegativeDimension";
     case Corruption::kFractionalDimension:
@@ -149,6 +153,8 @@ const char* corruption_name(Corruption c) {
       return "NegativeInfinityInWeight";
     case Corruption::kConfigNotJson:
       return "ConfigNotJson";
+    case Corruption::kConfigNestedTooDeep:
+      return "ConfigNestedTooDeep";
     case Corruption::kConfigQuantizationNotConverted:
       return "ConfigQuantizationNotConverted";
     case Corruption::kCount:
@@ -261,6 +267,15 @@ Expected make_case(Corruption c, const fs::path& dir) {
     case Corruption::kUnknownDtype:
       test::write_raw_safetensors(single, "{" + entry("w", "BF17", "[2]", 0, 4) + "}", zeros(4));
       return {ErrorKind::kBadInput, kSingle, "w", {"unknown dtype", "BF17"}};
+    case Corruption::kDtypeNestedDeeply: {
+      // Printing such a value recursively overflowed the stack (a crash that
+      // left no message); it is refused where it appears.
+      const std::string deep = std::string(200'000, '[') + std::string(200'000, ']');
+      test::write_raw_safetensors(
+          single, "{\"w\":{\"dtype\":" + deep + ",\"shape\":[4],\"data_offsets\":[0,4]}}",
+          zeros(4));
+      return {ErrorKind::kBadInput, kSingle, "w", {"dtype is an array", "expected a string tag"}};
+    }
     case Corruption::kNegativeDimension:
       test::write_raw_safetensors(single, "{" + entry("w", "BF16", "[2,-2]", 0, 8) + "}", zeros(8));
       return {
@@ -414,6 +429,11 @@ Expected make_case(Corruption c, const fs::path& dir) {
       test::write_safetensors(single, {norm()});
       test::write_file(dir / "config.json", "{\"model_type\": \"llama\",");
       return {ErrorKind::kBadInput, "config.json", "", {"not valid JSON"}};
+    case Corruption::kConfigNestedTooDeep:
+      test::write_safetensors(single, {norm()});
+      test::write_file(dir / "config.json",
+                       "{\"a\": " + std::string(200'000, '[') + std::string(200'000, ']') + "}");
+      return {ErrorKind::kBadInput, "config.json", "", {"nests deeper than 128 levels"}};
     case Corruption::kConfigQuantizationNotConverted:
       test::write_safetensors(single, {norm()});
       test::write_file(dir / "config.json",
