@@ -175,6 +175,28 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     throw bad_input(message);
   }
 
+  // The executor holds whole rows of a weight in memory (at least one per
+  // thread): bound them, so that a header cannot make it allocate without
+  // limit (a sparse file can claim any size).
+  std::vector<std::string> row_errors;
+  for (const TensorDecision& d : plan.decisions) {
+    if (d.fate != Fate::kQuantize) continue;
+    const TensorEntry& t = checkpoint.entry(d.source);
+    const std::uint64_t row_bytes = t.byte_size() / t.shape[0];
+    if (row_bytes > kMaxWeightRowBytes) {
+      row_errors.push_back(fmt::format(
+          "{}: tensor '{}' {} has rows of {} bytes, more than the limit of {} bytes per row of a "
+          "weight to quantize; ignore it (--ignore) to copy it unchanged",
+          checkpoint.shards[d.source.shard].label(), t.name, shape_string(t.shape), row_bytes,
+          kMaxWeightRowBytes));
+    }
+  }
+  if (!row_errors.empty()) {
+    std::string message = row_errors.front();
+    for (std::size_t i = 1; i < row_errors.size(); ++i) message += "\n" + row_errors[i];
+    throw bad_input(message);
+  }
+
   // Output tensors, shard by shard.
   json weight_map = json::object();
   for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {

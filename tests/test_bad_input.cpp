@@ -68,6 +68,7 @@ enum class Corruption {
   kNanInWeight,
   kPositiveInfinityInWeight,
   kNegativeInfinityInWeight,
+  kWeightRowsTooLarge,
   // config.json
   kConfigNotJson,
   kConfigNestedTooDeep,
@@ -151,6 +152,8 @@ const char* corruption_name(Corruption c) {
       return "PositiveInfinityInWeight";
     case Corruption::kNegativeInfinityInWeight:
       return "NegativeInfinityInWeight";
+    case Corruption::kWeightRowsTooLarge:
+      return "WeightRowsTooLarge";
     case Corruption::kConfigNotJson:
       return "ConfigNotJson";
     case Corruption::kConfigNestedTooDeep:
@@ -425,6 +428,19 @@ Expected make_case(Corruption c, const fs::path& dir) {
           single, {weight_with(1, 127, -std::numeric_limits<float>::infinity()), norm()});
       return {
           ErrorKind::kBadInput, kSingle, kWeight, {"element [1, 127] is -inf", "must be finite"}};
+    case Corruption::kWeightRowsTooLarge: {
+      // One row of 16M + 128 BF16 columns, in a sparse file: the header
+      // alone must not make ctquant allocate it.
+      const std::uint64_t cols = (16u << 20) + 128;
+      test::write_raw_safetensors(
+          single,
+          "{" + entry(kWeight, "BF16", "[1," + std::to_string(cols) + "]", 0, cols * 2) + "}", {});
+      fs::resize_file(single, fs::file_size(single) + cols * 2);
+      return {ErrorKind::kBadInput,
+              kSingle,
+              kWeight,
+              {"rows of 33554688 bytes", "more than the limit of 33554432"}};
+    }
     case Corruption::kConfigNotJson:
       test::write_safetensors(single, {norm()});
       test::write_file(dir / "config.json", "{\"model_type\": \"llama\",");

@@ -24,6 +24,10 @@
 
 namespace ctquant {
 
+// Largest row, in bytes, of a weight to quantize (16M BF16 columns, far
+// above any real in_features): the executor keeps whole rows in memory.
+inline constexpr std::uint64_t kMaxWeightRowBytes = 32u << 20;
+
 // What happens to one input tensor.
 enum class Fate {
   kCopy,      // written unchanged under the same name
@@ -89,8 +93,10 @@ struct QuantizePlan {
 
 // Builds the plan. Throws Error{kUsage} for invalid ignore/target entries or
 // scheme, and Error{kBadInput} listing every selected tensor whose
-// in_features is not a multiple of the group size (section 2), and for an
-// input config whose quantization_config ctquant does not convert.
+// in_features is not a multiple of the group size (section 2), every
+// selected tensor with rows over kMaxWeightRowBytes, for an output header
+// over kMaxHeaderBytes, and for an input config whose quantization_config
+// ctquant does not convert.
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
 
 // The module a tensor belongs to: the name up to its last dot.
