@@ -110,11 +110,16 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
     const double ratio = summary.bytes_out == 0 ? 0.0
                                                 : static_cast<double>(summary.bytes_in) /
                                                       static_cast<double>(summary.bytes_out);
+    const std::string fp8 =
+        summary.tensors_dequantized + summary.tensors_dropped == 0
+            ? std::string()
+            : fmt::format(", {} FP8 written as BF16, {} scale/activation dropped",
+                          summary.tensors_dequantized, summary.tensors_dropped);
     std::fprintf(stderr,
-                 "ctquant: %s %zu tensors quantized (%s), %zu copied; %s in, %s out, ratio "
+                 "ctquant: %s %zu tensors quantized (%s), %zu copied%s; %s in, %s out, ratio "
                  "%.2fx; %.2f s\n",
                  args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
-                 options.plan.scheme.name.c_str(), summary.tensors_copied,
+                 options.plan.scheme.name.c_str(), summary.tensors_copied, fp8.c_str(),
                  human_bytes(summary.bytes_in).c_str(), human_bytes(summary.bytes_out).c_str(),
                  ratio, summary.seconds);
   }

@@ -49,6 +49,14 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   summary.plan = make_plan(checkpoint, options.plan);
   summary.tensors_quantized = summary.plan.n_quantized;
   summary.tensors_copied = summary.plan.n_copied;
+  summary.tensors_dequantized = summary.plan.n_dequantized;
+  summary.tensors_dropped = summary.plan.n_dropped;
+  if (log && summary.plan.input_quantization.is_fp8()) {
+    log->info(
+        "input is {}: FP8 weights are dequantized to BF16 exactly, then quantized or "
+        "written as BF16; {} scale and activation tensor(s) dropped",
+        summary.plan.input_quantization.describe(), summary.plan.n_dropped);
+  }
   summary.bytes_in = checkpoint.total_file_bytes();
   if (checkpoint.has_index) summary.bytes_in += fs::file_size(checkpoint.root / kIndexFileName);
   if (checkpoint.config) summary.bytes_in += fs::file_size(checkpoint.root / kConfigFileName);

@@ -40,9 +40,11 @@ QuantizeOptions default_quantize_options();
 struct QuantizeSummary {
   std::size_t tensors_quantized = 0;
   std::size_t tensors_copied = 0;
-  std::uint64_t bytes_in = 0;   // input files (shards, index, config, others)
-  std::uint64_t bytes_out = 0;  // output files
-  double seconds = 0;           // wall time of the whole job
+  std::size_t tensors_dequantized = 0;  // FP8 weights written as BF16
+  std::size_t tensors_dropped = 0;      // FP8 scales and activation parameters not written
+  std::uint64_t bytes_in = 0;           // input files (shards, index, config, others)
+  std::uint64_t bytes_out = 0;          // output files
+  double seconds = 0;                   // wall time of the whole job
   QuantizePlan plan;
 };
 
