@@ -101,6 +101,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
   QuantizePlan plan;
   plan.options = options;
   plan.ignore_matches.resize(options.ignore.size());
+  plan.target_matches.resize(options.targets.size());
   std::vector<std::string> group_size_errors;
 
   for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
@@ -126,13 +127,20 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
       } else if (t.shape[0] == 0 || t.shape[1] == 0) {
         d.rule = "empty tensor";
       } else {
+        d.selectable = true;
         for (std::size_t i = 0; i < ignore.entries().size(); ++i) {
           if (ignore.entry_matches(i, d.module)) {
             plan.ignore_matches[i].push_back(d.module);
             if (!d.ignore_entry) d.ignore_entry = i;
           }
         }
-        const auto target = targets.first_match(d.module);
+        std::optional<std::size_t> target;
+        for (std::size_t i = 0; i < targets.entries().size(); ++i) {
+          if (targets.entry_matches(i, d.module)) {
+            plan.target_matches[i].push_back(d.module);
+            if (!target) target = i;
+          }
+        }
         if (d.ignore_entry) {
           d.rule = fmt::format("ignored by '{}'", options.ignore[*d.ignore_entry]);
         } else if (!target) {

@@ -40,6 +40,7 @@ struct TensorDecision {
   Fate fate = Fate::kCopy;
   std::string rule;    // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
   std::optional<std::size_t> ignore_entry;  // the ignore entry that matched, if any
+  bool selectable = false;  // passed rules 1-4 and 6: the ignore list and targets decided
 };
 
 // What one output tensor holds.
@@ -80,6 +81,9 @@ struct QuantizePlan {
   // For each ignore entry, the modules it matched among the modules whose
   // .weight passed rules 1-4 and 6 of section 2 (the ones it could affect).
   std::vector<std::vector<std::string>> ignore_matches;
+  // For each targets entry, the modules it matched among the same modules
+  // (whether or not an ignore entry then took them out).
+  std::vector<std::vector<std::string>> target_matches;
 
   std::size_t n_quantized = 0;   // input tensors quantized
   std::size_t n_copied = 0;      // input tensors copied
