@@ -21,6 +21,7 @@
 #include "ctquant/inspect.hpp"
 #include "ctquant/kernel.hpp"
 #include "ctquant/quantize.hpp"
+#include "ctquant/verify.hpp"
 
 namespace {
 
@@ -195,6 +196,26 @@ int run_inspect(const InspectArgs& args, bool plan_requested) {
   return 0;
 }
 
+struct VerifyArgs {
+  std::string output;
+  std::string reference;
+  bool against_source = false;
+  std::uint64_t scale_ulp = 0;
+  bool json = false;
+};
+
+int run_verify(const VerifyArgs& args, int verbosity) {
+  ctquant::VerifyOptions options;
+  options.scale_ulp = args.scale_ulp;
+  options.logger = make_logger(verbosity);
+  const ctquant::VerifyReport report =
+      args.against_source ? ctquant::verify_against_source(args.output, args.reference, options)
+                          : ctquant::verify_checkpoints(args.output, args.reference, options);
+  print_stdout(args.json ? ctquant::verify_json(report).dump(2) + "\n"
+                         : ctquant::render_verify_text(report));
+  return report.same() ? 0 : ctquant::exit_status(ctquant::ErrorKind::kDifferent);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -233,6 +254,25 @@ int main(int argc, char** argv) {
   inspect->add_flag("--json", in.json, "Print a JSON report instead of text");
   add_verbosity_flags(inspect, verbosity);
 
+  VerifyArgs ver;
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Compare OUTPUT with a golden checkpoint (exit 0 same, 3 different), or with its source");
+  verify->add_option("OUTPUT", ver.output, "Checkpoint directory or .safetensors file to check")
+      ->required();
+  verify
+      ->add_option("GOLDEN", ver.reference,
+                   "Golden checkpoint; with --against-source, the unquantized INPUT")
+      ->required();
+  verify->add_flag("--against-source", ver.against_source,
+                   "Unpack, recompute and dequantize every packed weight from the source INPUT");
+  verify
+      ->add_option("--scale-ulp", ver.scale_ulp,
+                   "Accept scales that differ by up to N units in the last place")
+      ->capture_default_str();
+  verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
+  add_verbosity_flags(verify, verbosity);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -254,6 +294,7 @@ int main(int argc, char** argv) {
                       [](const CLI::Option* o) { return o->count() > 0; });
       return run_inspect(in, plan_requested);
     }
+    if (verify->parsed()) return run_verify(ver, verbosity);
   } catch (const ctquant::Error& e) {
     std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
     return ctquant::exit_status(e.kind());
