@@ -89,6 +89,7 @@ class Section2Rules {
         targets_(options.targets, ModuleMatcher::Role::kTargets),
         plan_(plan) {
     plan_.ignore_matches.resize(options.ignore.size());
+    plan_.target_matches.resize(options.targets.size());
   }
 
   // Sets d.fate (kCopy or kQuantize), d.rule and d.ignore_entry. dtype stands
@@ -110,13 +111,20 @@ class Section2Rules {
     } else if (t.shape[0] == 0 || t.shape[1] == 0) {
       d.rule = "empty tensor";
     } else {
+      d.selectable = true;
       for (std::size_t i = 0; i < ignore_.entries().size(); ++i) {
         if (ignore_.entry_matches(i, d.module)) {
           plan_.ignore_matches[i].push_back(d.module);
           if (!d.ignore_entry) d.ignore_entry = i;
         }
       }
-      const auto target = targets_.first_match(d.module);
+      std::optional<std::size_t> target;
+      for (std::size_t i = 0; i < targets_.entries().size(); ++i) {
+        if (targets_.entry_matches(i, d.module)) {
+          plan_.target_matches[i].push_back(d.module);
+          if (!target) target = i;
+        }
+      }
       if (d.ignore_entry) {
         d.rule = fmt::format("ignored by '{}'", options_.ignore[*d.ignore_entry]);
       } else if (!target) {

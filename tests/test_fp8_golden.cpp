@@ -103,6 +103,10 @@ TEST_P(Fp8Golden, MatchesReferenceTensorByTensor) {
     o.threads = threads;
     o.chunk_bytes = chunk;
     o.fsync = false;
+    // fp8-block ignores v_proj and down_proj but quantizes q/k_proj and
+    // gate/up_proj: split fused groups that vLLM would refuse (lint L3). The
+    // fixture still defines the bytes, so the run is told to go ahead.
+    o.allow_unloadable = true;
     quantize(o);
     expect_same_checkpoint(dir / "expected", o.output);
   }
@@ -113,7 +117,8 @@ TEST_P(Fp8Golden, CommandLineMatchesReference) {
   const fs::path dir = test::golden_dir() / GetParam();
   test::TempDir tmp;
   std::vector<std::string> args{"quantize", (dir / "input").string(), (tmp / "out").string(),
-                                "--scheme", c["scheme"].get<std::string>()};
+                                "--scheme", c["scheme"].get<std::string>(),
+                                "--allow-unloadable"};  // see MatchesReferenceTensorByTensor
   for (const std::string& entry : ignore_of(c)) {
     args.push_back("--ignore");
     args.push_back(entry);
@@ -122,6 +127,24 @@ TEST_P(Fp8Golden, CommandLineMatchesReference) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("FP8 weights are dequantized to BF16 exactly"), std::string::npos) << r.err;
   expect_same_checkpoint(dir / "expected", tmp / "out");
+}
+
+// Without --allow-unloadable the fp8-block ignore list is stopped by lint L3
+// before anything is written.
+TEST(Fp8Golden, SplitFusedGroupOfFp8BlockCaseIsStoppedByLint) {
+  const json c = golden_case("fp8-block");
+  test::TempDir tmp;
+  std::vector<std::string> args{"quantize", (test::golden_dir() / "fp8-block" / "input").string(),
+                                (tmp / "out").string()};
+  for (const std::string& entry : ignore_of(c)) {
+    args.push_back("--ignore");
+    args.push_back(entry);
+  }
+  const test::CommandResult r = test::run_ctquant(args);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("L3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.layers.0.self_attn.v_proj"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Fp8Golden, testing::Values("fp8-block", "fp8-ct-channel"),

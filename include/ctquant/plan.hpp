@@ -53,6 +53,7 @@ struct TensorDecision {
   Fate fate = Fate::kCopy;
   std::string rule;    // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
   std::optional<std::size_t> ignore_entry;  // the ignore entry that matched, if any
+  bool selectable = false;  // passed rules 1-4 and 6: the ignore list and targets decided
   // An FP8 weight (fate kQuantize or kDequantize): its scale. The values it
   // yields are BF16, so its quantized outputs have BF16 scales.
   std::optional<Fp8Source> fp8;
@@ -98,6 +99,9 @@ struct QuantizePlan {
   // .weight passed rules 1-4 and 6 of section 2 (the ones it could affect;
   // an FP8 weight counts as the BF16 weight it dequantizes to).
   std::vector<std::vector<std::string>> ignore_matches;
+  // For each targets entry, the modules it matched among the same modules
+  // (whether or not an ignore entry then took them out).
+  std::vector<std::vector<std::string>> target_matches;
 
   std::size_t n_quantized = 0;         // input tensors quantized
   std::size_t n_copied = 0;            // input tensors copied
