@@ -117,6 +117,9 @@ Checkpoint open_checkpoint(const fs::path& input) {
         throw bad_input(fmt::format("{}: expected an object with a \"weight_map\" object", label));
       }
       std::set<std::string> names;
+      // Missing shard files, each with the number of tensors mapped to it and
+      // the first of them: reported together, one line per file.
+      std::map<std::string, std::pair<std::size_t, std::string>> missing;
       for (auto it = ckpt.index["weight_map"].begin(); it != ckpt.index["weight_map"].end(); ++it) {
         if (!it->is_string()) {
           throw bad_input(fmt::format("{}: weight_map entry '{}' is {}, expected a file name",
@@ -125,11 +128,20 @@ Checkpoint open_checkpoint(const fs::path& input) {
         const std::string& file = it->get_ref<const std::string&>();
         check_shard_name(file, it.key());
         if (std::find(files.begin(), files.end(), file) == files.end()) {
-          throw bad_input(fmt::format("{}: weight_map entry '{}' names file '{}', which does not "
-                                      "exist in {}",
-                                      label, it.key(), file, input.string()));
+          auto& [count, first_tensor] = missing[file];
+          if (count++ == 0) first_tensor = it.key();
         }
         names.insert(file);
+      }
+      if (!missing.empty()) {
+        std::string message;
+        for (const auto& [file, what] : missing) {
+          message += fmt::format(
+              "{}{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
+              "exist in {}",
+              message.empty() ? "" : "\n", label, file, what.first, what.second, input.string());
+        }
+        throw bad_input(message);
       }
       if (names.empty()) throw bad_input(fmt::format("{}: weight_map is empty", label));
       shard_names.assign(names.begin(), names.end());
