@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,7 @@ struct QuantizeArgs {
   std::string input;
   std::string output;
   std::string scheme = "W4A16";
-  long long group_size = 0;  // 0: the scheme's own
+  std::optional<long long> group_size;  // unset: the scheme's own
   std::vector<std::string> ignore;
   std::vector<std::string> targets;
   unsigned threads = 0;
@@ -75,14 +76,16 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
         "--scheme {}: unknown scheme (known: W4A16, W4A16_ASYM, W8A16)", args.scheme));
   }
   options.plan.scheme = *scheme;
-  if (args.group_size == -1) {
+  if (!args.group_size) {
+    // The scheme's own group size.
+  } else if (*args.group_size == -1) {
     options.plan.scheme.group_size = 0;  // channel-wise
-  } else if (args.group_size > 0) {
-    options.plan.scheme.group_size = static_cast<std::uint64_t>(args.group_size);
-  } else if (args.group_size != 0) {
+  } else if (*args.group_size > 0) {
+    options.plan.scheme.group_size = static_cast<std::uint64_t>(*args.group_size);
+  } else {
     throw ctquant::usage_error(fmt::format(
         "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
-        args.group_size));
+        *args.group_size));
   }
   if (!args.ignore.empty()) options.plan.ignore = args.ignore;
   if (!args.targets.empty()) options.plan.targets = args.targets;
@@ -140,8 +143,10 @@ int main(int argc, char** argv) {
       ->required();
   quantize->add_option("--scheme", q.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
       ->capture_default_str();
-  quantize->add_option("--group-size", q.group_size,
-                       "Columns per group (default: the scheme's, 128); -1 for channel-wise");
+  long long group_size = 0;
+  CLI::Option* group_size_option =
+      quantize->add_option("--group-size", group_size,
+                           "Columns per group (default: the scheme's, 128); -1 for channel-wise");
   quantize->add_option("--ignore", q.ignore,
                        "Module to leave unquantized (repeatable): a name, or re:PATTERN matched "
                        "like Python re.match; default lm_head")
@@ -170,6 +175,8 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+
+  if (group_size_option->count() > 0) q.group_size = group_size;
 
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
