@@ -54,6 +54,12 @@ std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
   return logger;
 }
 
+// Prints an error on stderr, first erasing the progress line a terminal may show.
+void print_error(const char* message) {
+  const char* erase_line = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
+  std::fprintf(stderr, "%sctquant: error: %s\n", erase_line, message);
+}
+
 struct QuantizeArgs {
   std::string input;
   std::string output;
@@ -181,10 +187,10 @@ int main(int argc, char** argv) {
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
   } catch (const ctquant::Error& e) {
-    std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
+    print_error(e.what());
     return ctquant::exit_status(e.kind());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
+    print_error(e.what());
     return 1;
   }
   return 0;
