@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -92,8 +93,22 @@ void add_quantized_outputs(const TensorDecision& d, const TensorEntry& w, const 
 
 }  // namespace
 
-QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+void check_plan_options(const PlanOptions& options) {
   check_scheme(options.scheme);
+  std::string problems;
+  for (const auto& [entries, role] : {std::pair{&options.ignore, ModuleMatcher::Role::kIgnore},
+                                      std::pair{&options.targets, ModuleMatcher::Role::kTargets}}) {
+    try {
+      const ModuleMatcher matcher(*entries, role);
+    } catch (const Error& e) {
+      problems += (problems.empty() ? "" : "\n") + std::string(e.what());
+    }
+  }
+  if (!problems.empty()) throw usage_error(problems);
+}
+
+QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+  check_plan_options(options);
   const ModuleMatcher ignore(options.ignore, ModuleMatcher::Role::kIgnore);
   const ModuleMatcher targets(options.targets, ModuleMatcher::Role::kTargets);
   check_input_config(checkpoint);

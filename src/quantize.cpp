@@ -38,6 +38,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
+  check_plan_options(options.plan);  // usage errors before any file is read
 
   check_output_path(options.output, options.input, options.force);
   Checkpoint checkpoint = open_checkpoint(options.input);

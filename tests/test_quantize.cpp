@@ -542,6 +542,15 @@ std::vector<ErrorCase> error_cases() {
                    ErrorKind::kUsage,
                    {"--ignore 're:('", "--ignore 're:[x'"},
                    {}});
+  cases.push_back({"PatternErrorsBeforeInputIsRead",
+                   [](const fs::path& in) { fs::create_directories(in); },
+                   [](QuantizeOptions& o) {
+                     o.plan.ignore = {"re:a)"};
+                     o.plan.targets = {"re:(?<n"};
+                   },
+                   ErrorKind::kUsage,
+                   {"--ignore 're:a)'", "--targets 're:(?<n'"},
+                   {"no .safetensors file"}});
   cases.push_back({"ZeroThreads",
                    [](const fs::path& in) {
                      write_checkpoint(in, {weight("a.q_proj.weight", DType::kBF16, 8, 128)});

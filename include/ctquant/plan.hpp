@@ -87,8 +87,13 @@ struct QuantizePlan {
   std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
 };
 
+// Checks the options alone, before any file is read. Throws Error{kUsage}
+// for a scheme outside 2..8 bits and for invalid ignore and target entries
+// (every invalid entry of both lists in one message, see ModuleMatcher).
+void check_plan_options(const PlanOptions& options);
+
 // Builds the plan. Throws Error{kUsage} for invalid ignore/target entries or
-// scheme, and Error{kBadInput} listing every selected tensor whose
+// scheme (check_plan_options), and Error{kBadInput} listing every selected tensor whose
 // in_features is not a multiple of the group size (section 2), and for an
 // input config whose quantization_config ctquant does not convert.
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
