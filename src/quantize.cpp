@@ -46,6 +46,14 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
   }
+  if (log && checkpoint.has_index) {
+    // Copied like any other file (section 5), but probably not what the user meant.
+    for (const std::string& name : checkpoint.other_files) {
+      if (name.ends_with(".safetensors")) {
+        log->warn("{}: not listed in {}; copied unchanged, not quantized", name, kIndexFileName);
+      }
+    }
+  }
   QuantizeSummary summary;
   summary.plan = make_plan(checkpoint, options.plan);
   summary.tensors_quantized = summary.plan.n_quantized;

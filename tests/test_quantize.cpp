@@ -13,9 +13,13 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <spdlog/logger.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <nlohmann/json.hpp>
 
 #include "ctquant/checkpoint.hpp"
@@ -308,6 +312,28 @@ TEST(Quantize, ShardedOutputAndIndex) {
   // 8*32*4 + 8*2*2 + 16 + 256*2 (shard 1), 16*16*4 + 16*1*2 + 16 + 4*128*2 (shard 2).
   EXPECT_EQ(total, 1024u + 32 + 16 + 512 + 1024 + 32 + 16 + 1024);
   EXPECT_EQ(index, json({{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}));
+}
+
+// A .safetensors file the index does not list (say a consolidated copy next
+// to the shards) is an ordinary file: copied unchanged, with a warning.
+TEST(Quantize, WarnsAboutSafetensorsFilesTheIndexDoesNotList) {
+  TempDir tmp;
+  write_sharded(tmp / "in", {{weight("a.q_proj.weight", DType::kBF16, 8, 128)}});
+  write_safetensors(tmp / "in" / "consolidated.safetensors",
+                    {weight("layers.0.wq.weight", DType::kBF16, 8, 128)});
+  std::ostringstream log_text;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(log_text);
+  QuantizeOptions options = test_options(tmp / "in", tmp / "out");
+  options.logger = std::make_shared<spdlog::logger>("test", sink);
+  quantize(options);
+  EXPECT_NE(log_text.str().find("consolidated.safetensors: not listed in "
+                                "model.safetensors.index.json; copied unchanged, not quantized"),
+            std::string::npos)
+      << log_text.str();
+  EXPECT_EQ(read_file(tmp / "out" / "consolidated.safetensors"),
+            read_file(tmp / "in" / "consolidated.safetensors"));
+  EXPECT_FALSE(read_json(tmp / "out" / "model.safetensors.index.json")["weight_map"].contains(
+      "layers.0.wq.weight"));
 }
 
 // ---- errors: kind, message, and nothing left behind ----
