@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,6 +30,13 @@ using test::float_bytes;
 using test::u16_bytes;
 
 using KernelFn = std::optional<std::uint64_t> (*)(const QuantScheme&, const KernelBlock&);
+
+// A kernel entry point and its name (for test names).
+struct KernelPath {
+  const char* name;
+  KernelFn fn;
+};
+void PrintTo(const KernelPath& path, std::ostream* os) { *os << path.name; }
 
 QuantScheme w4(std::uint64_t group_size) { return QuantScheme{"W4A16", 4, true, group_size}; }
 QuantScheme w8(std::uint64_t group_size) { return QuantScheme{"W8A16", 8, true, group_size}; }
@@ -88,11 +96,11 @@ KernelOutput run(KernelFn fn, const QuantScheme& scheme, DType dtype, std::uint6
   return out;
 }
 
-class Kernel : public ::testing::TestWithParam<KernelFn> {
+class Kernel : public ::testing::TestWithParam<KernelPath> {
  protected:
   KernelOutput quantize(const QuantScheme& scheme, DType dtype, std::uint64_t n_rows,
                         std::uint64_t n_cols, const std::vector<std::byte>& weight) {
-    return run(GetParam(), scheme, dtype, n_rows, n_cols, weight);
+    return run(GetParam().fn, scheme, dtype, n_rows, n_cols, weight);
   }
 };
 
@@ -340,9 +348,11 @@ TEST_P(Kernel, RowsArePackedSeparately) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, Kernel, ::testing::Values(&quantize_block_ref, &quantize_block),
-                         [](const ::testing::TestParamInfo<KernelFn>& param) {
-                           return std::string(param.index == 0 ? "Reference" : "Fast");
+INSTANTIATE_TEST_SUITE_P(Paths, Kernel,
+                         ::testing::Values(KernelPath{"Reference", &quantize_block_ref},
+                                           KernelPath{"Fast", &quantize_block}),
+                         [](const ::testing::TestParamInfo<KernelPath>& param) {
+                           return std::string(param.param.name);
                          });
 
 // quantize_block produces the bytes of quantize_block_ref on random and

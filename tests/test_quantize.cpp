@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -593,6 +594,9 @@ std::vector<ErrorCase> error_cases() {
                    {}});
   return cases;
 }
+
+// Test names print the case name, not the bytes of the struct.
+void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.name; }
 
 class QuantizeError : public ::testing::TestWithParam<ErrorCase> {};
 

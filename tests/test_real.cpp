@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -304,6 +305,9 @@ void verify_output(const fs::path& input, const fs::path& out, const QuantizeSum
   }
   EXPECT_EQ(out_files, expected_files);
 }
+
+// Test names print the case name, not the bytes of the struct.
+void PrintTo(const RealCase& c, std::ostream* os) { *os << c.name; }
 
 class RealFiles : public ::testing::TestWithParam<RealCase> {};
 
