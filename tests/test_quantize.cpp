@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -337,6 +338,88 @@ TEST(Quantize, WarnsAboutSafetensorsFilesTheIndexDoesNotList) {
       "layers.0.wq.weight"));
 }
 
+// Names that need JSON escaping or are not ASCII survive into the output
+// headers and the index; ignore patterns see the decoded names.
+TEST(Quantize, NamesWithQuotesBackslashesAndUnicode) {
+  TempDir tmp;
+  const std::vector<std::string> names = {"layer\"1\".q_proj.weight", "a\\b.up_proj.weight",
+                                          "m\u00f6dule.\u00fcber_proj.weight",
+                                          "tab\there.norm.bias"};
+  std::vector<std::vector<FakeTensor>> shards(2);
+  shards[0].push_back(weight(names[0], DType::kBF16, 8, 128));
+  shards[0].push_back(weight(names[1], DType::kBF16, 8, 128));
+  shards[1].push_back(weight(names[2], DType::kBF16, 8, 128));
+  shards[1].push_back(zeros(names[3], DType::kBF16, {8}));
+  write_sharded(tmp / "in", shards);
+  QuantizeOptions options = test_options(tmp / "in", tmp / "out");
+  options.plan.ignore = {"re:.*\u00fcber_proj$"};
+  const QuantizeSummary summary = quantize(options);
+  EXPECT_EQ(summary.tensors_quantized, 2u);
+  const SafetensorsHeader h0 = read_header(tmp / "out" / shard_name(0, 2), "0");
+  EXPECT_NE(h0.find("layer\"1\".q_proj.weight_packed"), nullptr);
+  EXPECT_NE(h0.find("a\\b.up_proj.weight_scale"), nullptr);
+  const SafetensorsHeader h1 = read_header(tmp / "out" / shard_name(1, 2), "1");
+  EXPECT_EQ(read_tensor(tmp / "out" / shard_name(1, 2), names[2]), shards[1][0].data);
+  EXPECT_NE(h1.find(names[3]), nullptr);
+  const json weight_map = read_json(tmp / "out" / "model.safetensors.index.json")["weight_map"];
+  EXPECT_TRUE(weight_map.contains("layer\"1\".q_proj.weight_shape"));
+  EXPECT_TRUE(weight_map.contains(names[2]));
+  EXPECT_TRUE(weight_map.contains(names[3]));
+}
+
+// A Hugging Face cache snapshot: every file is a symbolic link to a blob.
+// The links are followed; the output holds regular files equal to the golden.
+TEST(Quantize, SymlinkedSnapshotDirectory) {
+  TempDir tmp;
+  const fs::path golden = golden_dir() / "dflash-bf16-sharded";
+  fs::create_directories(tmp / "blobs");
+  fs::create_directories(tmp / "snapshot");
+  int i = 0;
+  for (const auto& item : fs::directory_iterator(golden / "input")) {
+    const std::string blob = "blob" + std::to_string(i++);
+    fs::copy_file(item.path(), tmp / "blobs" / blob);
+    fs::create_symlink(fs::path("..") / "blobs" / blob, tmp / "snapshot" / item.path().filename());
+  }
+  QuantizeOptions options = test_options(tmp / "snapshot", tmp / "out");
+  options.plan.ignore = {"re:.*qkv_proj$", "re:.*g_proj$"};
+  quantize(options);
+  EXPECT_EQ(diff_bytes(tmp / "out", golden / "expected"), "");
+  for (const auto& item : fs::directory_iterator(tmp / "out")) {
+    EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(item.path()))) << item.path();
+  }
+  // OUTPUT inside the directory the links resolve into is still OUTPUT
+  // beside INPUT: allowed. OUTPUT equal to INPUT through a link is not.
+  fs::create_directory_symlink(tmp / "snapshot", tmp / "link");
+  const QuantizeOptions same = test_options(tmp / "link", tmp / "snapshot");
+  try {
+    quantize(same);
+    FAIL() << "OUTPUT equal to INPUT through a symlink was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+  }
+}
+
+// Progress reports end at the totals: every input tensor and every input
+// tensor byte, also with many small row chunks on several threads.
+TEST(Quantize, ProgressEndsAtTheTotals) {
+  TempDir tmp;
+  write_checkpoint(tmp / "in", rule_tensors(), kConfig);
+  std::uint64_t tensor_bytes = 0;
+  for (const FakeTensor& t : rule_tensors()) tensor_bytes += t.data.size();
+  std::vector<Progress> reports;
+  QuantizeOptions options = test_options(tmp / "in", tmp / "out");
+  options.threads = 3;
+  options.chunk_bytes = 600;
+  options.on_progress = [&](const Progress& p) { reports.push_back(p); };
+  quantize(options);
+  ASSERT_FALSE(reports.empty());
+  const Progress& last = reports.back();
+  EXPECT_EQ(last.bytes_total, tensor_bytes);
+  EXPECT_EQ(last.bytes_done, tensor_bytes);
+  EXPECT_EQ(last.tensors_total, rule_tensors().size());
+  EXPECT_EQ(last.tensors_done, rule_tensors().size());
+}
+
 // ---- errors: kind, message, and nothing left behind ----
 
 struct ErrorCase {
@@ -578,6 +661,15 @@ std::vector<ErrorCase> error_cases() {
                    ErrorKind::kUsage,
                    {"--ignore 're:a)'", "--targets 're:(?<n'"},
                    {"no .safetensors file"}});
+  cases.push_back({"Interrupted",
+                   [](const fs::path& in) { write_checkpoint(in, rule_tensors(), kConfig); },
+                   [](QuantizeOptions& o) {
+                     static const std::atomic<bool> kCancelled{true};
+                     o.cancel = &kCancelled;
+                   },
+                   ErrorKind::kInterrupted,
+                   {"interrupted"},
+                   {}});
   cases.push_back({"ZeroThreads",
                    [](const fs::path& in) {
                      write_checkpoint(in, {weight("a.q_proj.weight", DType::kBF16, 8, 128)});
