@@ -27,6 +27,7 @@
 #include "ctquant/checkpoint.hpp"
 #include "ctquant/error.hpp"
 #include "ctquant/kernel.hpp"
+#include "ctquant/pack.hpp"
 #include "ctquant/plan.hpp"
 #include "ctquant/quantize.hpp"
 #include "test_support.hpp"
@@ -336,6 +337,61 @@ TEST(Quantize, WarnsAboutSafetensorsFilesTheIndexDoesNotList) {
             read_file(tmp / "in" / "consolidated.safetensors"));
   EXPECT_FALSE(read_json(tmp / "out" / "model.safetensors.index.json")["weight_map"].contains(
       "layers.0.wq.weight"));
+}
+
+// Row chunking never changes the bytes, for odd row counts and bit widths
+// whose codes straddle words (3, 5 bits) and for zero points packed along
+// dim 0: the output equals the kernel run over the whole weight at once,
+// whatever the chunk size and thread count.
+TEST(Quantize, RowChunksEqualWholeTensorForEveryWidth) {
+  TempDir tmp;
+  const FakeTensor w = weight("m.q_proj.weight", DType::kBF16, 37, 96, 7);
+  write_checkpoint(tmp / "in", {w});
+  int run = 0;
+  for (const int bits : {3, 4, 5, 8}) {
+    for (const bool symmetric : {true, false}) {
+      const QuantScheme scheme{"custom", bits, symmetric, 32};
+      SCOPED_TRACE(std::to_string(bits) + (symmetric ? " bits symmetric" : " bits asymmetric"));
+      // The whole weight at once.
+      const std::uint64_t words = packed_words_per_row(96, bits);
+      std::vector<std::uint32_t> packed(37 * words);
+      std::vector<std::byte> scale(37 * 3 * 2);
+      std::vector<std::int8_t> zero(37 * 3);
+      const KernelBlock block{DType::kBF16,
+                              37,
+                              96,
+                              w.data.data(),
+                              packed.data(),
+                              scale.data(),
+                              symmetric ? nullptr : zero.data()};
+      ASSERT_EQ(quantize_block_ref(scheme, block), std::nullopt);
+      std::vector<std::uint32_t> zero_packed(packed_words_per_row(37, bits) * 3);
+      if (!symmetric) pack_zero_points(zero, 37, 3, bits, zero_packed);
+
+      for (const auto& [threads, chunk] :
+           {std::pair{1u, std::uint64_t{4} << 20}, std::pair{3u, std::uint64_t{200}},
+            std::pair{2u, std::uint64_t{1000}}}) {
+        const fs::path out = tmp / ("out" + std::to_string(run++));
+        QuantizeOptions options = test_options(tmp / "in", out);
+        options.plan.scheme = scheme;
+        options.threads = threads;
+        options.chunk_bytes = chunk;
+        quantize(options);
+        const fs::path shard = out / "model.safetensors";
+        const auto packed_out = read_tensor(shard, "m.q_proj.weight_packed");
+        ASSERT_EQ(packed_out.size(), packed.size() * 4);
+        EXPECT_EQ(std::memcmp(packed_out.data(), packed.data(), packed_out.size()), 0)
+            << threads << " threads, chunk " << chunk;
+        EXPECT_EQ(read_tensor(shard, "m.q_proj.weight_scale"), scale);
+        if (!symmetric) {
+          const auto zero_out = read_tensor(shard, "m.q_proj.weight_zero_point");
+          ASSERT_EQ(zero_out.size(), zero_packed.size() * 4);
+          EXPECT_EQ(std::memcmp(zero_out.data(), zero_packed.data(), zero_out.size()), 0)
+              << threads << " threads, chunk " << chunk;
+        }
+      }
+    }
+  }
 }
 
 // Names that need JSON escaping or are not ASCII survive into the output
