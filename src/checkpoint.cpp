@@ -99,7 +99,16 @@ Checkpoint open_checkpoint(const fs::path& input) {
     for (const auto& item : fs::directory_iterator(input, ec)) {
       const std::string name = item.path().filename().string();
       std::error_code type_ec;
-      if (!item.is_regular_file(type_ec)) continue;  // subdirectories and specials are not copied
+      if (!item.is_regular_file(type_ec)) {
+        // Subdirectories and special files are not copied, but a config,
+        // index or shard that is not a regular file (a dangling link into a
+        // download cache) must not be skipped as if it were absent.
+        if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
+          throw bad_input(fmt::format("{}: {} is not a regular file (a dangling symbolic link?)",
+                                      input.string(), name));
+        }
+        continue;
+      }
       files.push_back(name);
       if (is_safetensors_name(name)) safetensors_files.push_back(name);
     }

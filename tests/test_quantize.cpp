@@ -646,6 +646,39 @@ std::vector<ErrorCase> error_cases() {
                    ErrorKind::kBadInput,
                    {"config.json: not valid JSON"},
                    {}});
+  // Running as root, a file cannot be made unreadable by its mode; a link
+  // whose target is gone is the unreadable config.json of a broken cache.
+  cases.push_back({"ConfigIsADanglingLink",
+                   [](const fs::path& in) {
+                     write_checkpoint(in, {weight("a.q_proj.weight", DType::kBF16, 8, 128)},
+                                      json());
+                     fs::create_symlink(in / "gone.json", in / "config.json");
+                   },
+                   {},
+                   ErrorKind::kBadInput,
+                   {"config.json is not a regular file (a dangling symbolic link?)"},
+                   {}});
+  cases.push_back({"ShardIsADanglingLink",
+                   [](const fs::path& in) {
+                     write_sharded(in, {{weight("a.q_proj.weight", DType::kBF16, 8, 128)},
+                                        {weight("b.q_proj.weight", DType::kBF16, 8, 128)}});
+                     fs::rename(in / shard_name(1, 2), in / "blob");
+                     fs::create_symlink(in / "missing-blob", in / shard_name(1, 2));
+                   },
+                   {},
+                   ErrorKind::kBadInput,
+                   {"model-00002-of-00002.safetensors is not a regular file"},
+                   {}});
+  cases.push_back({"ConfigIsADirectory",
+                   [](const fs::path& in) {
+                     write_checkpoint(in, {weight("a.q_proj.weight", DType::kBF16, 8, 128)},
+                                      json());
+                     fs::create_directories(in / "config.json");
+                   },
+                   {},
+                   ErrorKind::kBadInput,
+                   {"config.json is not a regular file"},
+                   {}});
   cases.push_back({"ConfigIsNotAnObject",
                    [](const fs::path& in) {
                      write_checkpoint(in, {weight("a.q_proj.weight", DType::kBF16, 8, 128)},
