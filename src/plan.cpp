@@ -56,6 +56,7 @@ void check_scheme(const QuantScheme& scheme) {
 void check_input_config(const Checkpoint& checkpoint) {
   if (!checkpoint.config || !checkpoint.config->contains("quantization_config")) return;
   const json& qc = (*checkpoint.config)["quantization_config"];
+  if (qc.is_null()) return;  // written by some tools for "not quantized"; replaced below
   std::string method = "unknown";
   std::string format;
   if (qc.is_object()) {

@@ -991,6 +991,20 @@ TEST(QuantizeOutput, DryRunWritesNothing) {
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }
 
+// "quantization_config": null says the checkpoint is not quantized: it is
+// replaced like an absent one, the other keys kept.
+TEST(Quantize, NullQuantizationConfigIsReplaced) {
+  TempDir tmp;
+  json config = kConfig;
+  config["quantization_config"] = nullptr;
+  write_checkpoint(tmp / "in", {weight("a.q_proj.weight", DType::kBF16, 8, 128)}, config);
+  quantize(test_options(tmp / "in", tmp / "out"));
+  json out = read_json(tmp / "out" / "config.json");
+  EXPECT_EQ(out["quantization_config"]["format"], "pack-quantized");
+  out.erase("quantization_config");
+  EXPECT_EQ(out, kConfig);
+}
+
 // Asymmetric and channel-wise schemes write their extra tensor and shapes.
 TEST(Quantize, AsymmetricAndChannelWiseShapes) {
   TempDir tmp;
