@@ -159,9 +159,11 @@ Checkpoint open_checkpoint(const fs::path& input) {
     } else if (safetensors_files.empty()) {
       throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
     } else {
-      throw bad_input(fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
-                                  "the checkpoint",
-                                  input.string(), safetensors_files.size(), kIndexFileName));
+      throw bad_input(
+          fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
+                      "the checkpoint (to quantize one file alone, give that file as "
+                      "INPUT)",
+                      input.string(), safetensors_files.size(), kIndexFileName));
     }
 
     for (const std::string& name : files) {

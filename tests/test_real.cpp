@@ -173,7 +173,8 @@ std::vector<RealCase> real_cases() {
 
   // burn's PyTorch test modules.
   fails("BurnDirectory", "misc_burn", ErrorKind::kBadInput,
-        {"9 .safetensors files but no model.safetensors.index.json"});
+        {"9 .safetensors files but no model.safetensors.index.json to say which are shards of "
+         "the checkpoint (to quantize one file alone, give that file as INPUT)"});
   ok("BurnBoolean", "misc_burn/boolean.safetensors", {}, 1, {{"buffer", "not a .weight tensor"}});
   ok("BurnBuffer", "misc_burn/buffer.safetensors", {}, 1);
   fails("BurnComplexNested", "misc_burn/complex_nested.safetensors", ErrorKind::kBadInput,
