@@ -99,7 +99,16 @@ Checkpoint open_checkpoint(const fs::path& input) {
     for (const auto& item : fs::directory_iterator(input, ec)) {
       const std::string name = item.path().filename().string();
       std::error_code type_ec;
-      if (!item.is_regular_file(type_ec)) continue;  // subdirectories and specials are not copied
+      if (!item.is_regular_file(type_ec)) {
+        // Subdirectories and special files are not copied, but a config,
+        // index or shard that is not a regular file (a dangling link into a
+        // download cache) must not be skipped as if it were absent.
+        if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
+          throw bad_input(fmt::format("{}: {} is not a regular file (a dangling symbolic link?)",
+                                      input.string(), name));
+        }
+        continue;
+      }
       files.push_back(name);
       if (is_safetensors_name(name)) safetensors_files.push_back(name);
     }
@@ -117,6 +126,9 @@ Checkpoint open_checkpoint(const fs::path& input) {
         throw bad_input(fmt::format("{}: expected an object with a \"weight_map\" object", label));
       }
       std::set<std::string> names;
+      // Missing shard files, each with the number of tensors mapped to it and
+      // the first of them: reported together, one line per file.
+      std::map<std::string, std::pair<std::size_t, std::string>> missing;
       for (auto it = ckpt.index["weight_map"].begin(); it != ckpt.index["weight_map"].end(); ++it) {
         if (!it->is_string()) {
           throw bad_input(fmt::format("{}: weight_map entry '{}' is {}, expected a file name",
@@ -125,11 +137,20 @@ Checkpoint open_checkpoint(const fs::path& input) {
         const std::string& file = it->get_ref<const std::string&>();
         check_shard_name(file, it.key());
         if (std::find(files.begin(), files.end(), file) == files.end()) {
-          throw bad_input(fmt::format("{}: weight_map entry '{}' names file '{}', which does not "
-                                      "exist in {}",
-                                      label, it.key(), file, input.string()));
+          auto& [count, first_tensor] = missing[file];
+          if (count++ == 0) first_tensor = it.key();
         }
         names.insert(file);
+      }
+      if (!missing.empty()) {
+        std::string message;
+        for (const auto& [file, what] : missing) {
+          message += fmt::format(
+              "{}{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
+              "exist in {}",
+              message.empty() ? "" : "\n", label, file, what.first, what.second, input.string());
+        }
+        throw bad_input(message);
       }
       if (names.empty()) throw bad_input(fmt::format("{}: weight_map is empty", label));
       shard_names.assign(names.begin(), names.end());
@@ -138,9 +159,11 @@ Checkpoint open_checkpoint(const fs::path& input) {
     } else if (safetensors_files.empty()) {
       throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
     } else {
-      throw bad_input(fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
-                                  "the checkpoint",
-                                  input.string(), safetensors_files.size(), kIndexFileName));
+      throw bad_input(
+          fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
+                      "the checkpoint (to quantize one file alone, give that file as "
+                      "INPUT)",
+                      input.string(), safetensors_files.size(), kIndexFileName));
     }
 
     for (const std::string& name : files) {

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,7 @@ std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
 // Options shared by quantize and inspect: what to plan.
 struct PlanArgs {
   std::string scheme = "W4A16";
-  long long group_size = 0;  // 0: the scheme's own
+  std::optional<long long> group_size;  // unset: the scheme's own
   std::vector<std::string> ignore;
   std::vector<std::string> targets;
   unsigned tp = 1;
@@ -63,9 +64,9 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   options.push_back(
       app->add_option("--scheme", args.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
           ->capture_default_str());
-  options.push_back(
-      app->add_option("--group-size", args.group_size,
-                      "Columns per group (default: the scheme's, 128); -1 for channel-wise"));
+  options.push_back(app->add_option_function<long long>(
+      "--group-size", [&args](const long long& value) { args.group_size = value; },
+      "Columns per group (default: the scheme's, 128); -1 for channel-wise"));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
                                     "re:PATTERN matched like Python re.match; default lm_head")
@@ -90,14 +91,16 @@ ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
         fmt::format("--scheme {}: unknown scheme (known: W4A16, W4A16_ASYM, W8A16)", args.scheme));
   }
   options.scheme = *scheme;
-  if (args.group_size == -1) {
+  if (!args.group_size) {
+    // The scheme's own group size.
+  } else if (*args.group_size == -1) {
     options.scheme.group_size = 0;  // channel-wise
-  } else if (args.group_size > 0) {
-    options.scheme.group_size = static_cast<std::uint64_t>(args.group_size);
-  } else if (args.group_size != 0) {
+  } else if (*args.group_size > 0) {
+    options.scheme.group_size = static_cast<std::uint64_t>(*args.group_size);
+  } else {
     throw ctquant::usage_error(fmt::format(
         "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
-        args.group_size));
+        *args.group_size));
   }
   if (!args.ignore.empty()) options.ignore = args.ignore;
   if (!args.targets.empty()) options.targets = args.targets;
@@ -114,6 +117,12 @@ void add_verbosity_flags(CLI::App* app, int& verbosity) {
 void print_stdout(const std::string& text) {
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
+}
+
+// Prints an error on stderr, first erasing the progress line a terminal may show.
+void print_error(const char* message) {
+  const char* erase_line = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
+  std::fprintf(stderr, "%sctquant: error: %s\n", erase_line, message);
 }
 
 struct QuantizeArgs {
@@ -291,6 +300,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
     if (inspect->parsed()) {
@@ -301,10 +311,10 @@ int main(int argc, char** argv) {
     }
     if (verify->parsed()) return run_verify(ver, verbosity);
   } catch (const ctquant::Error& e) {
-    std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
+    print_error(e.what());
     return ctquant::exit_status(e.kind());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nctquant: error: %s\n", e.what());
+    print_error(e.what());
     return 1;
   }
   return 0;

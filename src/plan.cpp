@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -241,8 +242,22 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
 
 }  // namespace
 
-QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+void check_plan_options(const PlanOptions& options) {
   check_scheme(options.scheme);
+  std::string problems;
+  for (const auto& [entries, role] : {std::pair{&options.ignore, ModuleMatcher::Role::kIgnore},
+                                      std::pair{&options.targets, ModuleMatcher::Role::kTargets}}) {
+    try {
+      const ModuleMatcher matcher(*entries, role);
+    } catch (const Error& e) {
+      problems += (problems.empty() ? "" : "\n") + std::string(e.what());
+    }
+  }
+  if (!problems.empty()) throw usage_error(problems);
+}
+
+QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+  check_plan_options(options);
   QuantizePlan plan;
   plan.options = options;
   Section2Rules rules(options, plan);

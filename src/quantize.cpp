@@ -77,12 +77,21 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
+  check_plan_options(options.plan);  // usage errors before any file is read
 
   check_output_path(options.output, options.input, options.force);
   Checkpoint checkpoint = open_checkpoint(options.input);
   if (log) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
+  }
+  if (log && checkpoint.has_index) {
+    // Copied like any other file (section 5), but probably not what the user meant.
+    for (const std::string& name : checkpoint.other_files) {
+      if (name.ends_with(".safetensors")) {
+        log->warn("{}: not listed in {}; copied unchanged, not quantized", name, kIndexFileName);
+      }
+    }
   }
   QuantizeSummary summary;
   summary.plan = make_plan(checkpoint, options.plan);

@@ -211,6 +211,9 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
 
   for (auto it = root.begin(); it != root.end(); ++it) {
     if (it.key() == "__metadata__") {
+      // null is "no metadata": the reference reader's field is an
+      // Option<HashMap<String, String>>, and MLX writes null.
+      if (it->is_null()) continue;
       if (!it->is_object()) {
         throw bad_input(fmt::format("{}: __metadata__ is a JSON {}, expected an object of strings",
                                     file_label, it->type_name()));

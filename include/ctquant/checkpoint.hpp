@@ -54,7 +54,8 @@ struct Checkpoint {
 // the index naming a missing file, a path outside the directory or a tensor
 // its file does not hold; a shard tensor the index does not list; the same
 // tensor in two shards; several safetensors files without an index; an
-// unreadable config.json) and Error{kIo} when a file cannot be read.
+// unreadable config.json; a config.json, index or .safetensors entry that is
+// not a regular file, such as a dangling symbolic link) and Error{kIo} when a file cannot be read.
 Checkpoint open_checkpoint(const std::filesystem::path& input);
 
 }  // namespace ctquant

@@ -124,6 +124,11 @@ struct QuantizePlan {
 // F8 weight.
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
 
+// Checks the options alone, before any file is read. Throws Error{kUsage}
+// for a scheme outside 2..8 bits and for invalid ignore and target entries
+// (every invalid entry of both lists in one message, see ModuleMatcher).
+void check_plan_options(const PlanOptions& options);
+
 // The module a tensor belongs to: the name up to its last dot.
 std::string module_of(const std::string& tensor_name);
 

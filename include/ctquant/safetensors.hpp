@@ -56,9 +56,10 @@ struct SafetensorsHeader {
 // prefix is header_json.size(). file_label names the file in messages.
 // Throws Error{kBadInput} on any breach of section 1 of the format spec:
 // header not UTF-8, not JSON, not an object, over kMaxHeaderBytes; duplicate
-// names; __metadata__ not an object of strings; an entry without dtype,
-// shape or data_offsets, with an unknown dtype, a negative, fractional or
-// non-numeric dimension, a shape whose element or bit count overflows 64 bits,
+// names; __metadata__ neither an object of strings nor null (which, as in the
+// reference reader, means no metadata); an entry without dtype, shape or
+// data_offsets, with an unknown dtype, a negative, fractional or non-numeric
+// dimension, a shape whose element or bit count overflows 64 bits,
 // or a byte size that is not a whole number; offsets that do not tile the
 // buffer from 0 without gap or overlap, or a buffer that does not end exactly
 // at the end of the file.
