@@ -82,48 +82,54 @@ bool is_safetensors_name(const std::string& name) {
 }
 
 // The regular files of a checkpoint directory, sorted. A symbolic link is
-// followed only when it resolves to a regular file inside the directory; one
-// that resolves to a regular file outside it is refused (a downloaded
-// checkpoint must not make ctquant read or copy, say, ~/.ssh/id_rsa).
-// Directories, devices, FIFOs, sockets and dangling links are ignored.
-std::vector<std::string> list_regular_files(const fs::path& dir) {
+// followed when it resolves to a regular file inside the directory; one that
+// resolves to a regular file outside it is refused (a downloaded checkpoint
+// must not make ctquant read or copy, say, ~/.ssh/id_rsa) unless
+// follow_links_outside. Directories, devices, FIFOs, sockets and dangling
+// links are ignored, except under the name of a config, index or shard: those
+// must not be skipped as if absent (a dangling link into a download cache).
+std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_links_outside) {
   std::error_code ec;
   const fs::path root = fs::canonical(dir, ec);
   if (ec) throw io_error(fmt::format("{}: cannot resolve: {}", dir.string(), ec.message()));
   std::vector<std::string> files;
-  Problems outside;
+  Problems problems;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
        it.increment(ec)) {
     const fs::directory_entry& item = *it;
     const std::string name = item.path().filename().string();
     std::error_code type_ec;
-    if (item.is_symlink(type_ec)) {
-      std::error_code link_ec;
-      const fs::path target = fs::canonical(item.path(), link_ec);
-      if (link_ec) continue;  // dangling or looping: not a file to read
-      if (!fs::is_regular_file(target, link_ec)) continue;
-      if (!detail::path_is_within(target, root)) {
-        outside.add(
-            fmt::format("{}: is a symbolic link to {}, outside the checkpoint directory {}; "
-                        "ctquant reads only files inside INPUT (replace the link by the "
-                        "file, e.g. cp -rL a Hugging Face cache snapshot)",
-                        name, target.string(), dir.string()));
-        continue;
+    if (!item.is_regular_file(type_ec)) {  // follows links
+      if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
+        problems.add(fmt::format("{}: {} is not a regular file (a dangling symbolic link?)",
+                                 dir.string(), name));
       }
-      files.push_back(name);
       continue;
     }
-    if (item.is_regular_file(type_ec)) files.push_back(name);
+    if (item.is_symlink(type_ec) && !follow_links_outside) {
+      std::error_code link_ec;
+      const fs::path target = fs::canonical(item.path(), link_ec);
+      if (link_ec || !detail::path_is_within(target, root)) {
+        problems.add(fmt::format(
+            "{}: is a symbolic link to {}, outside the checkpoint directory {}; ctquant reads "
+            "only files inside INPUT unless --follow-symlinks is given (a Hugging Face cache "
+            "snapshot links into its blob store: pass --follow-symlinks, or copy it with cp -rL)",
+            name, link_ec ? fs::read_symlink(item.path(), link_ec).string() : target.string(),
+            dir.string()));
+        continue;
+      }
+    }
+    files.push_back(name);
   }
   if (ec) throw io_error(fmt::format("{}: cannot list directory: {}", dir.string(), ec.message()));
-  outside.throw_if_any();
+  problems.throw_if_any();
   std::sort(files.begin(), files.end());
   return files;
 }
 
 }  // namespace
 
-Checkpoint open_checkpoint(const fs::path& input) {
+Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   Checkpoint ckpt;
   std::error_code ec;
   const auto status = fs::status(input, ec);
@@ -142,7 +148,7 @@ Checkpoint open_checkpoint(const fs::path& input) {
     shard_names.push_back(input.filename().string());
   } else if (fs::is_directory(status)) {
     ckpt.root = input;
-    const std::vector<std::string> files = list_regular_files(input);
+    const std::vector<std::string> files = list_regular_files(input, options.follow_links_outside);
     const auto listed = [&](const std::string& name) {
       return std::binary_search(files.begin(), files.end(), name);
     };
@@ -161,6 +167,9 @@ Checkpoint open_checkpoint(const fs::path& input) {
       }
       std::set<std::string> names;
       Problems problems;
+      // Missing shard files, each with the number of tensors mapped to it and
+      // the first of them: reported together, one line per file.
+      std::map<std::string, std::pair<std::size_t, std::string>> missing;
       for (auto it = ckpt.index["weight_map"].begin(); it != ckpt.index["weight_map"].end(); ++it) {
         if (!it->is_string()) {
           problems.add(fmt::format("{}: weight_map entry '{}' is {}, expected a file name", label,
@@ -170,18 +179,22 @@ Checkpoint open_checkpoint(const fs::path& input) {
         const std::string& file = it->get_ref<const std::string&>();
         if (!is_plain_file_name(file)) {
           problems.add(
-              fmt::format("{}: weight_map entry '{}' names file {}, which is not a plain "
+              fmt::format("{}: weight_map entry '{}' names file '{}', which is not a plain "
                           "file name inside the checkpoint directory (no directory part, "
                           "no '..', not absolute)",
-                          label, it.key(), nlohmann::json(file).dump()));
+                          label, it.key(), file));
         } else if (!listed(file)) {
-          problems.add(
-              fmt::format("{}: weight_map entry '{}' names file '{}', which does not "
-                          "exist in {}",
-                          label, it.key(), file, input.string()));
+          auto& [count, first_tensor] = missing[file];
+          if (count++ == 0) first_tensor = it.key();
         } else {
           names.insert(file);
         }
+      }
+      for (const auto& [file, what] : missing) {
+        problems.add(fmt::format(
+            "{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
+            "exist in {}",
+            label, file, what.first, what.second, input.string()));
       }
       problems.throw_if_any();
       if (names.empty()) throw bad_input(fmt::format("{}: weight_map is empty", label));
@@ -191,9 +204,11 @@ Checkpoint open_checkpoint(const fs::path& input) {
     } else if (safetensors_files.empty()) {
       throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
     } else {
-      throw bad_input(fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
-                                  "the checkpoint",
-                                  input.string(), safetensors_files.size(), kIndexFileName));
+      throw bad_input(
+          fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
+                      "the checkpoint (to quantize one file alone, give that file as "
+                      "INPUT)",
+                      input.string(), safetensors_files.size(), kIndexFileName));
     }
 
     for (const std::string& name : files) {

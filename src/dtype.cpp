@@ -1,6 +1,7 @@
 #include "ctquant/dtype.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 namespace ctquant {
@@ -65,6 +66,12 @@ float load_as_float(DType dtype, const void* element) {
       std::memcpy(&f, element, 4);
       return f;
     }
+    case DType::kF8_E4M3:
+      return f8_e4m3_to_float(
+          std::to_integer<std::uint8_t>(*static_cast<const std::byte*>(element)));
+    case DType::kF8_E5M2:
+      return f8_e5m2_to_float(
+          std::to_integer<std::uint8_t>(*static_cast<const std::byte*>(element)));
     default:
       return std::nanf("");
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -19,6 +20,7 @@
 
 #include "ctquant/config.hpp"
 #include "ctquant/error.hpp"
+#include "ctquant/fp8.hpp"
 #include "ctquant/kernel.hpp"
 #include "ctquant/pack.hpp"
 #include "ctquant/safetensors_writer.hpp"
@@ -42,12 +44,12 @@ struct QuantizedModule {
 };
 
 struct Job {
-  enum class Kind { kCopy, kQuantize } kind = Kind::kCopy;
+  enum class Kind { kCopy, kQuantize, kDequantize } kind = Kind::kCopy;
   std::size_t shard = 0;
-  const PlannedTensor* tensor = nullptr;  // kCopy
+  const PlannedTensor* tensor = nullptr;  // kCopy, kDequantize: the output tensor
   std::size_t module = 0;                 // kQuantize: index into modules
-  std::uint64_t begin = 0;  // kCopy: byte offset in the tensor; kQuantize: first row
-  std::uint64_t end = 0;    // kCopy: end byte; kQuantize: end row
+  std::uint64_t begin = 0;                // kCopy: byte offset in the tensor; otherwise first row
+  std::uint64_t end = 0;                  // kCopy: end byte; otherwise end row
   std::uint64_t input_bytes = 0;
   bool last_of_tensor = false;
 };
@@ -56,6 +58,17 @@ struct Job {
 // multiples of this so each chunk owns whole zero-point words.
 std::uint64_t row_alignment(const QuantScheme& scheme) {
   return scheme.symmetric ? 1 : 32 / std::gcd(32, scheme.num_bits);
+}
+
+// The dtype a weight's rows have once loaded: BF16 for an FP8 weight (section 6).
+DType loaded_dtype(const TensorDecision& d, const TensorEntry& w) {
+  return d.fp8 ? DType::kBF16 : w.dtype;
+}
+
+// Bytes per row of a weight once loaded into a job's buffer. An FP8 chunk is
+// read into the second half of a buffer of BF16 size and dequantized in place.
+std::uint64_t loaded_row_bytes(const TensorDecision& d, const TensorEntry& w) {
+  return w.shape[1] * static_cast<std::uint64_t>(dtype_bits(loaded_dtype(d, w)) / 8);
 }
 
 class Executor {
@@ -93,6 +106,25 @@ class Executor {
             ++tensors_total_;
             break;
           }
+          case OutputRole::kDequantized: {
+            const TensorDecision& d = plan_.decisions[t.decision];
+            const TensorEntry& w = ckpt_.entry(d.source);
+            if (w.byte_size() > 0) {
+              const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
+              const std::uint64_t buffer_row_bytes = loaded_row_bytes(d, w);
+              const std::uint64_t rows_per_job =
+                  std::max<std::uint64_t>(1, options_.chunk_bytes / buffer_row_bytes);
+              for (std::uint64_t r = 0; r < w.shape[0]; r += rows_per_job) {
+                const std::uint64_t end = std::min(w.shape[0], r + rows_per_job);
+                jobs_.push_back(Job{Job::Kind::kDequantize, s, &t, 0, r, end, (end - r) * row_bytes,
+                                    end == w.shape[0]});
+                max_in_bytes_ = std::max(max_in_bytes_, (end - r) * buffer_row_bytes);
+                note_fp8_scale_rows(d, r, end);
+              }
+            }
+            ++tensors_total_;
+            break;
+          }
           case OutputRole::kPacked: {
             QuantizedModule m{s, t.decision, &t, nullptr, nullptr};
             for (const PlannedTensor& o : shard.tensors) {
@@ -101,10 +133,14 @@ class Executor {
               if (o.role == OutputRole::kZeroPoint) m.zero_point = &o;
             }
             modules_.push_back(m);
-            const TensorEntry& w = ckpt_.entry(plan_.decisions[t.decision].source);
+            const TensorDecision& d = plan_.decisions[t.decision];
+            const TensorEntry& w = ckpt_.entry(d.source);
             const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
+            // Jobs are sized by the buffer they fill: twice the input for FP8.
+            const std::uint64_t buffer_row_bytes = loaded_row_bytes(d, w);
             const std::uint64_t align = row_alignment(scheme);
-            std::uint64_t rows_per_job = std::max<std::uint64_t>(1, options_.chunk_bytes / row_bytes);
+            std::uint64_t rows_per_job =
+                std::max<std::uint64_t>(1, options_.chunk_bytes / buffer_row_bytes);
             rows_per_job = std::max(align, rows_per_job / align * align);
             for (std::uint64_t r = 0; r < w.shape[0]; r += rows_per_job) {
               const std::uint64_t end = std::min(w.shape[0], r + rows_per_job);
@@ -112,7 +148,8 @@ class Executor {
                                   (end - r) * row_bytes, end == w.shape[0]});
               const std::uint64_t rows = end - r;
               const std::uint64_t n_groups = w.shape[1] / scheme.effective_group_size(w.shape[1]);
-              max_in_bytes_ = std::max(max_in_bytes_, rows * row_bytes);
+              max_in_bytes_ = std::max(max_in_bytes_, rows * buffer_row_bytes);
+              note_fp8_scale_rows(d, r, end);
               max_packed_words_ = std::max(
                   max_packed_words_, rows * packed_words_per_row(w.shape[1], scheme.num_bits));
               max_scale_values_ = std::max(max_scale_values_, rows * n_groups);
@@ -128,6 +165,17 @@ class Executor {
       }
     }
     for (const Job& j : jobs_) bytes_total_ += j.input_bytes;
+  }
+
+  // Grows the per-thread FP8 scale buffer to hold the scale grid rows that
+  // weight rows [row_begin, row_end) use.
+  void note_fp8_scale_rows(const TensorDecision& d, std::uint64_t row_begin,
+                           std::uint64_t row_end) {
+    if (!d.fp8) return;
+    const Fp8ScaleLayout& layout = d.fp8->layout;
+    const std::uint64_t grid_rows = layout.grid_row_end(row_end) - layout.grid_row_begin(row_begin);
+    max_fp8_scale_bytes_ =
+        std::max(max_fp8_scale_bytes_, grid_rows * layout.scale_bytes_per_grid_row());
   }
 
   void open_outputs() {
@@ -149,12 +197,88 @@ class Executor {
 
   // Per-thread buffers, sized once for the largest job.
   struct Buffers {
-    std::vector<std::byte> input;
+    std::vector<std::byte> input;      // a chunk of weight rows, BF16 once an FP8 chunk is loaded
+    std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
     std::vector<std::uint32_t> packed;
     std::vector<std::byte> scale;
     std::vector<std::int8_t> zero_point;
     std::vector<std::uint32_t> zero_point_packed;
   };
+
+  // Loads weight rows [row_begin, row_end) into buf.input: the stored bytes
+  // of a BF16/F16/F32 weight, or the BF16 values of an FP8 weight, dequantized
+  // in place (section 6). Returns the dtype of the loaded rows. Throws
+  // Error{kBadInput} naming file, tensor, row and column for an FP8 value that
+  // is not finite once dequantized.
+  DType load_rows(const TensorDecision& d, std::uint64_t row_begin, std::uint64_t row_end,
+                  Buffers& buf) const {
+    const TensorEntry& w = ckpt_.entry(d.source);
+    const SafetensorsFile& in = ckpt_.shards[d.source.shard];
+    const std::uint64_t n_rows = row_end - row_begin;
+    const std::uint64_t n_cols = w.shape[1];
+    const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
+    if (!d.fp8) {
+      in.read(w.begin + row_begin * row_bytes,
+              std::span<std::byte>(buf.input.data(), n_rows * row_bytes));
+      return w.dtype;
+    }
+    const Fp8ScaleLayout& layout = d.fp8->layout;
+    const std::uint64_t n = n_rows * n_cols;
+    in.read(w.begin + row_begin * n_cols, std::span<std::byte>(buf.input.data() + n, n));
+    const TensorEntry& scale = ckpt_.entry(d.fp8->scale);
+    const std::uint64_t grid_begin = layout.grid_row_begin(row_begin);
+    const std::uint64_t grid_bytes =
+        (layout.grid_row_end(row_end) - grid_begin) * layout.scale_bytes_per_grid_row();
+    ckpt_.shards[d.fp8->scale.shard].read(
+        scale.begin + grid_begin * layout.scale_bytes_per_grid_row(),
+        std::span<std::byte>(buf.fp8_scale.data(), grid_bytes));
+    Fp8Rows rows;
+    rows.code_dtype = w.dtype;
+    rows.row_begin = row_begin;
+    rows.n_rows = n_rows;
+    rows.n_cols = n_cols;
+    rows.codes = buf.input.data() + n;
+    rows.scales = buf.fp8_scale.data();
+    rows.out = buf.input.data();
+    if (const auto bad = dequantize_fp8_rows(layout, rows)) {
+      // The codes at and after the bad element are still in place: the
+      // dequantizer stopped before writing over them.
+      const std::uint64_t row = row_begin + *bad / n_cols;
+      const std::uint64_t col = *bad % n_cols;
+      const auto code = std::to_integer<std::uint8_t>(buf.input[n + *bad]);
+      const std::uint64_t grid_row = row / layout.block_rows;
+      const std::uint64_t grid_col = col / layout.block_cols;
+      const std::uint64_t scale_size = static_cast<std::uint64_t>(dtype_bits(layout.dtype) / 8);
+      const float s = load_as_float(
+          layout.dtype, buf.fp8_scale.data() +
+                            ((grid_row - grid_begin) * layout.grid_cols + grid_col) * scale_size);
+      const float value = load_as_float(w.dtype, &buf.input[n + *bad]);
+      const std::string what =
+          std::isnan(value) || std::isinf(value)
+              ? fmt::format("is code 0x{:02X}, which is {} in {}", code, value, dtype_tag(w.dtype))
+              : fmt::format(
+                    "is code 0x{:02X} ({}) times scale {} ('{}' [{}, {}]), which is {} "
+                    "in BF16",
+                    code, value, s, scale.name, grid_row, grid_col,
+                    bf16_to_float(dequantize_fp8_value(w.dtype, code, s)));
+      throw bad_input(
+          fmt::format("{}: tensor '{}': element [{}, {}] {} (a dequantized weight "
+                      "must be finite; section 6 of the format spec)",
+                      in.label(), w.name, row, col, what));
+    }
+    return DType::kBF16;
+  }
+
+  void run_dequantize_job(const Job& job, Buffers& buf) {
+    const TensorDecision& d = plan_.decisions[job.tensor->decision];
+    const TensorEntry& w = ckpt_.entry(d.source);
+    load_rows(d, job.begin, job.end, buf);
+    const std::uint64_t row_bytes = loaded_row_bytes(d, w);
+    const std::uint64_t base = plan_.shards[job.shard].data_start + job.tensor->offset;
+    outputs_[job.shard]->write_at(
+        base + job.begin * row_bytes,
+        std::span<const std::byte>(buf.input.data(), (job.end - job.begin) * row_bytes));
+  }
 
   void run_quantize_job(const Job& job, Buffers& buf) {
     const QuantScheme& scheme = plan_.options.scheme;
@@ -164,26 +288,23 @@ class Executor {
     const SafetensorsFile& in = ckpt_.shards[d.source.shard];
     const std::uint64_t n_rows = job.end - job.begin;
     const std::uint64_t n_cols = w.shape[1];
-    const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
-    const std::uint64_t esize = row_bytes / n_cols;
+    const DType dtype = load_rows(d, job.begin, job.end, buf);
+    const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(dtype) / 8);
     const std::uint64_t n_groups = n_cols / scheme.effective_group_size(n_cols);
     const std::uint64_t words = packed_words_per_row(n_cols, scheme.num_bits);
 
-    const std::span<std::byte> input(buf.input.data(), n_rows * row_bytes);
-    in.read(w.begin + job.begin * row_bytes, input);
-
     KernelBlock block;
-    block.dtype = w.dtype;
+    block.dtype = dtype;
     block.n_rows = n_rows;
     block.n_cols = n_cols;
-    block.weight = input.data();
+    block.weight = buf.input.data();
     block.packed = buf.packed.data();
     block.scale = buf.scale.data();
     block.zero_point = buf.zero_point.data();
     if (const auto bad = quantize_block(scheme, block)) {
       const std::uint64_t row = job.begin + *bad / n_cols;
       const std::uint64_t col = *bad % n_cols;
-      const float value = load_as_float(w.dtype, input.data() + *bad * esize);
+      const float value = load_as_float(dtype, buf.input.data() + *bad * esize);
       throw bad_input(fmt::format("{}: tensor '{}': element [{}, {}] is {} (a weight to be "
                                   "quantized must be finite; section 3 of the format spec)",
                                   in.label(), w.name, row, col, value));
@@ -218,6 +339,7 @@ class Executor {
     Buffers buf;
     const QuantScheme& scheme = plan_.options.scheme;
     buf.input.resize(max_in_bytes_);
+    buf.fp8_scale.resize(max_fp8_scale_bytes_);
     buf.packed.resize(max_packed_words_);
     buf.scale.resize(max_scale_values_ * 4);  // 4 bytes: the widest scale dtype (F32)
     if (!scheme.symmetric) {
@@ -234,10 +356,16 @@ class Executor {
       if (i >= jobs_.size()) return;
       const Job& job = jobs_[i];
       try {
-        if (job.kind == Job::Kind::kCopy) {
-          run_copy_job(job);
-        } else {
-          run_quantize_job(job, buf);
+        switch (job.kind) {
+          case Job::Kind::kCopy:
+            run_copy_job(job);
+            break;
+          case Job::Kind::kQuantize:
+            run_quantize_job(job, buf);
+            break;
+          case Job::Kind::kDequantize:
+            run_dequantize_job(job, buf);
+            break;
         }
       } catch (...) {
         record_error(i, std::current_exception());
@@ -370,6 +498,7 @@ class Executor {
   std::uint64_t max_packed_words_ = 0;
   std::uint64_t max_scale_values_ = 0;
   std::uint64_t max_zero_point_words_ = 0;
+  std::uint64_t max_fp8_scale_bytes_ = 0;
   std::uint64_t bytes_total_ = 0;
   std::uint64_t tensors_total_ = 0;
 

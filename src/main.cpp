@@ -4,21 +4,25 @@
 // interrupted), 2 usage error, 3 verification found differences.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include "ctquant/error.hpp"
+#include "ctquant/inspect.hpp"
 #include "ctquant/kernel.hpp"
 #include "ctquant/quantize.hpp"
+#include "ctquant/verify.hpp"
 
 namespace {
 
@@ -67,10 +71,90 @@ const char* signal_name(int signal_number) {
   }
 }
 
-// Prints an error message to stderr with control characters escaped: names
-// in messages come from input files and must not drive the terminal.
+std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
+  auto logger = spdlog::stderr_logger_st("ctquant");
+  logger->set_pattern("ctquant: %l: %v");
+  logger->set_level(verbosity < 0   ? spdlog::level::err
+                    : verbosity > 0 ? spdlog::level::debug
+                                    : spdlog::level::info);
+  return logger;
+}
+
+// Options shared by quantize and inspect: what to plan.
+struct PlanArgs {
+  std::string scheme = "W4A16";
+  std::optional<long long> group_size;  // unset: the scheme's own
+  std::vector<std::string> ignore;
+  std::vector<std::string> targets;
+  unsigned tp = 1;
+};
+
+std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
+  std::vector<CLI::Option*> options;
+  options.push_back(
+      app->add_option("--scheme", args.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
+          ->capture_default_str());
+  options.push_back(app->add_option_function<long long>(
+      "--group-size", [&args](const long long& value) { args.group_size = value; },
+      "Columns per group (default: the scheme's, 128); -1 for channel-wise"));
+  options.push_back(app->add_option("--ignore", args.ignore,
+                                    "Module to leave unquantized (repeatable): a name, or "
+                                    "re:PATTERN matched like Python re.match; default lm_head")
+                        ->allow_extra_args(false));
+  options.push_back(
+      app->add_option("--targets", args.targets,
+                      "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
+          ->allow_extra_args(false));
+  options.push_back(app->add_option("--tp", args.tp,
+                                    "Tensor-parallel degree the checkpoint will be served with, "
+                                    "for the Marlin shape check (lint L5)")
+                        ->check(CLI::Range(1u, 1024u))
+                        ->capture_default_str());
+  return options;
+}
+
+ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
+  ctquant::PlanOptions options;
+  const auto scheme = ctquant::scheme_by_name(args.scheme);
+  if (!scheme) {
+    throw ctquant::usage_error(
+        fmt::format("--scheme {}: unknown scheme (known: W4A16, W4A16_ASYM, W8A16)", args.scheme));
+  }
+  options.scheme = *scheme;
+  if (!args.group_size) {
+    // The scheme's own group size.
+  } else if (*args.group_size == -1) {
+    options.scheme.group_size = 0;  // channel-wise
+  } else if (*args.group_size > 0) {
+    options.scheme.group_size = static_cast<std::uint64_t>(*args.group_size);
+  } else {
+    throw ctquant::usage_error(fmt::format(
+        "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
+        *args.group_size));
+  }
+  if (!args.ignore.empty()) options.ignore = args.ignore;
+  if (!args.targets.empty()) options.targets = args.targets;
+  return options;
+}
+
+void add_verbosity_flags(CLI::App* app, int& verbosity) {
+  app->add_flag_function(
+      "-q,--quiet", [&](std::int64_t) { verbosity = -1; }, "Print errors only");
+  app->add_flag_function(
+      "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
+}
+
+void print_stdout(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+// Prints an error on stderr, first erasing the progress line a terminal may show.
 void print_error(const std::string& message) {
-  std::string text = "\nctquant: error: ";
+  // Control characters are escaped: names in messages come from input files
+  // and must not drive the terminal.
+  std::string text = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
+  text += "ctquant: error: ";
   for (const char c : message) {
     const auto u = static_cast<unsigned char>(c);
     if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7F) {
@@ -83,68 +167,48 @@ void print_error(const std::string& message) {
   std::fwrite(text.data(), 1, text.size(), stderr);
 }
 
-std::string human_bytes(std::uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
-  return fmt::format("{} B", bytes);
-}
-
-std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
-  auto logger = spdlog::stderr_logger_st("ctquant");
-  logger->set_pattern("ctquant: %l: %v");
-  logger->set_level(verbosity < 0 ? spdlog::level::err
-                                  : verbosity > 0 ? spdlog::level::debug : spdlog::level::info);
-  return logger;
-}
-
 struct QuantizeArgs {
   std::string input;
   std::string output;
-  std::string scheme = "W4A16";
-  long long group_size = 0;  // 0: the scheme's own
-  std::vector<std::string> ignore;
-  std::vector<std::string> targets;
+  PlanArgs plan;
   unsigned threads = 0;
   bool force = false;
+  bool follow_symlinks = false;
   bool dry_run = false;
+  bool allow_unloadable = false;
+  bool strict = false;
 };
 
 int run_quantize(const QuantizeArgs& args, int verbosity) {
   ctquant::QuantizeOptions options = ctquant::default_quantize_options();
   options.input = args.input;
   options.output = args.output;
-  const auto scheme = ctquant::scheme_by_name(args.scheme);
-  if (!scheme) {
-    throw ctquant::usage_error(fmt::format(
-        "--scheme {}: unknown scheme (known: W4A16, W4A16_ASYM, W8A16)", args.scheme));
-  }
-  options.plan.scheme = *scheme;
-  if (args.group_size == -1) {
-    options.plan.scheme.group_size = 0;  // channel-wise
-  } else if (args.group_size > 0) {
-    options.plan.scheme.group_size = static_cast<std::uint64_t>(args.group_size);
-  } else if (args.group_size != 0) {
-    throw ctquant::usage_error(fmt::format(
-        "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
-        args.group_size));
-  }
-  if (!args.ignore.empty()) options.plan.ignore = args.ignore;
-  if (!args.targets.empty()) options.plan.targets = args.targets;
+  options.plan = to_plan_options(args.plan);
+  options.tp = args.plan.tp;
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
+  options.follow_symlinks = args.follow_symlinks;
   options.dry_run = args.dry_run;
+  options.allow_unloadable = args.allow_unloadable;
+  options.strict = args.strict;
   options.logger = make_logger(verbosity);
   options.cancel = &g_cancel;
+  if (args.dry_run) {
+    options.on_plan = [](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
+                         const std::vector<ctquant::Finding>&) {
+      print_stdout(ctquant::render_plan_text(checkpoint, plan));
+    };
+  }
 
   const bool show_progress = verbosity >= 0 && ::isatty(STDERR_FILENO) == 1;
   if (show_progress) {
     options.on_progress = [](const ctquant::Progress& p) {
-      const double pct = p.bytes_total == 0 ? 100.0 : 100.0 * static_cast<double>(p.bytes_done) /
-                                                          static_cast<double>(p.bytes_total);
+      const double pct = p.bytes_total == 0 ? 100.0
+                                            : 100.0 * static_cast<double>(p.bytes_done) /
+                                                  static_cast<double>(p.bytes_total);
       std::fprintf(stderr, "\r\033[Kctquant: %5.1f%%  %s of %s  %llu/%llu tensors", pct,
-                   human_bytes(p.bytes_done).c_str(), human_bytes(p.bytes_total).c_str(),
+                   ctquant::human_bytes(p.bytes_done).c_str(),
+                   ctquant::human_bytes(p.bytes_total).c_str(),
                    static_cast<unsigned long long>(p.tensors_done),
                    static_cast<unsigned long long>(p.tensors_total));
       std::fflush(stderr);
@@ -156,23 +220,67 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
     const double ratio = summary.bytes_out == 0 ? 0.0
                                                 : static_cast<double>(summary.bytes_in) /
                                                       static_cast<double>(summary.bytes_out);
+    const std::string fp8 =
+        summary.tensors_dequantized + summary.tensors_dropped == 0
+            ? std::string()
+            : fmt::format(", {} FP8 written as BF16, {} scale/activation dropped",
+                          summary.tensors_dequantized, summary.tensors_dropped);
     std::fprintf(stderr,
-                 "ctquant: %s %zu tensors quantized (%s), %zu copied; %s in, %s out, ratio "
+                 "ctquant: %s %zu tensors quantized (%s), %zu copied%s; %s in, %s out, ratio "
                  "%.2fx; %.2f s\n",
                  args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
-                 options.plan.scheme.name.c_str(), summary.tensors_copied,
-                 human_bytes(summary.bytes_in).c_str(), human_bytes(summary.bytes_out).c_str(),
-                 ratio, summary.seconds);
+                 options.plan.scheme.name.c_str(), summary.tensors_copied, fp8.c_str(),
+                 ctquant::human_bytes(summary.bytes_in).c_str(),
+                 ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
   }
   return 0;
+}
+
+struct InspectArgs {
+  std::string input;
+  PlanArgs plan;
+  bool show_plan = false;
+  bool json = false;
+};
+
+int run_inspect(const InspectArgs& args, bool plan_requested) {
+  ctquant::InspectOptions options;
+  options.plan = args.show_plan || plan_requested;
+  if (options.plan) options.plan_options = to_plan_options(args.plan);
+  options.lint.tp = args.plan.tp;
+  const ctquant::InspectReport report = ctquant::inspect_checkpoint(args.input, options);
+  print_stdout(args.json ? ctquant::inspect_json(report).dump(2) + "\n"
+                         : ctquant::render_inspect_text(report));
+  return 0;
+}
+
+struct VerifyArgs {
+  std::string output;
+  std::string reference;
+  bool against_source = false;
+  std::uint64_t scale_ulp = 0;
+  bool json = false;
+};
+
+int run_verify(const VerifyArgs& args, int verbosity) {
+  ctquant::VerifyOptions options;
+  options.scale_ulp = args.scale_ulp;
+  options.logger = make_logger(verbosity);
+  const ctquant::VerifyReport report =
+      args.against_source ? ctquant::verify_against_source(args.output, args.reference, options)
+                          : ctquant::verify_checkpoints(args.output, args.reference, options);
+  print_stdout(args.json ? ctquant::verify_json(report).dump(2) + "\n"
+                         : ctquant::render_verify_text(report));
+  return report.same() ? 0 : ctquant::exit_status(ctquant::ErrorKind::kDifferent);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   install_signal_handlers();
-  CLI::App app{"ctquant: quantize safetensors checkpoints to compressed-tensors pack-quantized "
-               "W4A16 for vLLM"};
+  CLI::App app{
+      "ctquant: quantize safetensors checkpoints to compressed-tensors pack-quantized "
+      "W4A16 for vLLM"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ctquant 0.1.0"));
   int verbosity = 0;
@@ -180,29 +288,51 @@ int main(int argc, char** argv) {
   QuantizeArgs q;
   CLI::App* quantize = app.add_subcommand(
       "quantize", "Quantize a checkpoint to a pack-quantized checkpoint (RTN, data-free)");
-  quantize->add_option("INPUT", q.input, "Checkpoint directory or a .safetensors file")
-      ->required();
+  quantize->add_option("INPUT", q.input, "Checkpoint directory or a .safetensors file")->required();
   quantize->add_option("OUTPUT", q.output, "Output directory (created; must not exist)")
       ->required();
-  quantize->add_option("--scheme", q.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
-      ->capture_default_str();
-  quantize->add_option("--group-size", q.group_size,
-                       "Columns per group (default: the scheme's, 128); -1 for channel-wise");
-  quantize->add_option("--ignore", q.ignore,
-                       "Module to leave unquantized (repeatable): a name, or re:PATTERN matched "
-                       "like Python re.match; default lm_head")
-      ->allow_extra_args(false);
-  quantize->add_option("--targets", q.targets,
-                       "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
-      ->allow_extra_args(false);
+  add_plan_options(quantize, q.plan);
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
   quantize->add_flag("--force", q.force, "Replace an existing OUTPUT once the new one is complete");
-  quantize->add_flag("--dry-run", q.dry_run, "Plan and report; write nothing");
-  quantize->add_flag_function("-q,--quiet", [&](std::int64_t) { verbosity = -1; },
-                              "Print errors only");
-  quantize->add_flag_function("-v,--verbose", [&](std::int64_t) { verbosity = 1; },
-                              "Print debug detail");
+  quantize->add_flag("--follow-symlinks", q.follow_symlinks,
+                     "Read files that symbolic links in INPUT point to outside it (a Hugging "
+                     "Face cache snapshot); refused by default");
+  quantize->add_flag("--dry-run", q.dry_run,
+                     "Plan and lint, print the plan on stdout; write nothing");
+  quantize->add_flag("--allow-unloadable", q.allow_unloadable,
+                     "Write even when lint finds errors (a checkpoint vLLM may refuse)");
+  quantize->add_flag("--strict", q.strict, "Lint warnings stop the run too");
+  add_verbosity_flags(quantize, verbosity);
+
+  InspectArgs in;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "List a checkpoint's tensors; with quantize options, print the plan and lint");
+  inspect->add_option("INPUT", in.input, "Checkpoint directory or a .safetensors file")->required();
+  const std::vector<CLI::Option*> inspect_plan_options = add_plan_options(inspect, in.plan);
+  inspect->add_flag("--plan", in.show_plan,
+                    "Print the plan and lint findings for the default (or given) options");
+  inspect->add_flag("--json", in.json, "Print a JSON report instead of text");
+  add_verbosity_flags(inspect, verbosity);
+
+  VerifyArgs ver;
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Compare OUTPUT with a golden checkpoint (exit 0 same, 3 different), or with its source");
+  verify->add_option("OUTPUT", ver.output, "Checkpoint directory or .safetensors file to check")
+      ->required();
+  verify
+      ->add_option("GOLDEN", ver.reference,
+                   "Golden checkpoint; with --against-source, the unquantized INPUT")
+      ->required();
+  verify->add_flag("--against-source", ver.against_source,
+                   "Unpack, recompute and dequantize every packed weight from the source INPUT");
+  verify
+      ->add_option("--scale-ulp", ver.scale_ulp,
+                   "Accept scales that differ by up to N units in the last place")
+      ->capture_default_str();
+  verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
+  add_verbosity_flags(verify, verbosity);
 
   try {
     app.parse(argc, argv);
@@ -219,6 +349,13 @@ int main(int argc, char** argv) {
 
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
+    if (inspect->parsed()) {
+      const bool plan_requested =
+          std::any_of(inspect_plan_options.begin(), inspect_plan_options.end(),
+                      [](const CLI::Option* o) { return o->count() > 0; });
+      return run_inspect(in, plan_requested);
+    }
+    if (verify->parsed()) return run_verify(ver, verbosity);
   } catch (const ctquant::Error& e) {
     if (e.kind() == ctquant::ErrorKind::kInterrupted) {
       print_error(

@@ -1,5 +1,6 @@
 #include "ctquant/quantize.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <system_error>
 #include <thread>
@@ -9,6 +10,7 @@
 
 #include "ctquant/config.hpp"
 #include "ctquant/error.hpp"
+#include "ctquant/inspect.hpp"
 #include "ctquant/output_dir.hpp"
 
 namespace ctquant {
@@ -47,26 +49,86 @@ void check_cancel(const std::atomic<bool>* cancel) {
   }
 }
 
+// Logs the findings that do not stop the run at their severity; throws
+// Error{kLint} listing the ones that do.
+void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& options) {
+  const auto blocking = blocking_findings(findings, options.strict, options.allow_unloadable);
+  const auto& log = options.logger;
+  for (const Finding& f : findings) {
+    if (std::find(blocking.begin(), blocking.end(), &f) != blocking.end() || !log) continue;
+    const std::string text = format_finding(f, 8, /*with_severity=*/false);
+    switch (f.severity) {
+      case Severity::kError:
+        log->error("{} (allowed by --allow-unloadable)", text);
+        break;
+      case Severity::kWarning:
+        log->warn("{}", text);
+        break;
+      case Severity::kInfo:
+        log->info("{}", text);
+        break;
+    }
+  }
+  if (blocking.empty()) return;
+  std::string message = "lint stopped quantize; nothing was written:\n";
+  std::size_t errors = 0;
+  for (const Finding* f : blocking) {
+    message += format_finding(*f) + "\n";
+    if (f->severity == Severity::kError) ++errors;
+  }
+  message += fmt::format(
+      "{} finding(s) stop the run{}. Apply the fixes above{}{}.", blocking.size(),
+      options.strict ? " (--strict makes warnings stop it)" : "",
+      errors > 0 ? ", or pass --allow-unloadable to write a checkpoint vLLM may refuse" : "",
+      blocking.size() > errors ? (errors > 0 ? ", and drop --strict to let warnings pass"
+                                             : ", or drop --strict to let warnings pass")
+                               : "");
+  throw Error(ErrorKind::kLint, message);
+}
+
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
+  check_plan_options(options.plan);  // usage errors before any file is read
 
   check_output_path(options.output, options.input, options.force);
   check_cancel(options.cancel);
-  Checkpoint checkpoint = open_checkpoint(options.input);
+  Checkpoint checkpoint =
+      open_checkpoint(options.input, OpenOptions{.follow_links_outside = options.follow_symlinks});
   check_cancel(options.cancel);
   if (log) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
   }
+  if (log && checkpoint.has_index) {
+    // Copied like any other file (section 5), but probably not what the user meant.
+    for (const std::string& name : checkpoint.other_files) {
+      if (name.ends_with(".safetensors")) {
+        log->warn("{}: not listed in {}; copied unchanged, not quantized", name, kIndexFileName);
+      }
+    }
+  }
   QuantizeSummary summary;
   summary.plan = make_plan(checkpoint, options.plan);
   check_cancel(options.cancel);
+  LintOptions lint;
+  lint.tp = options.tp;
+  summary.findings = run_lint(checkpoint, summary.plan, lint);
+  if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
+  enforce_lint(summary.findings, options);
   summary.tensors_quantized = summary.plan.n_quantized;
   summary.tensors_copied = summary.plan.n_copied;
+  summary.tensors_dequantized = summary.plan.n_dequantized;
+  summary.tensors_dropped = summary.plan.n_dropped;
+  if (log && summary.plan.input_quantization.is_fp8()) {
+    log->info(
+        "input is {}: FP8 weights are dequantized to BF16 exactly, then quantized or "
+        "written as BF16; {} scale and activation tensor(s) dropped",
+        summary.plan.input_quantization.describe(), summary.plan.n_dropped);
+  }
   summary.bytes_in = checkpoint.total_file_bytes();
   if (checkpoint.has_index) summary.bytes_in += file_bytes(checkpoint.root / kIndexFileName);
   if (checkpoint.config) summary.bytes_in += file_bytes(checkpoint.root / kConfigFileName);
@@ -75,7 +137,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
               options.input.string());
   }
   if (options.dry_run) {
-    summary.bytes_out = summary.plan.shard_bytes_out;
+    summary.bytes_out = expected_output_bytes(checkpoint, summary.plan);
     summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return summary;
   }

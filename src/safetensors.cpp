@@ -83,6 +83,17 @@ struct Scalar {
   bool boolean = false;               // kBool
   const std::string* text = nullptr;  // kString: the string; kFloat: the number as written
 
+  // "a JSON string (\"pt\")": the kind and the value, for a value of the
+  // wrong kind.
+  std::string kind_and_value() const {
+    const char* type = kind == Kind::kNull     ? "null"
+                       : kind == Kind::kBool   ? "boolean"
+                       : kind == Kind::kString ? "string"
+                                               : "number";
+    if (kind == Kind::kNull) return "a JSON null";
+    return fmt::format("a JSON {} ({})", type, describe());
+  }
+
   // How the value reads in a message.
   std::string describe() const {
     switch (kind) {
@@ -363,18 +374,18 @@ class HeaderReader {
       case Frame::kRoot:
         // `"__metadata__": null` means no metadata to the reference reader
         // (MLX writes it).
-        if (!in_metadata_ || value.kind != Scalar::Kind::kNull) wrong_value(value.describe());
+        if (!in_metadata_ || value.kind != Scalar::Kind::kNull) wrong_value(value.kind_and_value());
         break;
       case Frame::kMetadata:
-        if (value.kind != Scalar::Kind::kString) wrong_value(value.describe());
+        if (value.kind != Scalar::Kind::kString) wrong_value(value.kind_and_value());
         header_.metadata.emplace(metadata_key_, *value.text);
         break;
       case Frame::kEntry:
         if (field_ == Field::kDtype) {
-          if (value.kind != Scalar::Kind::kString) wrong_value(value.describe());
+          if (value.kind != Scalar::Kind::kString) wrong_value(value.kind_and_value());
           entry_.dtype = *value.text;
         } else if (field_ != Field::kOther) {
-          wrong_value(value.describe());
+          wrong_value(value.kind_and_value());
         }
         break;
       case Frame::kShape:
@@ -398,7 +409,7 @@ class HeaderReader {
   }
 
   bool open(bool object) {
-    const char* found = object ? "an object" : "an array";
+    const char* found = object ? "a JSON object" : "a JSON array";
     Frame next = Frame::kSkip;
     switch (top()) {
       case Frame::kNone:

@@ -15,6 +15,7 @@
 #include "ctquant/error.hpp"
 #include "ctquant/matcher.hpp"
 #include "ctquant/quantize.hpp"
+#include "fp8_test_support.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {
@@ -277,7 +278,8 @@ Expected make_case(Corruption c, const fs::path& dir) {
       test::write_raw_safetensors(
           single, "{\"w\":{\"dtype\":" + deep + ",\"shape\":[4],\"data_offsets\":[0,4]}}",
           zeros(4));
-      return {ErrorKind::kBadInput, kSingle, "w", {"dtype is an array", "expected a string tag"}};
+      return {
+          ErrorKind::kBadInput, kSingle, "w", {"dtype is a JSON array", "expected a string tag"}};
     }
     case Corruption::kNegativeDimension:
       test::write_raw_safetensors(single, "{" + entry("w", "BF16", "[2,-2]", 0, 8) + "}", zeros(8));
@@ -357,7 +359,7 @@ Expected make_case(Corruption c, const fs::path& dir) {
       return {ErrorKind::kBadInput,
               kSingle,
               "",
-              {"__metadata__ is \"pt\"", "expected an object of strings"}};
+              {"__metadata__ is a JSON string (\"pt\")", "expected an object of strings"}};
     case Corruption::kMetadataValueNotString:
       test::write_raw_safetensors(
           single, "{\"__metadata__\":{\"format\":1}," + entry("a", "U8", "[4]", 0, 4) + "}",
@@ -365,7 +367,7 @@ Expected make_case(Corruption c, const fs::path& dir) {
       return {ErrorKind::kBadInput,
               kSingle,
               "",
-              {"__metadata__ value of \"format\" is 1", "expected a string"}};
+              {"__metadata__ value of \"format\" is a JSON number (1)", "expected a string"}};
     case Corruption::kIndexNamesMissingFile:
       write_sharded(dir, std::string("{\"") + kWeight + "\": \"" + kShard1 + "\", \"" + kNorm +
                              "\": \"model-00003-of-00003.safetensors\"}");
@@ -456,7 +458,7 @@ Expected make_case(Corruption c, const fs::path& dir) {
                        "{\"model_type\": \"llama\", \"quantization_config\": {\"quant_method\": "
                        "\"gptq\", \"bits\": 4}}");
       return {
-          ErrorKind::kBadInput, "config.json", "", {"quant_method \"gptq\"", "does not convert"}};
+          ErrorKind::kBadInput, "config.json", "", {"quant_method \"gptq\"", "is not converted"}};
     case Corruption::kCount:
       break;
   }
@@ -487,7 +489,7 @@ void expect_message(const std::string& message, const Expected& expected) {
 // Nothing was left beside OUTPUT: no OUTPUT, no temporary directory.
 void expect_no_output(const fs::path& output) {
   EXPECT_FALSE(fs::exists(fs::symlink_status(output))) << output;
-  EXPECT_TRUE(test::temp_output_dirs(output.parent_path()).empty())
+  EXPECT_TRUE(test::temp_leftovers(output.parent_path()).empty())
       << "a temporary output directory was left in " << output.parent_path();
 }
 
@@ -499,11 +501,7 @@ TEST_P(BadInput, LibraryRefusesIt) {
   const fs::path output = tmp / "out";
   const Expected expected = make_case(GetParam(), input);
 
-  QuantizeOptions options = default_quantize_options();
-  options.input = input;
-  options.output = output;
-  options.threads = 2;
-  options.fsync = false;
+  const QuantizeOptions options = test::test_options(input, output);
   try {
     quantize(options);
     ADD_FAILURE() << "quantize() accepted " << corruption_name(GetParam());
@@ -580,11 +578,11 @@ TEST(CheckpointReader, ReportsEveryIndexProblemAtOnce) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
     const std::string message = e.what();
-    EXPECT_NE(message.find("'" + std::string(kWeight) + "' names file \"../a.safetensors\""),
+    EXPECT_NE(message.find("'" + std::string(kWeight) + "' names file '../a.safetensors'"),
               std::string::npos)
         << message;
-    EXPECT_NE(message.find("'" + std::string(kNorm) +
-                           "' names file 'missing.safetensors', which does not exist"),
+    EXPECT_NE(message.find("weight_map names file 'missing.safetensors' for 1 tensor(s) (first '" +
+                           std::string(kNorm) + "'), which does not exist"),
               std::string::npos)
         << message;
   }
@@ -607,6 +605,31 @@ TEST(ModuleMatcher, RefusesToGuessWhenAMatchCannotBeDecided) {
   }
   EXPECT_TRUE(ignore.entry_matches(0, "aaaa"));
   EXPECT_FALSE(ignore.entry_matches(0, "b"));
+}
+
+// weight_block_size comes from config.json: a block taller than the weight
+// (up to 2^64 - 1 rows) is one block row, exactly as a block of the weight's
+// own height; the grid arithmetic must not wrap.
+TEST(CheckedArithmetic, HugeFp8BlockSizeIsOneBlockRow) {
+  TempDir tmp;
+  const std::uint64_t rows = 4;
+  const std::uint64_t cols = 128;
+  const std::vector<FakeTensor> tensors = {
+      FakeTensor{kWeight,
+                 DType::kF8_E4M3,
+                 {rows, cols},
+                 test::code_bytes(test::random_codes(DType::kF8_E4M3, rows * cols, 5))},
+      FakeTensor{std::string(kWeight) + "_scale_inv",
+                 DType::kF32,
+                 {1, 1},
+                 test::float_bytes(DType::kF32, {0.5f})}};
+  test::write_checkpoint(tmp / "huge", tensors,
+                         test::block_config(std::numeric_limits<std::uint64_t>::max(), cols));
+  test::write_checkpoint(tmp / "exact", tensors, test::block_config(rows, cols));
+  quantize(test::test_options(tmp / "huge", tmp / "huge-out"));
+  quantize(test::test_options(tmp / "exact", tmp / "exact-out"));
+  EXPECT_EQ(test::read_file(tmp / "huge-out" / kSingle),
+            test::read_file(tmp / "exact-out" / kSingle));
 }
 
 }  // namespace

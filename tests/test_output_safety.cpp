@@ -51,20 +51,9 @@ void write_small_checkpoint(const fs::path& dir, bool with_nan = false) {
   test::write_file(dir / "tokenizer.json", "{\"version\": \"1.0\"}\n");
 }
 
-// Files and their bytes, recursively, for "this directory did not change".
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& item : fs::recursive_directory_iterator(dir)) {
-    if (item.is_regular_file()) {
-      files[fs::relative(item.path(), dir).string()] = test::read_file(item.path());
-    }
-  }
-  return files;
-}
-
 void expect_nothing_beside(const fs::path& output) {
   EXPECT_FALSE(fs::exists(fs::symlink_status(output))) << output << " exists";
-  EXPECT_TRUE(test::temp_output_dirs(output.parent_path()).empty())
+  EXPECT_TRUE(test::temp_leftovers(output.parent_path()).empty())
       << "a temporary output directory was left in " << output.parent_path();
 }
 
@@ -74,12 +63,12 @@ TEST(OutputSafety, RefusesOutputEqualToInput) {
   TempDir tmp;
   const fs::path input = tmp / "ckpt";
   write_small_checkpoint(input);
-  const auto before = snapshot(input);
+  const auto before = test::snapshot_files(input);
   const CommandResult r = test::run_ctquant({"quantize", input.string(), input.string()});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("is the INPUT"), std::string::npos) << r.err;
-  EXPECT_EQ(snapshot(input), before);
-  EXPECT_TRUE(test::temp_output_dirs(tmp.path()).empty());
+  EXPECT_EQ(test::snapshot_files(input), before);
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
 }
 
 TEST(OutputSafety, RefusesOutputEqualToInputThroughSymlink) {
@@ -97,25 +86,25 @@ TEST(OutputSafety, RefusesOutputInsideInput) {
   TempDir tmp;
   const fs::path input = tmp / "ckpt";
   write_small_checkpoint(input);
-  const auto before = snapshot(input);
+  const auto before = test::snapshot_files(input);
   const CommandResult r =
       test::run_ctquant({"quantize", input.string(), (input / "w4a16").string()});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("lies inside INPUT"), std::string::npos) << r.err;
-  EXPECT_EQ(snapshot(input), before);
-  EXPECT_TRUE(test::temp_output_dirs(input).empty());
+  EXPECT_EQ(test::snapshot_files(input), before);
+  EXPECT_TRUE(test::temp_leftovers(input).empty());
 }
 
 TEST(OutputSafety, RefusesOutputContainingInput) {
   TempDir tmp;
   const fs::path input = tmp / "models" / "ckpt";
   write_small_checkpoint(input);
-  const auto before = snapshot(tmp / "models");
+  const auto before = test::snapshot_files(tmp / "models");
   const CommandResult r =
       test::run_ctquant({"quantize", input.string(), (tmp / "models").string(), "--force"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("contains INPUT"), std::string::npos) << r.err;
-  EXPECT_EQ(snapshot(tmp / "models"), before);
+  EXPECT_EQ(test::snapshot_files(tmp / "models"), before);
 }
 
 TEST(OutputSafety, RefusesExistingOutputWithoutForce) {
@@ -141,8 +130,9 @@ TEST(OutputSafety, ForceKeepsOldOutputWhenTheNewRunFails) {
       test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "--force"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("element [1, 9] is nan"), std::string::npos) << r.err;
-  EXPECT_EQ(snapshot(tmp / "out"), (std::map<std::string, std::string>{{"keep.txt", "old"}}));
-  EXPECT_TRUE(test::temp_output_dirs(tmp.path()).empty());
+  EXPECT_EQ(test::snapshot_files(tmp / "out"),
+            (std::map<std::string, std::string>{{"keep.txt", "old"}}));
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
 }
 
 TEST(OutputSafety, ForceReplacesOldOutputWhenTheNewRunSucceeds) {
@@ -160,7 +150,7 @@ TEST(OutputSafety, ForceReplacesOldOutputWhenTheNewRunSucceeds) {
                               "model.layers.0.mlp.down_proj.weight_shape")
                 .size(),
             16u);
-  EXPECT_TRUE(test::temp_output_dirs(tmp.path()).empty());
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
 }
 
 // ---- symbolic links in INPUT ----
@@ -191,10 +181,7 @@ TEST(OutputSafety, RefusesRelativeSymlinkToShardOutsideInput) {
   write_small_checkpoint(input);
   fs::rename(input / "model.safetensors", tmp / "model.safetensors");
   fs::create_symlink("../model.safetensors", input / "model.safetensors");
-  QuantizeOptions options = default_quantize_options();
-  options.input = input;
-  options.output = tmp / "out";
-  options.fsync = false;
+  const QuantizeOptions options = test::test_options(input, tmp / "out");
   try {
     quantize(options);
     FAIL() << "a shard outside INPUT was read";
@@ -283,11 +270,7 @@ TEST(OutputSafety, FullTmpfsEndsWithNoSpace) {
 
 QuantizeOptions small_job(const TempDir& tmp) {
   write_small_checkpoint(tmp / "ckpt");
-  QuantizeOptions options = default_quantize_options();
-  options.input = tmp / "ckpt";
-  options.output = tmp / "out";
-  options.threads = 2;
-  return options;
+  return test::test_options(tmp / "ckpt", tmp / "out");
 }
 
 void expect_interrupted(const QuantizeOptions& options) {
@@ -331,16 +314,16 @@ TEST(OutputSafety, CancelAfterTheLastTensorJobLeavesNothing) {
 // ---- real signals and kill -9 on the binary, mid-run ----
 
 // Waits until a temporary output directory appears in dir, or the child
-// exits. Returns it, or an empty path.
-fs::path wait_for_temp_dir(const CtquantProcess& child, const fs::path& dir) {
+// exits. Returns its name, or "".
+std::string wait_for_temp_dir(const CtquantProcess& child, const fs::path& dir) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < deadline) {
-    const auto found = test::temp_output_dirs(dir);
+    const auto found = test::temp_leftovers(dir);
     if (!found.empty()) return found.front();
-    if (!child.running()) return {};
+    if (!child.running()) return "";
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  return {};
+  return "";
 }
 
 // An input large enough (128 MiB) that writing and flushing its output takes
@@ -359,7 +342,7 @@ class Interrupt : public ::testing::Test {
   CommandResult interrupt_with(int signal_number) {
     for (int attempt = 0; attempt < 3; ++attempt) {
       CtquantProcess child({"quantize", input_.string(), output_.string(), "--threads", "1"});
-      const fs::path temp = wait_for_temp_dir(child, tmp_.path());
+      const std::string temp = wait_for_temp_dir(child, tmp_.path());
       EXPECT_FALSE(temp.empty()) << "no temporary directory appeared";
       child.signal(signal_number);
       CommandResult result = child.wait();
@@ -398,9 +381,9 @@ TEST_F(Interrupt, KillDashNineLeavesOnlyARecognisableTemporaryDirectory) {
   const CommandResult r = interrupt_with(SIGKILL);
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
   EXPECT_FALSE(fs::exists(output_));
-  const auto left = test::temp_output_dirs(tmp_.path());
+  const auto left = test::temp_leftovers(tmp_.path());
   ASSERT_EQ(left.size(), 1u);
-  const std::string name = left.front().filename().string();
+  const std::string& name = left.front();
   EXPECT_TRUE(name.starts_with(".out.ctquant-tmp-")) << name;
 }
 

@@ -6,11 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "ctquant/output_dir.hpp"
 #include "ctquant/safetensors_writer.hpp"
@@ -21,6 +25,7 @@ namespace fs = std::filesystem;
 
 fs::path golden_dir() { return CTQUANT_GOLDEN_DIR; }
 fs::path ctquant_binary() { return CTQUANT_BINARY; }
+fs::path real_dir() { return CTQUANT_SHARED_REAL_DIR; }
 
 TempDir::TempDir() {
   std::string pattern = (fs::temp_directory_path() / "ctquant-test-XXXXXX").string();
@@ -31,8 +36,8 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   // Tests may make files read-only; make them writable again so they can go.
-  for (auto it = fs::recursive_directory_iterator(path_, ec); it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(path_, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
     fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ec);
   }
   fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
@@ -76,12 +81,14 @@ FakeTensor random_weight(const std::string& name, DType dtype, std::uint64_t row
 void write_safetensors(const fs::path& path, const std::vector<FakeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   std::vector<TensorSpec> specs;
-  for (const auto& t : tensors) specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.data.size()});
+  for (const auto& t : tensors)
+    specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.data.size()});
   const ShardLayout layout = layout_shard(specs, metadata);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(layout.header.data(), static_cast<std::streamsize>(layout.header.size()));
   for (const auto& t : tensors) {
-    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(t.data.size()));
+    out.write(reinterpret_cast<const char*>(t.data.data()),
+              static_cast<std::streamsize>(t.data.size()));
   }
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
@@ -169,6 +176,153 @@ void copy_dir(const fs::path& from, const fs::path& to) {
   }
 }
 
+QuantizeOptions test_options(const fs::path& input, const fs::path& output) {
+  QuantizeOptions options = default_quantize_options();
+  options.input = input;
+  options.output = output;
+  options.threads = 2;
+  options.fsync = false;
+  return options;
+}
+
+void write_checkpoint(const fs::path& dir, const std::vector<FakeTensor>& tensors,
+                      const nlohmann::json& config) {
+  fs::create_directories(dir);
+  write_safetensors(dir / "model.safetensors", tensors);
+  if (!config.is_null()) write_file(dir / "config.json", config.dump(2));
+}
+
+nlohmann::json read_json(const fs::path& path) { return nlohmann::json::parse(read_file(path)); }
+
+std::map<std::string, std::string> snapshot_files(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& item : fs::recursive_directory_iterator(dir)) {
+    if (item.is_regular_file()) {
+      files.emplace(fs::relative(item.path(), dir).string(), read_file(item.path()));
+    }
+  }
+  return files;
+}
+
+std::vector<std::string> temp_leftovers(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& item : fs::directory_iterator(dir)) {
+    const std::string name = item.path().filename().string();
+    if (name.find(kTempDirMarker) != std::string::npos) names.push_back(name);
+  }
+  return names;
+}
+
+namespace {
+
+std::set<std::string> file_names(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& item : fs::recursive_directory_iterator(dir)) {
+    if (!item.is_directory()) names.insert(fs::relative(item.path(), dir).string());
+  }
+  return names;
+}
+
+std::string diff_file_sets(const fs::path& actual, const fs::path& expected) {
+  const std::set<std::string> a = file_names(actual);
+  const std::set<std::string> e = file_names(expected);
+  for (const std::string& name : e) {
+    if (!a.contains(name)) return fmt::format("{}: missing from {}", name, actual.string());
+  }
+  for (const std::string& name : a) {
+    if (!e.contains(name))
+      return fmt::format("{}: not expected (absent from {})", name, expected.string());
+  }
+  return {};
+}
+
+// The offset of the first byte where a and b differ (or the shorter length).
+std::size_t first_difference(std::string_view a, std::string_view b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return static_cast<std::size_t>(ia - a.begin());
+}
+
+}  // namespace
+
+std::string diff_safetensors(const fs::path& actual, const fs::path& expected) {
+  const SafetensorsFile a(actual, actual.filename().string());
+  const SafetensorsFile e(expected, expected.filename().string());
+  const std::string label = expected.filename().string();
+  if (a.header().metadata != e.header().metadata) {
+    return fmt::format("{}: __metadata__ differs", label);
+  }
+  std::vector<const TensorEntry*> expected_tensors;
+  for (const TensorEntry& t : e.header().tensors) expected_tensors.push_back(&t);
+  std::sort(expected_tensors.begin(), expected_tensors.end(),
+            [](const TensorEntry* x, const TensorEntry* y) { return x->name < y->name; });
+  for (const TensorEntry* et : expected_tensors) {
+    const TensorEntry* at = a.header().find(et->name);
+    if (at == nullptr) return fmt::format("{}: tensor '{}' is missing", label, et->name);
+    if (at->dtype != et->dtype) {
+      return fmt::format("{}: tensor '{}' has dtype {}, expected {}", label, et->name,
+                         dtype_tag(at->dtype), dtype_tag(et->dtype));
+    }
+    if (at->shape != et->shape) {
+      return fmt::format("{}: tensor '{}' has shape {}, expected {}", label, et->name,
+                         shape_string(at->shape), shape_string(et->shape));
+    }
+    std::string ab(at->byte_size(), '\0');
+    std::string eb(et->byte_size(), '\0');
+    a.read(at->begin, std::as_writable_bytes(std::span(ab)));
+    e.read(et->begin, std::as_writable_bytes(std::span(eb)));
+    if (ab != eb) {
+      const std::size_t at_byte = first_difference(ab, eb);
+      return fmt::format(
+          "{}: tensor '{}' differs first at byte {} of {} (0x{:02x}, expected 0x{:02x})", label,
+          et->name, at_byte, eb.size(), static_cast<unsigned char>(ab[at_byte]),
+          static_cast<unsigned char>(eb[at_byte]));
+    }
+  }
+  for (const TensorEntry& t : a.header().tensors) {
+    if (e.header().find(t.name) == nullptr) {
+      return fmt::format("{}: tensor '{}' is not expected", label, t.name);
+    }
+  }
+  return {};
+}
+
+std::string diff_checkpoints(const fs::path& actual, const fs::path& expected) {
+  if (std::string d = diff_file_sets(actual, expected); !d.empty()) return d;
+  for (const std::string& name : file_names(expected)) {
+    const fs::path a = actual / name;
+    const fs::path e = expected / name;
+    if (name.ends_with(".safetensors")) {
+      if (std::string d = diff_safetensors(a, e); !d.empty()) return d;
+    } else if (name == "config.json" || name == "model.safetensors.index.json") {
+      const nlohmann::json aj = read_json(a);
+      const nlohmann::json ej = read_json(e);
+      if (aj != ej) {
+        return fmt::format(
+            "{}: JSON differs from the expected one; patch from actual to "
+            "expected: {}",
+            name, nlohmann::json::diff(aj, ej).dump());
+      }
+    } else if (read_file(a) != read_file(e)) {
+      return fmt::format("{}: differs first at byte {}", name,
+                         first_difference(read_file(a), read_file(e)));
+    }
+  }
+  return {};
+}
+
+std::string diff_bytes(const fs::path& actual, const fs::path& expected) {
+  if (std::string d = diff_file_sets(actual, expected); !d.empty()) return d;
+  for (const std::string& name : file_names(expected)) {
+    const std::string a = read_file(actual / name);
+    const std::string e = read_file(expected / name);
+    if (a != e) {
+      return fmt::format("{}: differs first at byte {} (sizes {} and {})", name,
+                         first_difference(a, e), a.size(), e.size());
+    }
+  }
+  return {};
+}
+
 }  // namespace ctquant::test
 
 // ---- child processes, temporary output directories, large inputs ----
@@ -244,18 +398,6 @@ CommandResult CtquantProcess::wait() {
 CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options) {
   CtquantProcess process(args, options);
   return process.wait();
-}
-
-std::vector<fs::path> temp_output_dirs(const fs::path& dir) {
-  std::vector<fs::path> found;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    if (it->path().filename().string().find(kTempDirMarker) != std::string::npos) {
-      found.push_back(it->path());
-    }
-  }
-  return found;
 }
 
 void write_large_checkpoint(const fs::path& dir, std::uint64_t n_weights, std::uint64_t rows,

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ctquant/dtype.hpp"
+#include "ctquant/quantize.hpp"
 #include "ctquant/safetensors.hpp"
 
 namespace ctquant::test {
@@ -75,6 +78,39 @@ CommandResult run_ctquant(const std::vector<std::string>& args);
 // Recursively copies a directory (the golden inputs are read-only).
 void copy_dir(const std::filesystem::path& from, const std::filesystem::path& to);
 
+// The real third-party files copied into tests/real (see tests/real/PROVENANCE.md).
+std::filesystem::path real_dir();
+
+// Options for a library run in a test: defaults, then 2 threads and no fsync.
+QuantizeOptions test_options(const std::filesystem::path& input,
+                             const std::filesystem::path& output);
+
+// Writes a checkpoint directory: model.safetensors with tensors, and config.json
+// holding config unless it is null.
+void write_checkpoint(const std::filesystem::path& dir, const std::vector<FakeTensor>& tensors,
+                      const nlohmann::json& config = nlohmann::json{{"model_type", "llama"}});
+nlohmann::json read_json(const std::filesystem::path& path);
+
+// Every regular file below dir (path relative to dir -> bytes).
+std::map<std::string, std::string> snapshot_files(const std::filesystem::path& dir);
+// Names of the entries of dir that contain the temporary-output marker.
+std::vector<std::string> temp_leftovers(const std::filesystem::path& dir);
+
+// Compares two safetensors files tensor by tensor, in whichever order they are
+// stored: the set of names, each tensor's dtype, shape and bytes, and the
+// __metadata__. Returns "" when they agree, otherwise the first difference
+// (tensor name and byte offset).
+std::string diff_safetensors(const std::filesystem::path& actual,
+                             const std::filesystem::path& expected);
+// Compares two output checkpoint directories: the same set of files;
+// safetensors files with diff_safetensors; config.json and the index as JSON
+// values; every other file byte for byte. Returns "" when they agree.
+std::string diff_checkpoints(const std::filesystem::path& actual,
+                             const std::filesystem::path& expected);
+// "" when every file below the two directories is byte-identical (and the sets
+// of files are equal), otherwise the first difference.
+std::string diff_bytes(const std::filesystem::path& actual, const std::filesystem::path& expected);
+
 }  // namespace ctquant::test
 
 // ---- child processes, temporary output directories, large inputs ----
@@ -113,10 +149,6 @@ class CtquantProcess {
 
 // run_ctquant() with options (e.g. a file size limit).
 CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options);
-
-// Entries of dir whose name carries the temporary output marker
-// (".ctquant-tmp-", see output_dir.hpp).
-std::vector<std::filesystem::path> temp_output_dirs(const std::filesystem::path& dir);
 
 // Writes a single-file checkpoint (model.safetensors and config.json) of
 // n_weights BF16 weights [rows, cols] named model.layers.<i>.mlp.down_proj.weight,

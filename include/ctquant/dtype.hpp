@@ -105,13 +105,62 @@ constexpr std::uint16_t float_to_bf16(float value) {
   return static_cast<std::uint16_t>((u + rounding_bias) >> 16);
 }
 
+// FP8 codes -> float, exact (section 6 of the format spec). Every finite FP8
+// value, subnormals included, is exactly representable in float (and in
+// BF16), so these never round and never flush to zero.
+//
+// F8_E4M3 is the "fn" variant: 1 sign bit, 4 exponent bits (bias 7), 3
+// mantissa bits; exponent 0 holds the subnormals mantissa * 2^-9; there are
+// no infinities; 0x7F and 0xFF are NaN; the largest value is 448 (0x7E).
+constexpr float f8_e4m3_to_float(std::uint8_t code) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(code & 0x80u) << 24;
+  const std::uint32_t exponent = (code >> 3) & 0xFu;
+  const std::uint32_t mantissa = code & 0x7u;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-9, exact
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-9f;
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(magnitude) | sign);
+  }
+  if (exponent == 0xF && mantissa == 0x7) return std::bit_cast<float>(sign | 0x7FC00000u);
+  return std::bit_cast<float>(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+// F8_E5M2: 1 sign bit, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like:
+// exponent 0 holds the subnormals mantissa * 2^-16, exponent 31 holds the
+// infinities (mantissa 0: 0x7C, 0xFC) and NaNs; the largest finite value is
+// 57344 (0x7B).
+constexpr float f8_e5m2_to_float(std::uint8_t code) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(code & 0x80u) << 24;
+  const std::uint32_t exponent = (code >> 2) & 0x1Fu;
+  const std::uint32_t mantissa = code & 0x3u;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-16, exact
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-16f;
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(magnitude) | sign);
+  }
+  if (exponent == 0x1F)
+    return std::bit_cast<float>(sign | (mantissa == 0 ? 0x7F800000u : 0x7FC00000u));
+  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 21));
+}
+
+// True for the FP8 dtypes whose weights ctquant dequantizes (section 6):
+// F8_E4M3 and F8_E5M2. (The FNUZ variants and F8_E8M0 are not among them.)
+constexpr bool is_dequantizable_fp8(DType dtype) {
+  return dtype == DType::kF8_E4M3 || dtype == DType::kF8_E5M2;
+}
+
+// True for every 8-bit float dtype tag (F8_*).
+constexpr bool is_fp8(DType dtype) {
+  return dtype == DType::kF8_E4M3 || dtype == DType::kF8_E5M2 || dtype == DType::kF8_E8M0 ||
+         dtype == DType::kF8_E4M3FNUZ || dtype == DType::kF8_E5M2FNUZ;
+}
+
 // IEEE binary16 <-> float. Subnormal halves are exact in float; the float to
 // half direction rounds to nearest even, produces subnormals and infinities.
 float f16_to_float(std::uint16_t bits);
 std::uint16_t float_to_f16(float value);
 
-// The float value of one element of a float dtype (BF16, F16 or F32) whose raw
-// little-endian bits are given; used by the scalar reference and verify.
+// The float value of one element of a float dtype (BF16, F16, F32, F8_E4M3 or
+// F8_E5M2) whose raw little-endian bits are given; used by the scalar
+// reference, the FP8 dequantizer's messages and verify. NaN for other dtypes.
 float load_as_float(DType dtype, const void* element);
 
 // round_T(x) of section 3 of the format spec: x rounded to the dtype T

@@ -6,10 +6,13 @@
 // of copied tensors (copy_file_range, no user-space buffer) and row chunks of
 // quantized weights (read into a per-thread buffer of about chunk_bytes,
 // quantized by quantize_block(), written with pwrite at the offsets the plan
-// fixed). Worker threads take jobs from a shared counter, so the output bytes
-// never depend on the thread count; the error of the earliest failing job is
-// the one reported. Memory is about threads * 1.5 * chunk_bytes whatever the
-// model size.
+// fixed). A chunk of an FP8 weight is read into the second half of that
+// buffer with the scale rows it needs, dequantized in place to BF16 (section
+// 6 of the format spec), then quantized, or written as BF16 when the plan
+// keeps the module unquantized. Worker threads take jobs from a shared
+// counter, so the output bytes never depend on the thread count; the error
+// of the earliest failing job is the one reported. Memory is about threads *
+// 1.5 * chunk_bytes whatever the model size.
 #pragma once
 
 #include <atomic>
@@ -32,7 +35,9 @@ struct Progress {
 
 struct ExecuteOptions {
   unsigned threads = 1;
-  std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job (at least one row)
+  // Bytes of weight rows per quantization or dequantization job, as loaded
+  // (BF16 for an FP8 weight); at least one row.
+  std::uint64_t chunk_bytes = 4u << 20;
   // Called from the calling thread about every progress_interval_ms while
   // workers run, and once at the end. May be empty.
   std::function<void(const Progress&)> on_progress;
@@ -44,8 +49,8 @@ struct ExecuteOptions {
 
 // Writes every file of the plan into out_dir, an existing empty directory:
 // the shards, the index, config.json and the copied files. Throws
-// Error{kBadInput} for a non-finite weight (naming shard, tensor, row and
-// column), Error{kNoSpace}/Error{kIo} for write failures, Error{kInterrupted}
+// Error{kBadInput} for a non-finite weight, or an FP8 weight whose
+// dequantized value is not finite (naming shard, tensor, row and column), Error{kNoSpace}/Error{kIo} for write failures, Error{kInterrupted}
 // on cancel. On error, files already written to out_dir are left for the
 // caller to remove.
 void execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,

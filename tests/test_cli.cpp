@@ -1,0 +1,280 @@
+// The ctquant binary: exit codes (docs/cli.md: 0 ok, 1 failure, 2 usage),
+// the key lines of stderr, and that stdout stays empty for quantize.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+namespace ctquant::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A small checkpoint: two quantizable weights, lm_head and a norm.
+void write_small_checkpoint(const fs::path& dir) {
+  write_checkpoint(
+      dir, {random_weight("lm_head.weight", DType::kBF16, 8, 128, 1),
+            random_weight("model.layers.0.mlp.down_proj.weight", DType::kBF16, 8, 256, 2),
+            random_weight("model.layers.0.self_attn.q_proj.weight", DType::kBF16, 16, 128, 3),
+            FakeTensor{"model.norm.weight",
+                       DType::kBF16,
+                       {128},
+                       float_bytes(DType::kBF16, std::vector<float>(128, 1.0f))}});
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Cli, QuantizePrintsSummaryOnStderr) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  // ctquant: done: 2 tensors quantized (W4A16), 2 copied; 6.9 KiB in, 3.1 KiB out, ratio 2.21x;
+  // 0.01 s
+  const std::regex summary(
+      "ctquant: done: 2 tensors quantized \\(W4A16\\), 2 copied; [0-9.]+ (B|KiB|MiB|GiB) in, "
+      "[0-9.]+ (B|KiB|MiB|GiB) out, ratio [0-9]+\\.[0-9]{2}x; [0-9]+\\.[0-9]{2} s\n");
+  EXPECT_TRUE(std::regex_search(r.err, summary)) << r.err;
+  EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(tmp / "out" / "config.json"));
+}
+
+TEST(Cli, QuietPrintsNothingOnSuccess) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  for (const char* flag : {"-q", "--quiet"}) {
+    const fs::path out = tmp / (std::string("out") + flag);
+    const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), out.string(), flag});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "");
+    EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  }
+}
+
+TEST(Cli, VerboseShowsDebugDetail) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "-v"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "ctquant: debug: writing into ")) << r.err;
+  EXPECT_TRUE(contains(r.err, ".ctquant-tmp-")) << r.err;
+}
+
+TEST(Cli, HelpAndVersionExitZero) {
+  const CommandResult help = run_ctquant({"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_TRUE(contains(help.out, "quantize")) << help.out;
+  const CommandResult quantize_help = run_ctquant({"quantize", "--help"});
+  EXPECT_EQ(quantize_help.exit_code, 0);
+  for (const char* option : {"--scheme", "--group-size", "--ignore", "--targets", "--threads",
+                             "--force", "--dry-run", "--quiet", "--verbose"}) {
+    EXPECT_TRUE(contains(quantize_help.out, option)) << option;
+  }
+  const CommandResult version = run_ctquant({"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_TRUE(contains(version.out, "ctquant 0.1.0")) << version.out;
+}
+
+TEST(Cli, UsageErrorsExitTwo) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const std::string in = (tmp / "in").string();
+  const std::string out = (tmp / "out").string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {{"quantize", in, out, "--bogus"}, "--bogus"},
+      {{}, ""},
+      {{"frobnicate"}, "A subcommand is required"},
+      {{"quantize", in}, "OUTPUT"},
+      {{"quantize", in, out, "--threads", "0"}, "--threads"},
+      {{"quantize", in, out, "--threads", "many"}, "--threads"},
+      {{"quantize", in, out, "--scheme", "W3A16"}, "--scheme W3A16: unknown scheme"},
+      {{"quantize", in, out, "--group-size", "0"}, "--group-size 0: expected a positive number"},
+      {{"quantize", in, out, "--group-size", "-2"}, "--group-size -2"},
+      {{"quantize", in, in}, "is the INPUT"},
+      {{"quantize", in, in + "/sub"}, "lies inside INPUT"},
+      {{"quantize", in, tmp.path().string(), "--force"}, "contains INPUT"},
+  };
+  for (const Case& c : cases) {
+    std::string joined;
+    for (const auto& a : c.args) joined += a + " ";
+    SCOPED_TRACE(joined);
+    const CommandResult r = run_ctquant(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, c.fragment)) << r.err;
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+    EXPECT_FALSE(fs::exists(tmp / "in" / "sub"));
+  }
+}
+
+// Pattern errors are usage errors found before any file is read, so they
+// win over the bad input (in_features 100) of this checkpoint.
+TEST(Cli, InvalidIgnorePatternExitsTwoNamingEveryEntry) {
+  TempDir tmp;
+  write_checkpoint(tmp / "in",
+                   {random_weight("model.layers.0.mlp.up_proj.weight", DType::kBF16, 8, 100, 1)});
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--ignore",
+                   "re:.*q_proj$", "--ignore", "re:(unclosed", "--ignore", "re:[z-a]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("ctquant: error: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err, "--ignore 're:(unclosed': invalid regular expression")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--ignore 're:[z-a]': invalid regular expression")) << r.err;
+  EXPECT_FALSE(contains(r.err, "re:.*q_proj$")) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+TEST(Cli, BadInputExitsOneNamingTheTensor) {
+  TempDir tmp;
+  write_checkpoint(tmp / "in",
+                   {random_weight("model.layers.0.mlp.up_proj.weight", DType::kBF16, 8, 100, 1)});
+  const auto before = snapshot_files(tmp / "in");
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  // No blank line before the error when stderr is not a terminal.
+  EXPECT_EQ(r.err.rfind("ctquant: info: ", 0), 0u) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "\nctquant: error: model.safetensors: tensor "
+                       "'model.layers.0.mlp.up_proj.weight' [8, 100] has in_features 100"))
+      << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
+  EXPECT_EQ(snapshot_files(tmp / "in"), before);
+
+  // The same input quantizes once the tensor is ignored or the group size fits.
+  const CommandResult ignored =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "-q", "--ignore",
+                   "re:.*up_proj$"});
+  EXPECT_EQ(ignored.exit_code, 0) << ignored.err;
+  const CommandResult g20 = run_ctquant(
+      {"quantize", (tmp / "in").string(), (tmp / "out20").string(), "-q", "--group-size", "20"});
+  EXPECT_EQ(g20.exit_code, 0) << g20.err;
+  EXPECT_EQ(read_json(tmp / "out20" / "config.json")["quantization_config"]["config_groups"]
+                                                    ["group_0"]["weights"]["group_size"],
+            20);
+}
+
+TEST(Cli, NonFiniteWeightExitsOne) {
+  TempDir tmp;
+  FakeTensor w = random_weight("model.layers.0.mlp.up_proj.weight", DType::kF32, 4, 128, 1);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(w.data.data() + (2 * 128 + 9) * 4, &inf, 4);
+  write_checkpoint(tmp / "in", {w});
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err,
+                       "ctquant: error: model.safetensors: tensor "
+                       "'model.layers.0.mlp.up_proj.weight': element [2, 9] is inf"))
+      << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
+}
+
+TEST(Cli, MissingInputExitsOne) {
+  TempDir tmp;
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "nothing").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "ctquant: error: ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "nothing: no such file or directory")) << r.err;
+}
+
+TEST(Cli, ExistingOutputExitsTwoAndForceReplacesIt) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  fs::create_directories(tmp / "out");
+  write_file(tmp / "out" / "old.txt", "old");
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "already exists (use --force to replace it)")) << r.err;
+  EXPECT_TRUE(fs::exists(tmp / "out" / "old.txt"));
+
+  const CommandResult forced =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--force", "-q"});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_FALSE(fs::exists(tmp / "out" / "old.txt"));
+  EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
+}
+
+TEST(Cli, DryRunWritesNothing) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--dry-run"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "ctquant: dry run: 2 tensors quantized (W4A16), 2 copied")) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
+}
+
+// Given --ignore entries replace the default ["lm_head"] and are written to
+// config.json unchanged and in order; --targets likewise.
+TEST(Cli, IgnoreAndTargetsReachConfig) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
+                                       "-q", "--ignore", "re:.*q_proj$", "--ignore",
+                                       "model.layers.0.mlp.down_proj", "--targets", "Linear"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json({"re:.*q_proj$", "model.layers.0.mlp.down_proj"}));
+  EXPECT_EQ(qc["config_groups"]["group_0"]["targets"], json({"Linear"}));
+  // lm_head is no longer ignored: with the default gone it is quantized.
+  const SafetensorsHeader h = read_header(tmp / "out" / "model.safetensors", "model.safetensors");
+  EXPECT_NE(h.find("lm_head.weight_packed"), nullptr);
+  EXPECT_NE(h.find("model.layers.0.self_attn.q_proj.weight"), nullptr);
+  EXPECT_NE(h.find("model.layers.0.mlp.down_proj.weight"), nullptr);
+}
+
+TEST(Cli, SchemesAndChannelWise) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const struct {
+    const char* scheme;
+    const char* group_size;
+    int num_bits;
+    bool symmetric;
+    json group;
+  } cases[] = {{"W8A16", nullptr, 8, true, 128},
+               {"W4A16_ASYM", nullptr, 4, false, 128},
+               {"W4A16", "-1", 4, true, nullptr},
+               {"W4A16", "64", 4, true, 64}};
+  int i = 0;
+  for (const auto& c : cases) {
+    const fs::path out = tmp / ("out" + std::to_string(i++));
+    std::vector<std::string> args{"quantize", (tmp / "in").string(), out.string(), "-q", "--scheme",
+                                  c.scheme};
+    if (c.group_size != nullptr) {
+      args.push_back("--group-size");
+      args.push_back(c.group_size);
+    }
+    const CommandResult r = run_ctquant(args);
+    ASSERT_EQ(r.exit_code, 0) << c.scheme << r.err;
+    const json w = read_json(
+        out / "config.json")["quantization_config"]["config_groups"]["group_0"]["weights"];
+    EXPECT_EQ(w["num_bits"], c.num_bits) << c.scheme;
+    EXPECT_EQ(w["symmetric"], c.symmetric) << c.scheme;
+    EXPECT_EQ(w["group_size"], c.group) << c.scheme;
+  }
+}
+
+}  // namespace
+}  // namespace ctquant::test

@@ -1,0 +1,345 @@
+// FP8 inputs (section 6 of the format spec): the code decoders against
+// independent tables, the row dequantizer, the classification of input
+// configs and the scale layouts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/dtype.hpp"
+#include "ctquant/error.hpp"
+#include "ctquant/fp8.hpp"
+#include "fp8_test_support.hpp"
+#include "test_support.hpp"
+
+namespace ctquant {
+namespace {
+
+using nlohmann::json;
+using namespace ctquant::test;
+
+// ================= decoders =================
+
+TEST(Fp8Decode, E4M3EveryCodeMatchesTable) {
+  for (unsigned c = 0; c < 256; ++c) {
+    const float got = f8_e4m3_to_float(static_cast<std::uint8_t>(c));
+    const float want = e4m3_reference(c);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "code " << c;
+    } else {
+      EXPECT_EQ(float_bits(got), float_bits(want)) << "code " << c;
+    }
+  }
+  // Anchors of the "fn" variant.
+  EXPECT_EQ(f8_e4m3_to_float(0x7E), 448.0f);
+  EXPECT_EQ(f8_e4m3_to_float(0xFE), -448.0f);
+  EXPECT_EQ(f8_e4m3_to_float(0x01), 0x1p-9f);  // smallest subnormal, not flushed
+  EXPECT_EQ(f8_e4m3_to_float(0x07), 7 * 0x1p-9f);
+  EXPECT_EQ(f8_e4m3_to_float(0x08), 0x1p-6f);  // smallest normal
+  EXPECT_EQ(f8_e4m3_to_float(0x38), 1.0f);
+  EXPECT_EQ(float_bits(f8_e4m3_to_float(0x80)), 0x80000000u);  // -0
+  EXPECT_TRUE(std::isnan(f8_e4m3_to_float(0x7F)));
+  EXPECT_TRUE(std::isnan(f8_e4m3_to_float(0xFF)));
+  EXPECT_EQ(f8_e4m3_to_float(0x78), 256.0f);  // exponent 15 is a normal exponent here
+  int nan_codes = 0;
+  for (unsigned c = 0; c < 256; ++c)
+    nan_codes += std::isnan(f8_e4m3_to_float(static_cast<std::uint8_t>(c)));
+  EXPECT_EQ(nan_codes, 2);
+}
+
+TEST(Fp8Decode, E5M2EveryCodeMatchesTable) {
+  for (unsigned c = 0; c < 256; ++c) {
+    const float got = f8_e5m2_to_float(static_cast<std::uint8_t>(c));
+    const float want = e5m2_reference(c);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "code " << c;
+    } else {
+      EXPECT_EQ(float_bits(got), float_bits(want)) << "code " << c;
+    }
+    // E5M2 is the upper byte of an IEEE binary16.
+    const float half = f16_to_float(static_cast<std::uint16_t>(c << 8));
+    if (!std::isnan(half)) {
+      EXPECT_EQ(float_bits(got), float_bits(half)) << "code " << c;
+    }
+  }
+  EXPECT_EQ(f8_e5m2_to_float(0x7B), 57344.0f);
+  EXPECT_EQ(f8_e5m2_to_float(0x01), 0x1p-16f);
+  EXPECT_EQ(f8_e5m2_to_float(0x04), 0x1p-14f);
+  EXPECT_EQ(f8_e5m2_to_float(0x3C), 1.0f);
+  EXPECT_EQ(f8_e5m2_to_float(0x7C), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(f8_e5m2_to_float(0xFC), -std::numeric_limits<float>::infinity());
+  for (unsigned c : {0x7Du, 0x7Eu, 0x7Fu, 0xFDu, 0xFEu, 0xFFu}) {
+    EXPECT_TRUE(std::isnan(f8_e5m2_to_float(static_cast<std::uint8_t>(c)))) << c;
+  }
+}
+
+TEST(Fp8Decode, LoadAsFloatReadsFp8Elements) {
+  const std::byte e4m3{0x7E};
+  const std::byte e5m2{0xC0};  // -2
+  EXPECT_EQ(load_as_float(DType::kF8_E4M3, &e4m3), 448.0f);
+  EXPECT_EQ(load_as_float(DType::kF8_E5M2, &e5m2), -2.0f);
+}
+
+// ================= dequantizer =================
+
+// A BF16 scale: code * scale is exact in float32 and rounded once to BF16.
+// 1.875 (0x3F) * 1.0078125 = 1.8896484375 = 241.875 BF16 steps of 2^-7: 242.
+TEST(Fp8Dequantize, BF16ScaleRoundsExactProductOnce) {
+  EXPECT_EQ(dequantize_fp8_value(DType::kF8_E4M3, 0x3F, 1.0078125f), float_to_bf16(1.890625f));
+}
+
+// An F32 scale: the float32 product is rounded to float32 first, then to
+// BF16 (section 6: round_bf16(float32(fp8) * float32(scale))). For code 0x39
+// (1.125) and scale 0x3F6238E4 the exact product 0.99414065480... rounds to
+// float32 0.994140625, a BF16 tie that goes to the even 0.9921875 (0x3F7E);
+// rounding the exact product straight to BF16 would give 0.99609375 (0x3F7F).
+TEST(Fp8Dequantize, F32ScaleRoundsFloat32ProductThenBF16) {
+  const float scale = std::bit_cast<float>(0x3F6238E4u);
+  EXPECT_EQ(dequantize_fp8_value(DType::kF8_E4M3, 0x39, scale), 0x3F7Eu);
+}
+
+// Square weight, asymmetric scales: element [i, j] must take scale
+// [i / bh, j / bw], not [j / bw, i / bh].
+TEST(Fp8Dequantize, BlockOrientationOnSquareWeight) {
+  const std::vector<std::uint8_t> codes(16, 0x38);  // 1.0
+  const std::vector<float> grid{1.0f, 2.0f, 4.0f, 8.0f};
+  const auto scales = test::float_bytes(DType::kF32, grid);
+  const auto in = code_bytes(codes);
+  std::vector<std::byte> out(32);
+  const Fp8ScaleLayout layout{DType::kF32, 2, 2, 2, 2};
+  const Fp8Rows rows{DType::kF8_E4M3, 0, 4, 4, in.data(), scales.data(), out.data()};
+  ASSERT_FALSE(dequantize_fp8_rows(layout, rows));
+  EXPECT_EQ(bf16_to_float(bf16_at(out, 0 * 4 + 3)), 2.0f);  // row block 0, column block 1
+  EXPECT_EQ(bf16_to_float(bf16_at(out, 3 * 4 + 0)), 4.0f);  // row block 1, column block 0
+  EXPECT_EQ(bf16_to_float(bf16_at(out, 3 * 4 + 3)), 8.0f);
+  EXPECT_EQ(bf16_to_float(bf16_at(out, 1 * 4 + 1)), 1.0f);
+}
+
+// Partial edge blocks on both axes, chunks that start inside a row block,
+// and the in-place buffer layout the executor uses.
+TEST(Fp8Dequantize, PartialBlocksChunkedAndInPlace) {
+  constexpr std::uint64_t kRows = 7, kCols = 11, kBh = 3, kBw = 4;
+  constexpr std::uint64_t kGridRows = 3, kGridCols = 3;
+  for (DType dtype : {DType::kF8_E4M3, DType::kF8_E5M2}) {
+    const auto codes = random_codes(dtype, kRows * kCols, 7);
+    const auto grid = distinct_scales(kGridRows * kGridCols, 0.01f);
+    const auto want = reference_dequantize(dtype, codes, kRows, kCols, grid, kGridCols, kBh, kBw);
+    const auto scale_bytes = test::float_bytes(DType::kF32, grid);
+    const Fp8ScaleLayout layout{DType::kF32, kBh, kBw, kGridRows, kGridCols};
+    for (std::uint64_t row_begin = 0; row_begin < kRows; row_begin += 2) {  // chunks of 2 rows
+      const std::uint64_t n_rows = std::min<std::uint64_t>(2, kRows - row_begin);
+      const std::uint64_t n = n_rows * kCols;
+      std::vector<std::byte> buffer(2 * n);
+      for (std::uint64_t i = 0; i < n; ++i) buffer[n + i] = std::byte{codes[row_begin * kCols + i]};
+      const std::uint64_t g0 = layout.grid_row_begin(row_begin);
+      const Fp8Rows rows{dtype,        row_begin,         n_rows,
+                         kCols,        buffer.data() + n, scale_bytes.data() + g0 * kGridCols * 4,
+                         buffer.data()};
+      ASSERT_FALSE(dequantize_fp8_rows(layout, rows));
+      for (std::uint64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bf16_at(buffer, i), want[row_begin * kCols + i])
+            << dtype_tag(dtype) << " element " << row_begin * kCols + i;
+      }
+    }
+  }
+}
+
+TEST(Fp8Dequantize, ReportsFirstNonFiniteElement) {
+  const Fp8ScaleLayout layout{DType::kF32, 1, 4, 2, 1};
+  const auto scales = test::float_bytes(DType::kF32, {1.0f, 1.0f});
+  std::vector<std::byte> out(16);
+  const auto nan_codes = code_bytes({0x38, 0x38, 0x38, 0x38, 0x38, 0xFF, 0x7F, 0x38});
+  EXPECT_EQ(dequantize_fp8_rows(
+                layout, {DType::kF8_E4M3, 0, 2, 4, nan_codes.data(), scales.data(), out.data()}),
+            5u);
+  const auto inf_codes = code_bytes({0x3C, 0x7C, 0x3C, 0x3C, 0x3C, 0x3C, 0x3C, 0x3C});
+  EXPECT_EQ(dequantize_fp8_rows(
+                layout, {DType::kF8_E5M2, 0, 2, 4, inf_codes.data(), scales.data(), out.data()}),
+            1u);
+  // 448 * 2^120 = 1.75 * 2^128 is beyond the float32 (and BF16) range.
+  const auto big = test::float_bytes(DType::kF32, {0x1p120f, 1.0f});
+  const auto max_codes = code_bytes({0x38, 0x38, 0x38, 0x7E, 0x38, 0x38, 0x38, 0x38});
+  EXPECT_EQ(dequantize_fp8_rows(
+                layout, {DType::kF8_E4M3, 0, 2, 4, max_codes.data(), big.data(), out.data()}),
+            3u);
+}
+
+// ================= input configs =================
+
+TEST(InputQuantization, UnquantizedWithoutQuantizationConfig) {
+  EXPECT_EQ(classify_input_quantization(std::nullopt).kind, InputQuantKind::kNone);
+  EXPECT_EQ(classify_input_quantization(json{{"model_type", "llama"}}).kind, InputQuantKind::kNone);
+}
+
+TEST(InputQuantization, BlockFp8ReadsBlockSize) {
+  const InputQuantization q = classify_input_quantization(block_config(128, 64));
+  EXPECT_EQ(q.kind, InputQuantKind::kBlockFp8);
+  ASSERT_TRUE(q.block_size);
+  EXPECT_EQ((*q.block_size)[0], 128u);
+  EXPECT_EQ((*q.block_size)[1], 64u);
+  EXPECT_EQ(q.scale_param(), "weight_scale_inv");
+}
+
+TEST(InputQuantization, CompressedTensorsFloatQuantized) {
+  const InputQuantization q = classify_input_quantization(ct_config("channel"));
+  EXPECT_EQ(q.kind, InputQuantKind::kCompressedTensorsFp8);
+  EXPECT_TRUE(q.per_channel);
+  EXPECT_FALSE(q.per_tensor);
+  EXPECT_EQ(q.ignore, std::vector<std::string>{"lm_head"});
+  EXPECT_EQ(q.scale_param(), "weight_scale");
+}
+
+struct RefusedConfig {
+  const char* name;
+  std::function<json()> config;
+  std::vector<std::string> fragments;
+};
+
+class InputQuantizationRefuses : public testing::TestWithParam<RefusedConfig> {};
+
+TEST_P(InputQuantizationRefuses, NamesConfigMethodAndFormat) {
+  expect_bad_input([&] { classify_input_quantization(GetParam().config()); }, GetParam().fragments);
+}
+
+json ct_with(const std::function<void(json&)>& edit) {
+  json c = ct_config("channel");
+  edit(c["quantization_config"]);
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, InputQuantizationRefuses,
+    testing::Values(
+        RefusedConfig{"PackQuantized",
+                      [] { return ct_with([](json& q) { q["format"] = "pack-quantized"; }); },
+                      {"config.json", "\"compressed-tensors\"", "\"pack-quantized\"",
+                       "already pack-quantized"}},
+        RefusedConfig{"IntQuantized",
+                      [] { return ct_with([](json& q) { q["format"] = "int-quantized"; }); },
+                      {"config.json", "\"compressed-tensors\"", "\"int-quantized\""}},
+        RefusedConfig{"NvFp4",
+                      [] { return ct_with([](json& q) { q["format"] = "nvfp4-pack-quantized"; }); },
+                      {"config.json", "\"nvfp4-pack-quantized\""}},
+        RefusedConfig{"MixedGroups",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["format"] = "mixed-precision";
+                          q["config_groups"]["group_1"] = {{"format", "pack-quantized"}};
+                        });
+                      },
+                      {"config.json", "\"mixed-precision\"", "pack-quantized"}},
+        RefusedConfig{"GroupFormatDiffers",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["config_groups"]["group_0"]["format"] = "pack-quantized";
+                        });
+                      },
+                      {"config.json", "group \"group_0\"", "\"pack-quantized\""}},
+        RefusedConfig{"Frozen",
+                      [] { return ct_with([](json& q) { q["quantization_status"] = "frozen"; }); },
+                      {"config.json", "quantization_status is \"frozen\""}},
+        RefusedConfig{"Asymmetric",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+                        });
+                      },
+                      {"config.json", "asymmetric"}},
+        RefusedConfig{"IntWeights",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["config_groups"]["group_0"]["weights"]["type"] = "int";
+                        });
+                      },
+                      {"config.json", "type \"int\"", "expected 8-bit float"}},
+        RefusedConfig{"GroupStrategy",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["config_groups"]["group_0"]["weights"]["strategy"] = "group";
+                        });
+                      },
+                      {"config.json", "strategy \"group\""}},
+        RefusedConfig{"BlockWithoutStructure",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["config_groups"]["group_0"]["weights"]["strategy"] = "block";
+                        });
+                      },
+                      {"config.json", "without a block_structure"}},
+        RefusedConfig{"Transforms",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["transform_config"] = {{"config_groups", {{"u", json::object()}}}};
+                        });
+                      },
+                      {"config.json", "transform_config"}},
+        RefusedConfig{"Sparse",
+                      [] {
+                        return ct_with([](json& q) {
+                          q["sparsity_config"] = {{"format", "sparse-24-bitmask"}};
+                        });
+                      },
+                      {"config.json", "sparsity_config", "sparse-24-bitmask"}},
+        RefusedConfig{
+            "Gptq",
+            [] {
+              return json{{"quantization_config", {{"quant_method", "gptq"}, {"bits", 4}}}};
+            },
+            {"config.json", "quant_method \"gptq\"", "not converted"}},
+        RefusedConfig{"Fp8WithoutBlockSize",
+                      [] {
+                        return json{{"quantization_config",
+                                     {{"quant_method", "fp8"}, {"activation_scheme", "static"}}}};
+                      },
+                      {"config.json", "quant_method \"fp8\"", "no weight_block_size"}},
+        RefusedConfig{"Fp8BadBlockSize",
+                      [] {
+                        json c = block_config(128, 128);
+                        c["quantization_config"]["weight_block_size"] = {128, 0};
+                        return c;
+                      },
+                      {"config.json", "weight_block_size is [128,0]"}},
+        RefusedConfig{"NotAnObject",
+                      [] {
+                        return json{{"quantization_config", "fp8"}};
+                      },
+                      {"config.json", "quantization_config is a JSON string"}}),
+    [](const testing::TestParamInfo<RefusedConfig>& param_info) { return param_info.param.name; });
+
+TEST(Fp8ScaleLayout, CompressedTensorsShapes) {
+  InputQuantization q = classify_input_quantization(ct_config("channel"));
+  EXPECT_EQ(fp8_scale_layout(q, 6, 10, DType::kBF16, {6, 1}).block_cols, 10u);
+  EXPECT_EQ(fp8_scale_layout(q, 6, 10, DType::kF32, {6}).grid_rows, 6u);
+  expect_bad_input([&] { fp8_scale_layout(q, 6, 10, DType::kBF16, {1}); },
+                   {"scale has shape [1]", "expected [6, 1] or [6]"});
+  q = classify_input_quantization(ct_config("tensor"));
+  EXPECT_EQ(fp8_scale_layout(q, 6, 10, DType::kF32, {}).block_rows, 6u);
+  EXPECT_EQ(fp8_scale_layout(q, 6, 10, DType::kF32, {1}).block_cols, 10u);
+  expect_bad_input([&] { fp8_scale_layout(q, 6, 10, DType::kF16, {1}); },
+                   {"scale dtype is F16, expected F32 or BF16"});
+}
+
+TEST(Fp8ScaleLayout, BlockGridChecksShapeExactly) {
+  const InputQuantization q = classify_input_quantization(block_config(2, 3));
+  const Fp8ScaleLayout l = fp8_scale_layout(q, 5, 7, DType::kF32, {3, 3});
+  EXPECT_EQ(l.block_rows, 2u);
+  EXPECT_EQ(l.block_cols, 3u);
+  EXPECT_EQ(l.grid_row_begin(3), 1u);
+  EXPECT_EQ(l.grid_row_end(5), 3u);
+  // Transposed grid of a square weight with non-square blocks: [3, 2] expected.
+  EXPECT_EQ(fp8_scale_layout(q, 6, 6, DType::kF32, {3, 2}).grid_cols, 2u);
+  expect_bad_input(
+      [&] {
+        fp8_scale_layout(q, 6, 6, DType::kF32, {2, 3});
+      },
+      {"scale has shape [2, 3]", "expected [3, 2]", "weight_block_size"});
+}
+
+}  // namespace
+}  // namespace ctquant

@@ -1,0 +1,520 @@
+// Lint rules L1-L8 on hand-made checkpoints (headers at real model shapes,
+// sparse data), the blocking policy, and lint inside quantize and the CLI.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ctquant/checkpoint.hpp"
+#include "ctquant/error.hpp"
+#include "ctquant/lint.hpp"
+#include "ctquant/plan.hpp"
+#include "ctquant/quantize.hpp"
+#include "fake_checkpoint.hpp"
+#include "test_support.hpp"
+
+namespace ctquant {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::FakeSpec;
+
+struct Linted {
+  QuantizePlan plan;
+  std::vector<Finding> findings;
+};
+
+Linted lint_layout(const std::vector<FakeSpec>& specs, const json& config,
+                   std::vector<std::string> ignore, std::vector<std::string> targets = {"Linear"},
+                   unsigned tp = 1) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), specs, config);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  PlanOptions options;
+  options.ignore = std::move(ignore);
+  options.targets = std::move(targets);
+  Linted out;
+  out.plan = make_plan(checkpoint, options);
+  out.findings = run_lint(checkpoint, out.plan, LintOptions{tp});
+  return out;
+}
+
+std::vector<Finding> with_id(const std::vector<Finding>& findings, const std::string& id) {
+  std::vector<Finding> out;
+  std::copy_if(findings.begin(), findings.end(), std::back_inserter(out),
+               [&](const Finding& f) { return f.id == id; });
+  return out;
+}
+
+bool contains(const std::string& text, const std::string& fragment) {
+  return text.find(fragment) != std::string::npos;
+}
+
+const json kLlamaConfig = {{"architectures", {"LlamaForCausalLM"}},
+                           {"model_type", "llama"},
+                           {"tie_word_embeddings", false}};
+const json kDFlashConfig = {{"architectures", {"DFlashLagunaForCausalLM"}},
+                            {"model_type", "laguna"},
+                            {"dflash_config", {{"block_size", 16}}}};
+
+// One Mixtral decoder layer: a router and one expert.
+std::vector<FakeSpec> mixtral_layer() {
+  return {{"model.layers.0.input_layernorm.weight", {4096}},
+          {"model.layers.0.block_sparse_moe.gate.weight", {8, 4096}},
+          {"model.layers.0.block_sparse_moe.experts.0.w1.weight", {14336, 4096}},
+          {"model.layers.0.block_sparse_moe.experts.0.w2.weight", {4096, 14336}},
+          {"model.layers.0.block_sparse_moe.experts.0.w3.weight", {14336, 4096}}};
+}
+
+// One Llama decoder layer (TinyLlama shapes).
+std::vector<FakeSpec> llama_layer(const std::string& prefix = "model.layers.0.") {
+  return {{prefix + "input_layernorm.weight", {2048}},
+          {prefix + "self_attn.q_proj.weight", {2048, 2048}},
+          {prefix + "self_attn.k_proj.weight", {256, 2048}},
+          {prefix + "self_attn.v_proj.weight", {256, 2048}},
+          {prefix + "self_attn.o_proj.weight", {2048, 2048}},
+          {prefix + "post_attention_layernorm.weight", {2048}},
+          {prefix + "mlp.gate_proj.weight", {5632, 2048}},
+          {prefix + "mlp.up_proj.weight", {5632, 2048}},
+          {prefix + "mlp.down_proj.weight", {2048, 5632}}};
+}
+
+// A DFlash draft layer as stored (no `model.` prefix, fused qkv_proj).
+std::vector<FakeSpec> dflash_layers() {
+  std::vector<FakeSpec> specs{{"fc.weight", {3072, 9216}}, {"norm.weight", {3072}}};
+  for (const std::string l : {"layers.0.", "layers.1."}) {
+    specs.push_back({l + "self_attn.qkv_proj.weight", {11264, 3072}});
+    specs.push_back({l + "self_attn.o_proj.weight", {3072, 9216}});
+    specs.push_back({l + "mlp.gate_proj.weight", {12288, 3072}});
+    specs.push_back({l + "mlp.up_proj.weight", {12288, 3072}});
+    specs.push_back({l + "mlp.down_proj.weight", {3072, 12288}});
+  }
+  return specs;
+}
+
+// ---- L1 ----
+
+TEST(LintL1, MixtralLayerCountsEachIgnoreEntry) {
+  const Linted r = lint_layout(mixtral_layer(), kLlamaConfig, {"lm_head", "re:.*gate"});
+  ASSERT_EQ(r.plan.ignore_matches.size(), 2u);
+  EXPECT_TRUE(r.plan.ignore_matches[0].empty());
+  EXPECT_EQ(r.plan.ignore_matches[1],
+            std::vector<std::string>{"model.layers.0.block_sparse_moe.gate"});
+  // The only finding: lm_head matched nothing.
+  ASSERT_EQ(r.findings.size(), 1u);
+  const Finding& f = r.findings[0];
+  EXPECT_EQ(f.id, "L1");
+  EXPECT_EQ(f.severity, Severity::kWarning);
+  EXPECT_TRUE(contains(f.message, "ignore entry 'lm_head' matched 0 modules"));
+  EXPECT_TRUE(contains(f.message, "no module name contains 'lm_head'"));
+}
+
+TEST(LintL1, LlamaLayerGateRegexAlsoCatchesGateProj) {
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"lm_head", "re:.*gate"});
+  EXPECT_TRUE(r.plan.ignore_matches[0].empty());
+  EXPECT_EQ(r.plan.ignore_matches[1], std::vector<std::string>{"model.layers.0.mlp.gate_proj"});
+  // The plan records which entry took gate_proj out.
+  const auto d = std::find_if(
+      r.plan.decisions.begin(), r.plan.decisions.end(),
+      [](const TensorDecision& t) { return t.name == "model.layers.0.mlp.gate_proj.weight"; });
+  ASSERT_NE(d, r.plan.decisions.end());
+  EXPECT_EQ(d->fate, Fate::kCopy);
+  EXPECT_EQ(d->rule, "ignored by 're:.*gate'");
+  // L8 explains the prefix match, L3 reports the split gate/up pair.
+  const auto l8 = with_id(r.findings, "L8");
+  ASSERT_EQ(l8.size(), 1u);
+  EXPECT_EQ(l8[0].severity, Severity::kInfo);
+  EXPECT_EQ(l8[0].tensors, std::vector<std::string>{"model.layers.0.mlp.gate_proj.weight"});
+  EXPECT_EQ(l8[0].fix, "if you meant whole names, write --ignore 're:.*gate$'");
+  ASSERT_EQ(with_id(r.findings, "L3").size(), 1u);
+}
+
+TEST(LintL1, NearMissForLiteralWithModelPrefix) {
+  const Linted r =
+      lint_layout(dflash_layers(), kDFlashConfig,
+                  {"model.layers.0.self_attn.qkv_proj", "re:.*layers\\.1\\.self_attn\\.qkv_proj$"});
+  const auto l1 = with_id(r.findings, "L1");
+  ASSERT_EQ(l1.size(), 1u);
+  EXPECT_EQ(l1[0].severity, Severity::kWarning);
+  EXPECT_TRUE(contains(l1[0].message,
+                       "near misses (names containing 'qkv_proj'): "
+                       "layers.0.self_attn.qkv_proj, layers.1.self_attn.qkv_proj"));
+  EXPECT_EQ(l1[0].fix,
+            "the names differ by a prefix: use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$'");
+  EXPECT_EQ(l1[0].tensors, (std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight",
+                                                     "layers.1.self_attn.qkv_proj.weight"}));
+}
+
+TEST(LintL1, EntryMatchingOnlyAnEmbeddingIsInfo) {
+  std::vector<FakeSpec> specs = llama_layer();
+  specs.push_back({"model.embed_tokens.weight", {32000, 2048}});
+  const Linted r = lint_layout(specs, kLlamaConfig, {"model.embed_tokens"});
+  const auto l1 = with_id(r.findings, "L1");
+  ASSERT_EQ(l1.size(), 1u);
+  EXPECT_EQ(l1[0].severity, Severity::kInfo);
+  EXPECT_EQ(l1[0].tensors, std::vector<std::string>{"model.embed_tokens.weight"});
+  EXPECT_TRUE(contains(l1[0].message, "embedding"));
+}
+
+TEST(LintL1, TargetEntryThatMatchesNothing) {
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {}, {"re:.*attention\\.wq$"});
+  const auto l1 = with_id(r.findings, "L1");
+  ASSERT_EQ(l1.size(), 1u);
+  EXPECT_TRUE(contains(l1[0].message, "targets entry 're:.*attention\\.wq$' matched 0 modules"));
+  EXPECT_EQ(r.plan.target_matches, std::vector<std::vector<std::string>>{{}});
+}
+
+// ---- L2 ----
+
+TEST(LintL2, LiteralEntryInDFlashDraftGetsAnchoredRegex) {
+  const Linted r = lint_layout(dflash_layers(), kDFlashConfig,
+                               {"layers.0.self_attn.qkv_proj", "layers.1.self_attn.qkv_proj"});
+  const auto l2 = with_id(r.findings, "L2");
+  ASSERT_EQ(l2.size(), 2u);
+  EXPECT_EQ(l2[0].severity, Severity::kWarning);
+  EXPECT_EQ(l2[0].tensors, std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight"});
+  EXPECT_TRUE(contains(l2[0].message, "it will be 'model.layers.0.self_attn.qkv_proj' there"));
+  EXPECT_EQ(l2[0].fix, "use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$' instead");
+  EXPECT_TRUE(with_id(r.findings, "L4").empty());  // both qkv_proj ignored here
+}
+
+TEST(LintL2, WidensToWholeComponentWhenShortFormTakesMore) {
+  std::vector<FakeSpec> specs = dflash_layers();
+  specs.push_back({"layers.0.mlp.fc.weight", {3072, 3072}});
+  const Linted r = lint_layout(specs, kDFlashConfig, {"re:.*qkv_proj$", "fc"});
+  const auto l2 = with_id(r.findings, "L2");
+  ASSERT_EQ(l2.size(), 1u);
+  // re:.*fc$ would also take layers.0.mlp.fc.
+  EXPECT_EQ(l2[0].fix, "use --ignore 're:(.*\\.)?fc$' instead");
+}
+
+TEST(LintL2, NotRaisedWhenNamesAlreadyCarryModelPrefix) {
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"model.layers.0.mlp.down_proj"});
+  EXPECT_TRUE(with_id(r.findings, "L2").empty());
+}
+
+TEST(LintL2, UnprefixedLayersCountAsPrefixedAtLoad) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), llama_layer("layers.0."), kLlamaConfig);
+  EXPECT_TRUE(names_prefixed_at_load(open_checkpoint(dir.path())));
+  test::TempDir dir2;
+  test::write_sparse_checkpoint(dir2.path(), llama_layer(), kLlamaConfig);
+  EXPECT_FALSE(names_prefixed_at_load(open_checkpoint(dir2.path())));
+}
+
+// ---- L3 ----
+
+TEST(LintL3, QkvSplitAcrossLayersIsOneError) {
+  std::vector<FakeSpec> specs = llama_layer("model.layers.0.");
+  const auto layer1 = llama_layer("model.layers.1.");
+  specs.insert(specs.end(), layer1.begin(), layer1.end());
+  const Linted r = lint_layout(specs, kLlamaConfig, {"re:.*v_proj$"});
+  const auto l3 = with_id(r.findings, "L3");
+  ASSERT_EQ(l3.size(), 1u);
+  EXPECT_EQ(l3[0].severity, Severity::kError);
+  EXPECT_EQ(l3[0].tensors.size(), 6u);
+  EXPECT_TRUE(contains(l3[0].message, "fused layer qkv_proj is split in 2 blocks"));
+  EXPECT_TRUE(contains(l3[0].message, "k_proj, q_proj quantized but v_proj not"));
+  EXPECT_TRUE(contains(l3[0].message, "ignored by 're:.*v_proj$'"));
+  EXPECT_TRUE(contains(l3[0].fix, "--ignore 're:.*\\.(k_proj|q_proj|v_proj)$'"));
+}
+
+TEST(LintL3, GateUpSplitIsError) {
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"re:.*up_proj$"});
+  const auto l3 = with_id(r.findings, "L3");
+  ASSERT_EQ(l3.size(), 1u);
+  EXPECT_EQ(l3[0].tensors, (std::vector<std::string>{"model.layers.0.mlp.gate_proj.weight",
+                                                     "model.layers.0.mlp.up_proj.weight"}));
+  EXPECT_TRUE(contains(l3[0].message, "fused layer gate_up_proj"));
+}
+
+TEST(LintL3, ExpertsOfOneLayerSplitIsError) {
+  std::vector<FakeSpec> specs = mixtral_layer();
+  for (const std::string w : {"w1", "w2", "w3"}) {
+    specs.push_back({"model.layers.0.block_sparse_moe.experts.1." + w + ".weight",
+                     w == "w2" ? std::vector<std::uint64_t>{4096, 14336}
+                               : std::vector<std::uint64_t>{14336, 4096}});
+  }
+  const Linted r = lint_layout(specs, kLlamaConfig, {"re:.*gate$", "re:.*experts\\.1\\."});
+  const auto l3 = with_id(r.findings, "L3");
+  ASSERT_EQ(l3.size(), 1u);
+  EXPECT_EQ(l3[0].tensors.size(), 6u);
+  EXPECT_TRUE(contains(l3[0].message,
+                       "the experts of 1 MoE layer "
+                       "(model.layers.0.block_sparse_moe.experts) are split: 3 "
+                       "expert weights quantized, 3 not"));
+}
+
+TEST(LintL3, WholeGroupIgnoredIsFine) {
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"re:.*[qkv]_proj$"});
+  EXPECT_TRUE(with_id(r.findings, "L3").empty());
+}
+
+// ---- L4 ----
+
+TEST(LintL4, DFlashDraftWithQuantizedQkvIsError) {
+  const Linted r = lint_layout(dflash_layers(), kDFlashConfig, {});
+  const auto l4 = with_id(r.findings, "L4");
+  ASSERT_EQ(l4.size(), 1u);
+  EXPECT_EQ(l4[0].severity, Severity::kError);
+  EXPECT_EQ(l4[0].tensors, (std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight",
+                                                     "layers.1.self_attn.qkv_proj.weight"}));
+  EXPECT_EQ(l4[0].fix, "--ignore 're:.*qkv_proj$'");
+}
+
+TEST(LintL4, DFlashConfigAloneIdentifiesTheDraft) {
+  const json config = {{"architectures", {"LagunaForCausalLM"}}, {"dflash_config", json::object()}};
+  EXPECT_EQ(with_id(lint_layout(dflash_layers(), config, {}).findings, "L4").size(), 1u);
+  EXPECT_TRUE(with_id(lint_layout(dflash_layers(), kLlamaConfig, {}).findings, "L4").empty());
+  EXPECT_TRUE(
+      with_id(lint_layout(dflash_layers(), config, {"re:.*qkv_proj$"}).findings, "L4").empty());
+}
+
+// ---- L5 ----
+
+TEST(LintL5, RouterShapeNoTensorParallelDegreeWorks) {
+  std::vector<FakeSpec> specs = {{"model.layers.0.mlp.gate.weight", {60, 2048}},
+                                 {"model.layers.0.mlp.shared_expert.up_proj.weight", {5632, 2048}}};
+  const Linted r = lint_layout(specs, kLlamaConfig, {});
+  const auto l5 = with_id(r.findings, "L5");
+  ASSERT_EQ(l5.size(), 1u);
+  EXPECT_EQ(l5[0].severity, Severity::kWarning);
+  EXPECT_EQ(l5[0].tensors, std::vector<std::string>{"model.layers.0.mlp.gate.weight"});
+  EXPECT_TRUE(contains(l5[0].message, "[60, 2048] (column-parallel"));
+  EXPECT_TRUE(contains(l5[0].message, "out_features per shard 60 is not a multiple of 64"));
+  EXPECT_TRUE(contains(l5[0].message, "TP degrees that work: none of 1, 2, 4, 8"));
+  EXPECT_EQ(l5[0].fix, "keep it in 16 bits: --ignore 're:.*\\.gate$'");
+}
+
+TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
+  // k_proj is column-parallel: 256 / 8 = 32 rows per shard. down_proj is
+  // row-parallel: 5632 / 8 = 704 columns per shard, not a multiple of 128.
+  EXPECT_TRUE(
+      with_id(lint_layout(llama_layer(), kLlamaConfig, {}, {"Linear"}, 4).findings, "L5").empty());
+  const auto l5 =
+      with_id(lint_layout(llama_layer(), kLlamaConfig, {}, {"Linear"}, 8).findings, "L5");
+  ASSERT_EQ(l5.size(), 3u);
+  EXPECT_EQ(l5[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.k_proj.weight"});
+  EXPECT_TRUE(contains(l5[0].message, "out_features per shard 32 is not a multiple of 64"));
+  EXPECT_TRUE(contains(l5[0].message, "TP degrees that work: 1, 2, 4"));
+  EXPECT_EQ(l5[0].fix,
+            "keep it in 16 bits: --ignore 're:.*\\.k_proj$', or serve with --tp 1 or 2 or 4");
+  EXPECT_EQ(l5[1].tensors, std::vector<std::string>{"model.layers.0.self_attn.v_proj.weight"});
+  EXPECT_EQ(l5[2].tensors, std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
+  EXPECT_TRUE(contains(l5[2].message, "(row-parallel, split along in_features)"));
+  EXPECT_TRUE(contains(l5[2].message, "in_features per shard 704 is not a multiple of 128"));
+}
+
+TEST(LintL5, IgnoredTensorsAreNotChecked) {
+  const Linted r = lint_layout({{"model.layers.0.mlp.gate.weight", {60, 2048}}}, kLlamaConfig,
+                               {"re:.*mlp\\.gate$"});
+  EXPECT_TRUE(with_id(r.findings, "L5").empty());
+}
+
+// ---- L6 ----
+
+TEST(LintL6, TiedEmbeddingsWithQuantizedLmHeadIsError) {
+  json config = kLlamaConfig;
+  config["tie_word_embeddings"] = true;
+  std::vector<FakeSpec> specs = llama_layer();
+  specs.push_back({"model.embed_tokens.weight", {32000, 2048}});
+  specs.push_back({"lm_head.weight", {32000, 2048}});
+  const auto l6 = with_id(lint_layout(specs, config, {"model.embed_tokens"}).findings, "L6");
+  ASSERT_EQ(l6.size(), 1u);
+  EXPECT_EQ(l6[0].severity, Severity::kError);
+  EXPECT_EQ(l6[0].tensors, std::vector<std::string>{"lm_head.weight"});
+  EXPECT_EQ(l6[0].fix, "--ignore lm_head (the default ignore list has it)");
+  EXPECT_TRUE(with_id(lint_layout(specs, config, {"lm_head"}).findings, "L6").empty());
+  EXPECT_TRUE(
+      with_id(lint_layout(specs, kLlamaConfig, {"model.embed_tokens"}).findings, "L6").empty());
+}
+
+TEST(LintL6, TextConfigTieCounts) {
+  const json config = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                       {"text_config", {{"tie_word_embeddings", true}}}};
+  const auto l6 = with_id(
+      lint_layout({{"language_model.lm_head.weight", {1024, 256}}}, config, {}).findings, "L6");
+  ASSERT_EQ(l6.size(), 1u);
+  EXPECT_EQ(l6[0].fix, "--ignore 're:.*\\.lm_head$'");
+}
+
+// ---- L7 ----
+
+TEST(LintL7, StackedExpertWeightNotIgnoredIsError) {
+  std::vector<FakeSpec> specs = llama_layer();
+  specs.push_back({"model.layers.0.mlp.experts.gate_up.weight", {8, 1024, 2048}});
+  const auto l7 = with_id(lint_layout(specs, kLlamaConfig, {}).findings, "L7");
+  ASSERT_EQ(l7.size(), 1u);
+  EXPECT_EQ(l7[0].severity, Severity::kError);
+  EXPECT_EQ(l7[0].tensors, std::vector<std::string>{"model.layers.0.mlp.experts.gate_up.weight"});
+  EXPECT_TRUE(contains(l7[0].message, "BF16 [8, 1024, 2048]"));
+  EXPECT_EQ(l7[0].fix, "keep them in 16 bits and say so: --ignore 're:.*\\.gate_up$'");
+  EXPECT_TRUE(
+      with_id(lint_layout(specs, kLlamaConfig, {"re:.*\\.gate_up$"}).findings, "L7").empty());
+}
+
+// ---- policy ----
+
+TEST(LintPolicy, BlockingFindings) {
+  const std::vector<Finding> findings = {{"L1", Severity::kWarning, {}, "w", ""},
+                                         {"L4", Severity::kError, {}, "e", ""},
+                                         {"L8", Severity::kInfo, {}, "i", ""}};
+  const auto ids = [&](bool strict, bool allow) {
+    std::vector<std::string> out;
+    for (const Finding* f : blocking_findings(findings, strict, allow)) out.push_back(f->id);
+    return out;
+  };
+  EXPECT_EQ(ids(false, false), std::vector<std::string>{"L4"});
+  EXPECT_EQ(ids(true, false), (std::vector<std::string>{"L1", "L4"}));
+  EXPECT_TRUE(ids(false, true).empty());
+  EXPECT_EQ(ids(true, true), std::vector<std::string>{"L1"});
+}
+
+TEST(LintPolicy, RejectsZeroTensorParallelDegree) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), llama_layer(), kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  const PlanOptions defaults;
+  const QuantizePlan plan = make_plan(checkpoint, defaults);
+  try {
+    run_lint(checkpoint, plan, LintOptions{0});
+    FAIL() << "expected a usage error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+  }
+}
+
+// ---- inside quantize ----
+
+// A small DFlash-style draft with real values and Marlin-friendly shapes.
+std::vector<FakeSpec> small_dflash() {
+  return {{"fc.weight", {256, 384}},
+          {"layers.0.self_attn.qkv_proj.weight", {384, 256}},
+          {"layers.0.self_attn.o_proj.weight", {256, 256}},
+          {"norm.weight", {256}}};
+}
+
+QuantizeOptions small_options(const fs::path& in, const fs::path& out) {
+  QuantizeOptions o = default_quantize_options();
+  o.input = in;
+  o.output = out;
+  o.threads = 2;
+  o.fsync = false;
+  o.plan.ignore = {};
+  return o;
+}
+
+bool has_temp_sibling(const fs::path& dir) {
+  for (const auto& item : fs::directory_iterator(dir)) {
+    if (item.path().filename().string().find(".ctquant-tmp-") != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(QuantizeLint, ErrorStopsTheRunAndWritesNothing) {
+  test::TempDir dir;
+  test::write_random_checkpoint(dir / "in", small_dflash(), kDFlashConfig);
+  QuantizeOptions o = small_options(dir / "in", dir / "out");
+  std::size_t plans_seen = 0;
+  o.on_plan = [&](const Checkpoint&, const QuantizePlan&, const std::vector<Finding>& f) {
+    ++plans_seen;
+    EXPECT_EQ(with_id(f, "L4").size(), 1u);
+  };
+  try {
+    quantize(o);
+    FAIL() << "expected a lint error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kLint);
+    EXPECT_TRUE(contains(e.what(), "L4 error: DFlash draft"));
+    EXPECT_TRUE(contains(e.what(), "fix: --ignore 're:.*qkv_proj$'"));
+    EXPECT_TRUE(contains(e.what(), "--allow-unloadable"));
+  }
+  EXPECT_EQ(plans_seen, 1u);
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  EXPECT_FALSE(has_temp_sibling(dir.path()));
+}
+
+TEST(QuantizeLint, DryRunStopsOnErrorsToo) {
+  test::TempDir dir;
+  test::write_random_checkpoint(dir / "in", small_dflash(), kDFlashConfig);
+  QuantizeOptions o = small_options(dir / "in", dir / "out");
+  o.dry_run = true;
+  try {
+    quantize(o);
+    FAIL() << "expected a lint error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kLint);
+  }
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
+TEST(QuantizeLint, AllowUnloadableWritesAnyway) {
+  test::TempDir dir;
+  test::write_random_checkpoint(dir / "in", small_dflash(), kDFlashConfig);
+  QuantizeOptions o = small_options(dir / "in", dir / "out");
+  o.allow_unloadable = true;
+  const QuantizeSummary s = quantize(o);
+  EXPECT_EQ(with_id(s.findings, "L4").size(), 1u);
+  EXPECT_EQ(s.tensors_quantized, 3u);
+  EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors"));
+}
+
+TEST(QuantizeLint, StrictTurnsWarningsIntoErrors) {
+  test::TempDir dir;
+  test::write_random_checkpoint(dir / "in", small_dflash(), kDFlashConfig);
+  QuantizeOptions o = small_options(dir / "in", dir / "out");
+  o.plan.ignore = {"re:.*qkv_proj$", "lm_head"};  // lm_head: L1 warning
+  o.strict = true;
+  try {
+    quantize(o);
+    FAIL() << "expected a lint error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kLint);
+    EXPECT_TRUE(contains(e.what(), "L1 warning: ignore entry 'lm_head' matched 0 modules"));
+    EXPECT_TRUE(contains(e.what(), "--strict"));
+  }
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  o.strict = false;
+  EXPECT_EQ(quantize(o).tensors_quantized, 2u);
+}
+
+TEST(QuantizeLintCli, DFlashWithoutQkvIgnoreExitsOneAndWritesNothing) {
+  test::TempDir dir;
+  const fs::path input = test::golden_dir() / "dflash-bf16-sharded" / "input";
+  const auto r = test::run_ctquant({"quantize", input.string(), (dir / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(r.out.empty());
+  EXPECT_TRUE(contains(r.err, "L4 error: DFlash draft"));
+  EXPECT_TRUE(contains(r.err, "fix: --ignore 're:.*qkv_proj$'"));
+  EXPECT_TRUE(contains(r.err, "warning: L5:"));  // g_proj [4, 256], reported but not blocking
+  EXPECT_FALSE(fs::exists(dir / "out"));
+
+  const auto allowed = test::run_ctquant(
+      {"quantize", input.string(), (dir / "out").string(), "--allow-unloadable", "-q"});
+  EXPECT_EQ(allowed.exit_code, 0) << allowed.err;
+  EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors.index.json"));
+}
+
+TEST(QuantizeLintCli, StrictAndTensorParallelFlags) {
+  test::TempDir dir;
+  const fs::path input = test::golden_dir() / "dflash-bf16-sharded" / "input";
+  const std::vector<std::string> base = {"quantize",    input.string(),   (dir / "out").string(),
+                                         "--ignore",    "re:.*qkv_proj$", "--ignore",
+                                         "re:.*g_proj$"};
+  // fc [256, 768] is row-parallel: 768 / 4 = 192 columns per shard.
+  std::vector<std::string> tp4 = base;
+  tp4.insert(tp4.end(), {"--tp", "4", "--strict", "--dry-run"});
+  const auto r = test::run_ctquant(tp4);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.err, "L5 warning: Marlin"));
+  EXPECT_TRUE(contains(r.err, "fc.weight"));
+  std::vector<std::string> tp2 = base;
+  tp2.insert(tp2.end(), {"--tp", "2", "--strict", "--dry-run"});
+  EXPECT_EQ(test::run_ctquant(tp2).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace ctquant
