@@ -5,14 +5,21 @@
 // path: length prefix, bounds, UTF-8, JSON, entries, tiling) on an in-memory
 // file. When the file is accepted, the target checks what acceptance
 // promises: the tensors tile the data buffer, each holds exactly
-// numel * bits / 8 bytes and can be read back; it then plans a quantization
-// of it with a scheme chosen by the last input byte and checks that every
-// planned output header is one the reader accepts and every planned tensor
-// lies inside its shard. A broken promise aborts (a crash for libFuzzer);
+// numel * bits / 8 bytes and can be read back. It then plans a quantization
+// with a scheme, group size, ignore list and input config (none, or block
+// FP8 with a block size up to 2^64 - 1) chosen by the last input bytes (and
+// threads and chunk size by the third last), and
+// checks that every planned output header is one the reader accepts and
+// every planned tensor lies inside its shard. Small inputs are also executed
+// into a scratch directory, and every output shard must read back as a valid
+// file of the planned size. A broken promise aborts (a crash for libFuzzer);
 // ASan and UBSan catch the rest. Built only with clang and
 // -DCTQUANT_BUILD_FUZZERS=ON; run by tools/fuzz.sh.
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <filesystem>
+#include <limits>
 
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +31,7 @@
 
 #include "ctquant/checkpoint.hpp"
 #include "ctquant/error.hpp"
+#include "ctquant/executor.hpp"
 #include "ctquant/plan.hpp"
 #include "ctquant/safetensors.hpp"
 
@@ -109,6 +117,64 @@ void check_plan(const QuantizePlan& plan, const Checkpoint& ckpt) {
   check(plan.decisions.size() == ckpt.tensors.size(), "every input tensor has a decision");
 }
 
+// A directory for the outputs of executed plans, emptied after each run and
+// removed at exit.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "fuzz_header-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) broken("mkdtemp works");
+    path_ = pattern;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+const std::filesystem::path& scratch_dir() {
+  static const ScratchDir dir;
+  return dir.path();
+}
+
+// Executes the plan into the scratch directory; every output shard must read
+// back as a valid safetensors file of the planned size.
+void check_execution(const Checkpoint& ckpt, const QuantizePlan& plan, std::uint8_t pick) {
+  const std::filesystem::path& dir = scratch_dir();
+  ExecuteOptions options;
+  options.fsync = false;
+  options.threads = 1 + (pick & 1u);
+  // Tiny chunks (many row jobs) or the default (whole small tensors).
+  options.chunk_bytes = (pick & 2u) != 0 ? 1 + (pick >> 2) : ExecuteOptions{}.chunk_bytes;
+  try {
+    execute_plan(ckpt, plan, dir, options);
+    for (const ShardPlan& shard : plan.shards) {
+      try {
+        const SafetensorsFile out(dir / shard.file_name, shard.file_name);
+        check(out.file_size() == shard.file_size, "an output shard has its planned size");
+        check(out.header().tensors.size() == shard.tensors.size(),
+              "an output shard holds its planned tensors");
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        broken("every output shard reads back as a valid file");
+      }
+    }
+  } catch (const Error& e) {
+    // A non-finite weight (or dequantized FP8 value) is the one refusal
+    // left once the plan is made.
+    if (e.kind() != ErrorKind::kBadInput) std::fprintf(stderr, "%s\n", e.what());
+    check(e.kind() == ErrorKind::kBadInput, "execution refuses only non-finite values");
+  }
+  std::error_code ec;
+  for (const auto& item : std::filesystem::directory_iterator(dir)) {
+    std::filesystem::remove_all(item.path(), ec);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -156,14 +222,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   PlanOptions options;
   const std::uint8_t pick = size > 0 ? data[size - 1] : 0;
+  const std::uint8_t pick2 = size > 1 ? data[size - 2] : 0;
   options.scheme = *scheme_by_name(pick % 3 == 0   ? "W4A16"
                                    : pick % 3 == 1 ? "W4A16_ASYM"
                                                    : "W8A16");
   if (pick & 0x10) options.scheme.group_size = 0;  // channel-wise
   if (pick & 0x20) options.scheme.group_size = 32;
   if (pick & 0x40) options.ignore = {"re:.*(qkv|g)_proj$"};
+  if (pick & 0x80) {
+    // Block FP8 input; a block dimension of 16 stands for 2^64 - 1.
+    const auto block = [](unsigned v) -> std::uint64_t {
+      return v == 16 ? std::numeric_limits<std::uint64_t>::max() : v;
+    };
+    ckpt.config = nlohmann::json{
+        {"quantization_config",
+         {{"quant_method", "fp8"},
+          {"weight_block_size", {block(1 + (pick2 >> 4)), block(1 + (pick2 & 0x0F))}}}}};
+  }
   try {
-    check_plan(make_plan(ckpt, options), ckpt);
+    const QuantizePlan plan = make_plan(ckpt, options);
+    check_plan(plan, ckpt);
+    if (size <= 16384) check_execution(ckpt, plan, size > 2 ? data[size - 3] : 0);
   } catch (const Error& e) {
     check(e.kind() == ErrorKind::kBadInput, "the planner refuses a header only as kBadInput");
   }
