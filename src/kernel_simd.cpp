@@ -237,6 +237,17 @@ CTQUANT_TARGET_AVX2 std::optional<std::uint64_t> quantize_rows(const QuantScheme
       store_scale(T, s, scale_out + (c0 / g_size) * kEsize);
       const __m256 vs = _mm256_set1_ps(s);
       // Steps 4-5, eight elements at a time, packed 32 codes at a time.
+      if (g_size % 32 == 0) {  // whole blocks of 32 codes (n_codes stays 0)
+        for (std::uint64_t c = 0; c < g_size; c += 32) {
+          const std::byte* p = group + c * kEsize;
+          const __m256i codes32[4] = {quantize8<T>(p, vs, k), quantize8<T>(p + 8 * kEsize, vs, k),
+                                      quantize8<T>(p + 16 * kEsize, vs, k),
+                                      quantize8<T>(p + 24 * kEsize, vs, k)};
+          pack32<kBits>(codes32, out);
+          out += kBits;
+        }
+        continue;
+      }
       for (std::uint64_t c = 0; c < g_size; c += 8) {
         codes[n_codes++] = quantize8<T>(group + c * kEsize, vs, k);
         if (n_codes == 4) {
