@@ -30,6 +30,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::uint64_t kCopyJobBytes = 64u << 20;
+// How often the output's dirty pages are sent to the device while the
+// workers run (when the output is to be flushed at the end).
+constexpr std::chrono::milliseconds kWritebackInterval{20};
 
 // The output tensors of one quantized module.
 struct QuantizedModule {
@@ -63,13 +66,22 @@ class Executor {
            const ExecuteOptions& options)
       : ckpt_(checkpoint), plan_(plan), out_dir_(out_dir), options_(options) {}
 
-  void run() {
+  ExecuteStats run() {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
     build_jobs();
     open_outputs();
     run_jobs();
     write_json_files();
     copy_other_files();
+    const auto streamed = Clock::now();
     finish();
+    ExecuteStats stats;
+    stats.seconds_stream = std::chrono::duration<double>(streamed - start).count();
+    stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
+    stats.bytes_read = bytes_total_;
+    for (const ShardPlan& shard : plan_.shards) stats.bytes_written += shard.file_size;
+    return stats;
   }
 
  private:
@@ -274,10 +286,26 @@ class Executor {
       });
     }
     {
+      // While the workers run, this thread reports progress and keeps the
+      // device busy: it starts the write-back of what the workers wrote, so
+      // that the final fsync waits only for the last few chunks.
+      using Clock = std::chrono::steady_clock;
+      const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
+      auto next_progress = Clock::now() + progress_interval;
       std::unique_lock lock(done_mutex);
       while (running > 0) {
-        done_cv.wait_for(lock, std::chrono::milliseconds(options_.progress_interval_ms));
-        if (options_.on_progress && running > 0) options_.on_progress(progress());
+        done_cv.wait_for(lock, options_.fsync ? std::min(kWritebackInterval, progress_interval)
+                                              : progress_interval);
+        if (running == 0) break;
+        lock.unlock();
+        if (options_.fsync) {
+          for (const auto& file : outputs_) file->start_writeback(0, 0);
+        }
+        if (options_.on_progress && Clock::now() >= next_progress) {
+          options_.on_progress(progress());
+          next_progress = Clock::now() + progress_interval;
+        }
+        lock.lock();
       }
     }
     for (auto& t : threads) t.join();
@@ -289,9 +317,9 @@ class Executor {
   }
 
   void write_text_file(const std::string& name, const std::string& text) {
-    OutputFile file(out_dir_ / name);
-    file.write_at(0, std::as_bytes(std::span(text)));
-    if (options_.fsync) file.sync_and_close();
+    auto file = std::make_unique<OutputFile>(out_dir_ / name);
+    file->write_at(0, std::as_bytes(std::span(text)));
+    outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
   void write_json_files() {
@@ -305,9 +333,9 @@ class Executor {
       const int fd = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) throw io_error(fmt::format("{}: cannot open: {}", name, std::strerror(errno)));
       try {
-        OutputFile file(out_dir_ / name);
-        file.copy_from(fd, 0, 0, fs::file_size(src));
-        if (options_.fsync) file.sync_and_close();
+        auto file = std::make_unique<OutputFile>(out_dir_ / name);
+        file->copy_from(fd, 0, 0, fs::file_size(src));
+        outputs_.push_back(std::move(file));  // flushed after the shards
       } catch (...) {
         ::close(fd);
         throw;
@@ -357,9 +385,9 @@ class Executor {
 
 }  // namespace
 
-void execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan, const fs::path& out_dir,
-                  const ExecuteOptions& options) {
-  Executor(checkpoint, plan, out_dir, options).run();
+ExecuteStats execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                          const fs::path& out_dir, const ExecuteOptions& options) {
+  return Executor(checkpoint, plan, out_dir, options).run();
 }
 
 }  // namespace ctquant

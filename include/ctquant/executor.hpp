@@ -42,13 +42,21 @@ struct ExecuteOptions {
   bool fsync = true;  // flush every file and the directory before returning
 };
 
+// Where the time of execute_plan() went, for logs and benchmarks.
+struct ExecuteStats {
+  double seconds_stream = 0;        // jobs: reading, quantizing, writing (page cache)
+  double seconds_flush = 0;         // fsync of every file and the directory (0 without fsync)
+  std::uint64_t bytes_read = 0;     // input tensor bytes
+  std::uint64_t bytes_written = 0;  // output shard bytes
+};
+
 // Writes every file of the plan into out_dir, an existing empty directory:
 // the shards, the index, config.json and the copied files. Throws
 // Error{kBadInput} for a non-finite weight (naming shard, tensor, row and
 // column), Error{kNoSpace}/Error{kIo} for write failures, Error{kInterrupted}
 // on cancel. On error, files already written to out_dir are left for the
 // caller to remove.
-void execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
-                  const std::filesystem::path& out_dir, const ExecuteOptions& options);
+ExecuteStats execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                          const std::filesystem::path& out_dir, const ExecuteOptions& options);
 
 }  // namespace ctquant
