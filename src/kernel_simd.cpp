@@ -1,5 +1,6 @@
-// The AVX2 + F16C kernel behind quantize_block(): symmetric schemes of 4 or
-// 8 bits, BF16 / F16 / F32 weights, group sizes that are multiples of 8.
+// The vector kernels behind quantize_block(): symmetric schemes of 4 or 8
+// bits, BF16 / F16 / F32 weights; AVX2 + F16C for group sizes that are
+// multiples of 8, AVX-512 (F, BW) for multiples of 16.
 //
 // It follows section 3 of the format spec step for step with the same IEEE
 // operations as quantize_block_ref(), eight elements at a time, so the bytes
@@ -17,10 +18,15 @@
 // - clamp with vmaxps/vminps (v is finite, so they agree with std::clamp),
 //   round half to even with vcvtps2dq (the default rounding mode, as
 //   std::nearbyint), offset, pack.
-// The code is compiled for AVX2/F16C with function target attributes and
+// The AVX-512 code does the same sixteen elements at a time and packs with
+// vpmovdb / vpmovqb. Both are compiled with function target attributes and
 // chosen at run time, so the library still runs on CPUs without them.
 #include "kernel_simd.hpp"
 
+// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(),
+// which -Wmaybe-uninitialized reports at every use; the values are fully
+// written before they are read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <bit>
@@ -202,6 +208,23 @@ void store_scale(DType t, float s, std::byte* out) {
   std::memcpy(out, &b, 2);
 }
 
+// Steps 2-3 of section 3 from the group's largest magnitude bits, with the
+// reference's scalar code; stores the scale and returns it as a float.
+float group_scale(DType t, std::uint32_t max_bits, float divisor, std::byte* out) {
+  float s = round_to_dtype(t, magnitude_to_float(t, max_bits) / divisor);
+  if (s == 0.0f) s = dtype_eps(t);
+  store_scale(t, s, out);
+  return s;
+}
+
+// Index of the first NaN or infinity of a group known to hold one.
+std::uint64_t first_non_finite(DType t, const std::byte* group) {
+  const std::size_t esize = t == DType::kF32 ? 4 : 2;
+  std::uint64_t c = 0;
+  while (std::isfinite(load_as_float(t, group + c * esize))) ++c;
+  return c;
+}
+
 template <DType T, int kBits>
 CTQUANT_TARGET_AVX2 std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme,
                                                                const KernelBlock& block) {
@@ -226,15 +249,8 @@ CTQUANT_TARGET_AVX2 std::optional<std::uint64_t> quantize_rows(const QuantScheme
       const std::byte* group = row + c0 * kEsize;
       // Steps 1-3 of section 3 (and the finite check of the reference).
       const std::uint32_t max_bits = magnitude_max<T>(group, g_size);
-      if (max_bits >= kNonFiniteBits<T>) {
-        for (std::uint64_t c = 0; c < g_size; ++c) {
-          const float w = load_as_float(T, group + c * kEsize);
-          if (!std::isfinite(w)) return r * n_cols + c0 + c;
-        }
-      }
-      float s = round_to_dtype(T, magnitude_to_float(T, max_bits) / divisor);
-      if (s == 0.0f) s = dtype_eps(T);
-      store_scale(T, s, scale_out + (c0 / g_size) * kEsize);
+      if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
+      const float s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
       const __m256 vs = _mm256_set1_ps(s);
       // Steps 4-5, eight elements at a time, packed 32 codes at a time.
       if (g_size % 32 == 0) {  // whole blocks of 32 codes (n_codes stays 0)
@@ -262,24 +278,155 @@ CTQUANT_TARGET_AVX2 std::optional<std::uint64_t> quantize_rows(const QuantScheme
   return std::nullopt;
 }
 
+// ---- AVX-512 (F + BW): the same steps, sixteen elements at a time ----
+
+#define CTQUANT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,f16c")))
+#define CTQUANT_INLINE_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx2,f16c"), always_inline)) inline
+
+// Largest magnitude bits (sign cleared) of n elements, n a multiple of 16.
 template <DType T>
-std::optional<std::uint64_t> quantize_rows_for_bits(const QuantScheme& scheme,
-                                                    const KernelBlock& block) {
-  return scheme.num_bits == 4 ? quantize_rows<T, 4>(scheme, block)
-                              : quantize_rows<T, 8>(scheme, block);
+CTQUANT_INLINE_AVX512 std::uint32_t magnitude_max_512(const std::byte* p, std::uint64_t n) {
+  if constexpr (T == DType::kF32) {
+    const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512i m = _mm512_setzero_si512();
+    for (std::uint64_t i = 0; i < n; i += 16) {
+      m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(p + 4 * i), mask));
+    }
+    return _mm512_reduce_max_epu32(m);
+  } else {
+    const __m512i mask = _mm512_set1_epi16(0x7FFF);
+    __m512i m = _mm512_setzero_si512();
+    std::uint64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(p + 2 * i), mask));
+    }
+    if (i < n) {  // 16 left
+      m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(0xFFFF, p + 2 * i), mask));
+    }
+    return horizontal_max_u16(
+        _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1)),
+        _mm_setzero_si128());
+  }
 }
 
-bool detect_cpu() {
+template <DType T>
+CTQUANT_INLINE_AVX512 __m512 load16(const std::byte* p) {
+  if constexpr (T == DType::kF32) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (T == DType::kF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  } else {
+    const __m512i h =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  }
+}
+
+template <DType T>
+CTQUANT_INLINE_AVX512 __m512 round_to_t_512(__m512 v) {
+  if constexpr (T == DType::kF32) {
+    return v;
+  } else if constexpr (T == DType::kF16) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i biased = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_and_si512(biased, _mm512_set1_epi32(-65536)));
+  }
+}
+
+// Quantizes sixteen elements and stores their 16 * kBits / 32 words.
+template <DType T, int kBits>
+CTQUANT_INLINE_AVX512 void quantize16(const std::byte* p, __m512 scale, __m512 qmin, __m512 qmax,
+                                      std::uint32_t* out) {
+  __m512 v = round_to_t_512<T>(_mm512_div_ps(load16<T>(p), scale));
+  v = _mm512_min_ps(_mm512_max_ps(v, qmin), qmax);
+  const __m512i codes =
+      _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(1 << (kBits - 1)));
+  if constexpr (kBits == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(codes));
+  } else {
+    // Each 64-bit lane holds columns 2i (low) and 2i+1 (high); bring the
+    // high code down to bits 4-7, then keep the low byte of every lane.
+    const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
+  }
+}
+
+template <DType T, int kBits>
+CTQUANT_TARGET_AVX512 std::optional<std::uint64_t> quantize_rows_512(const QuantScheme& scheme,
+                                                                     const KernelBlock& block) {
+  constexpr std::size_t kEsize = kElementBytes<T>;
+  const std::uint64_t n_cols = block.n_cols;
+  const std::uint64_t g_size = scheme.effective_group_size(n_cols);
+  const std::uint64_t n_groups = n_cols / g_size;
+  const std::uint64_t words_per_row = packed_words_per_row(n_cols, kBits);
+  const float qmin = static_cast<float>(scheme.qmin());
+  const float qmax = static_cast<float>(scheme.qmax());
+  const float divisor = (qmax - qmin) / 2.0f;
+  const __m512 vqmin = _mm512_set1_ps(qmin);
+  const __m512 vqmax = _mm512_set1_ps(qmax);
+
+  for (std::uint64_t r = 0; r < block.n_rows; ++r) {
+    const std::byte* row = block.weight + r * n_cols * kEsize;
+    std::uint32_t* out = block.packed + r * words_per_row;
+    std::byte* scale_out = block.scale + r * n_groups * kEsize;
+    for (std::uint64_t c0 = 0; c0 < n_cols; c0 += g_size) {
+      const std::byte* group = row + c0 * kEsize;
+      const std::uint32_t max_bits = magnitude_max_512<T>(group, g_size);
+      if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
+      const float s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
+      const __m512 vs = _mm512_set1_ps(s);
+      for (std::uint64_t c = 0; c < g_size; c += 16) {
+        quantize16<T, kBits>(group + c * kEsize, vs, vqmin, vqmax, out);
+        out += kBits / 2;  // 16 codes of kBits bits are kBits / 2 words
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+template <DType T>
+std::optional<std::uint64_t> quantize_rows_for(SimdLevel level, const QuantScheme& scheme,
+                                               const KernelBlock& block) {
+  const bool wide =
+      level == SimdLevel::kAvx512 && scheme.effective_group_size(block.n_cols) % 16 == 0;
+  if (scheme.num_bits == 4) {
+    return wide ? quantize_rows_512<T, 4>(scheme, block) : quantize_rows<T, 4>(scheme, block);
+  }
+  return wide ? quantize_rows_512<T, 8>(scheme, block) : quantize_rows<T, 8>(scheme, block);
+}
+
+SimdLevel detect_cpu() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) return SimdLevel::kNone;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+    return SimdLevel::kAvx512;
+  }
+  return SimdLevel::kAvx2;
 }
 
 }  // namespace
 
-bool simd_available() {
-  static const bool available = detect_cpu();
-  return available;
+SimdLevel simd_level() {
+  static const SimdLevel level = detect_cpu();
+  return level;
 }
+
+const char* simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512:
+      return "avx512";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
+
+bool simd_available() { return simd_level() != SimdLevel::kNone; }
 
 bool simd_supports(const QuantScheme& scheme, const KernelBlock& block) {
   if (!simd_available() || !scheme.symmetric) return false;
@@ -293,14 +440,22 @@ bool simd_supports(const QuantScheme& scheme, const KernelBlock& block) {
 
 std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
                                                  const KernelBlock& block) {
-  if (!simd_supports(scheme, block)) return quantize_block_ref(scheme, block);
+  return quantize_block_simd_at(simd_level(), scheme, block);
+}
+
+std::optional<std::uint64_t> quantize_block_simd_at(SimdLevel level, const QuantScheme& scheme,
+                                                    const KernelBlock& block) {
+  if (level > simd_level()) level = simd_level();
+  if (level == SimdLevel::kNone || !simd_supports(scheme, block)) {
+    return quantize_block_ref(scheme, block);
+  }
   switch (block.dtype) {
     case DType::kBF16:
-      return quantize_rows_for_bits<DType::kBF16>(scheme, block);
+      return quantize_rows_for<DType::kBF16>(level, scheme, block);
     case DType::kF16:
-      return quantize_rows_for_bits<DType::kF16>(scheme, block);
+      return quantize_rows_for<DType::kF16>(level, scheme, block);
     default:
-      return quantize_rows_for_bits<DType::kF32>(scheme, block);
+      return quantize_rows_for<DType::kF32>(level, scheme, block);
   }
 }
 

@@ -76,8 +76,26 @@ struct Outputs {
   std::vector<std::byte> scale;
 };
 
-Outputs run(bool reference, const QuantScheme& scheme, const Weights& w) {
+// Which kernel to run: the reference, the public quantize_block(), or the
+// vector kernel at one level.
+enum class Kernel { kReference, kPublic, kAvx2, kAvx512 };
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kReference:
+      return "reference";
+    case Kernel::kPublic:
+      return "quantize_block";
+    case Kernel::kAvx2:
+      return "avx2";
+    default:
+      return "avx512";
+  }
+}
+
+Outputs run(Kernel kernel, const QuantScheme& scheme, const Weights& w) {
   const std::uint64_t n_groups = w.n_cols / scheme.effective_group_size(w.n_cols);
+  const bool reference = kernel == Kernel::kReference;
   Outputs out;
   // Different fill patterns, so a word one kernel leaves unwritten differs.
   out.packed.assign(w.n_rows * packed_words_per_row(w.n_cols, scheme.num_bits),
@@ -91,8 +109,28 @@ Outputs run(bool reference, const QuantScheme& scheme, const Weights& w) {
   block.weight = w.bytes.data();
   block.packed = out.packed.data();
   block.scale = out.scale.data();
-  out.bad = reference ? quantize_block_ref(scheme, block) : quantize_block(scheme, block);
+  switch (kernel) {
+    case Kernel::kReference:
+      out.bad = quantize_block_ref(scheme, block);
+      break;
+    case Kernel::kPublic:
+      out.bad = quantize_block(scheme, block);
+      break;
+    case Kernel::kAvx2:
+      out.bad = detail::quantize_block_simd_at(detail::SimdLevel::kAvx2, scheme, block);
+      break;
+    case Kernel::kAvx512:
+      out.bad = detail::quantize_block_simd_at(detail::SimdLevel::kAvx512, scheme, block);
+      break;
+  }
   return out;
+}
+
+// The vector kernels this CPU can run, and the public entry point.
+std::vector<Kernel> fast_kernels() {
+  std::vector<Kernel> kernels{Kernel::kPublic, Kernel::kAvx2};
+  if (detail::simd_level() >= detail::SimdLevel::kAvx512) kernels.push_back(Kernel::kAvx512);
+  return kernels;
 }
 
 std::string describe(const QuantScheme& scheme, const Weights& w, const std::string& what) {
@@ -104,7 +142,7 @@ std::string describe(const QuantScheme& scheme, const Weights& w, const std::str
 #define SKIP_WITHOUT_SIMD() \
   if (!detail::simd_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU"
 
-// The vector kernel must take this case and agree with the reference on
+// Every vector kernel must take this case and agree with the reference on
 // every output byte (or on the index of the first bad element).
 void expect_same(const QuantScheme& scheme, const Weights& w, const std::string& what) {
   KernelBlock probe;
@@ -112,17 +150,20 @@ void expect_same(const QuantScheme& scheme, const Weights& w, const std::string&
   probe.n_rows = w.n_rows;
   probe.n_cols = w.n_cols;
   ASSERT_TRUE(detail::simd_supports(scheme, probe)) << describe(scheme, w, what);
-  const Outputs ref = run(true, scheme, w);
-  const Outputs fast = run(false, scheme, w);
-  ASSERT_EQ(ref.bad, fast.bad) << describe(scheme, w, what);
-  if (ref.bad) return;  // outputs are unspecified after a non-finite weight
-  for (std::size_t i = 0; i < ref.packed.size(); ++i) {
-    ASSERT_EQ(ref.packed[i], fast.packed[i])
-        << describe(scheme, w, what) << ": packed word " << i << " (row "
-        << i / packed_words_per_row(w.n_cols, scheme.num_bits) << ")";
-  }
-  for (std::size_t i = 0; i < ref.scale.size(); ++i) {
-    ASSERT_EQ(ref.scale[i], fast.scale[i]) << describe(scheme, w, what) << ": scale byte " << i;
+  const Outputs ref = run(Kernel::kReference, scheme, w);
+  for (const Kernel kernel : fast_kernels()) {
+    const Outputs fast = run(kernel, scheme, w);
+    const std::string label = describe(scheme, w, what) + ", " + kernel_name(kernel);
+    ASSERT_EQ(ref.bad, fast.bad) << label;
+    if (ref.bad) continue;  // outputs are unspecified after a non-finite weight
+    for (std::size_t i = 0; i < ref.packed.size(); ++i) {
+      ASSERT_EQ(ref.packed[i], fast.packed[i])
+          << label << ": packed word " << i << " (row "
+          << i / packed_words_per_row(w.n_cols, scheme.num_bits) << ")";
+    }
+    for (std::size_t i = 0; i < ref.scale.size(); ++i) {
+      ASSERT_EQ(ref.scale[i], fast.scale[i]) << label << ": scale byte " << i;
+    }
   }
 }
 
@@ -160,13 +201,14 @@ TEST(KernelSimd, MatchesReferenceOnRandomWeights) {
 }
 
 // Rows whose length is not a multiple of 32 codes end with a partial block
-// of 8, 16 or 24 codes; groups of 8, 24 and 40 start inside a block of 32.
+// of 8, 16 or 24 codes; groups of 8, 24 and 40 start inside a block of 32
+// (AVX2); groups of 16 and 48 are the smallest the AVX-512 code takes.
 TEST(KernelSimd, MatchesReferenceOnShortGroupsAndRowTails) {
   SKIP_WITHOUT_SIMD();
   for (const DType dtype : kFloatTypes) {
     for (const int bits : kBitWidths) {
-      for (const std::uint64_t cols : {8u, 16u, 24u, 40u, 120u, 200u, 360u}) {
-        for (const std::uint64_t group : {8u, 24u, 40u, 0u}) {
+      for (const std::uint64_t cols : {8u, 16u, 24u, 40u, 48u, 120u, 200u, 240u, 720u}) {
+        for (const std::uint64_t group : {8u, 16u, 24u, 40u, 48u, 0u}) {
           if (group != 0 && cols % group != 0) continue;
           const Weights w = random_weights(dtype, 5, cols, 11);
           expect_same(symmetric_scheme(bits, group), w, "short groups");
