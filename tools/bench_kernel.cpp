@@ -1,7 +1,7 @@
 // ctquant_bench_kernel: Google Benchmark micro-benchmark of the RTN kernel
 // (widen to float, group absolute maximum, scale, quantize, pack), the
-// scalar reference beside the fast path, for BF16, F16 and F32 weights, on
-// one and two threads.
+// scalar reference beside the AVX2 code and the fast path (AVX-512 where the
+// CPU has it), for BF16, F16 and F32 weights, on one and two threads.
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -18,6 +18,7 @@
 
 #include "ctquant/dtype.hpp"
 #include "ctquant/kernel.hpp"
+#include "kernel_simd.hpp"
 
 namespace {
 
@@ -26,7 +27,9 @@ using ctquant::DType;
 constexpr std::uint64_t kRows = 512;
 constexpr std::uint64_t kCols = 3072;
 
-enum class Path { kReference, kFast };
+// kFast is quantize_block() (the best level this CPU has); kAvx2 forces the
+// AVX2 code, to compare it with AVX-512 where the CPU has both.
+enum class Path { kReference, kAvx2, kFast };
 
 std::vector<std::byte> make_weights(DType dtype, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -58,8 +61,10 @@ void quantize_block(benchmark::State& state, int num_bits, std::uint64_t group_s
   const ctquant::KernelBlock block{
       T, kRows, kCols, weights.data(), packed.data(), scale.data(), nullptr};
   for (auto _ : state) {
-    const auto bad = P == Path::kFast ? ctquant::quantize_block(scheme, block)
-                                      : ctquant::quantize_block_ref(scheme, block);
+    const auto bad = P == Path::kFast   ? ctquant::quantize_block(scheme, block)
+                     : P == Path::kAvx2 ? ctquant::detail::quantize_block_simd_at(
+                                              ctquant::detail::SimdLevel::kAvx2, scheme, block)
+                                        : ctquant::quantize_block_ref(scheme, block);
     benchmark::DoNotOptimize(bad);
     benchmark::DoNotOptimize(packed.data());
     benchmark::ClobberMemory();
@@ -68,7 +73,9 @@ void quantize_block(benchmark::State& state, int num_bits, std::uint64_t group_s
   state.counters["per_core"] =
       benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
                          benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
-  state.SetLabel(P == Path::kFast ? ctquant::kernel_path_name() : "reference");
+  state.SetLabel(P == Path::kFast   ? ctquant::kernel_path_name()
+                 : P == Path::kAvx2 ? "avx2"
+                                    : "reference");
 }
 
 template <DType T, Path P>
@@ -88,10 +95,13 @@ void BM_W4A16_Channel(benchmark::State& state) {
   BENCHMARK_TEMPLATE(fn, dtype, path)->UseRealTime()->Threads(1)->Threads(2)
 
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kBF16, Path::kReference);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kBF16, Path::kAvx2);
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kBF16, Path::kFast);
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF16, Path::kReference);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF16, Path::kAvx2);
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF16, Path::kFast);
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kReference);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kAvx2);
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kFast);
 CTQUANT_KERNEL_BENCH(BM_W8A16, DType::kBF16, Path::kFast);
 CTQUANT_KERNEL_BENCH(BM_W4A16_Channel, DType::kBF16, Path::kFast);
