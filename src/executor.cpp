@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -37,6 +39,9 @@ constexpr std::chrono::milliseconds kWritebackInterval{20};
 // Workers read one file at interleaved offsets, which the kernel's own
 // read-ahead does not recognise as sequential.
 constexpr std::uint64_t kReadAheadBytes = 128u << 20;
+// Copied tensors are written in slices of this size, so that quantized
+// chunks, which are written first, do not wait long behind them.
+constexpr std::uint64_t kCopySliceBytes = 8u << 20;
 constexpr std::chrono::milliseconds kReadAheadInterval{20};
 
 // The output tensors of one quantized module.
@@ -160,16 +165,144 @@ class Executor {
     }
   }
 
-  // Per-thread buffers, sized once for the largest job.
-  struct Buffers {
-    std::vector<std::byte> input;
+  // One set of a quantize job's outputs (packed words, scales, packed zero
+  // points), queued for writing and reused once it is written.
+  struct OutputBuffers {
     std::vector<std::uint32_t> packed;
     std::vector<std::byte> scale;
-    std::vector<std::int8_t> zero_point;
     std::vector<std::uint32_t> zero_point_packed;
+    bool in_flight = false;  // guarded by write_mutex_
   };
 
-  void run_quantize_job(const Job& job, Buffers& buf) {
+  // Per-worker buffers, sized once for the largest job. Two output sets: the
+  // worker quantizes its next chunk while its previous one waits to be written.
+  struct Buffers {
+    std::vector<std::byte> input;
+    std::vector<std::int8_t> zero_point;
+    std::array<OutputBuffers, 2> out;
+    std::size_t next_out = 0;
+  };
+
+  // A queued write: the byte ranges of a quantize job's output set, or
+  // (buffers == nullptr) a copy of `length` input bytes.
+  struct WriteRequest {
+    struct Piece {
+      std::uint64_t offset = 0;
+      std::span<const std::byte> bytes;
+    };
+    std::size_t job = 0;
+    const OutputFile* file = nullptr;
+    OutputBuffers* buffers = nullptr;
+    std::array<Piece, 3> pieces{};
+    std::size_t n_pieces = 0;
+    int in_fd = -1;
+    std::uint64_t in_offset = 0;
+    std::uint64_t out_offset = 0;
+    std::uint64_t length = 0;
+  };
+
+  // Output writes go through one queue and are made by one thread at a
+  // time, whichever worker holds "the pen": a buffered write holds the
+  // file's inode lock while it copies, so two workers writing one shard
+  // wait on each other in the kernel, and longer still when the holder is
+  // preempted. A worker queues its chunk and writes the queue if the pen is
+  // free; if not, it goes back to quantizing and the holder writes its chunk.
+
+  // Queues a write, then writes the queue if no other thread is writing.
+  void submit(WriteRequest request) {
+    std::unique_lock lock(write_mutex_);
+    if (request.buffers != nullptr) {
+      request.buffers->in_flight = true;
+      buffer_writes_.push_back(request);
+    } else {
+      copies_.push_back(request);
+    }
+    write_queued(lock);
+  }
+
+  // With write_mutex_ held: if no other thread is writing, writes until the
+  // queues are empty.
+  void write_queued(std::unique_lock<std::mutex>& lock) {
+    if (writing_) return;
+    writing_ = true;
+    while (write_one(lock)) {
+    }
+    writing_ = false;
+    written_cv_.notify_all();
+  }
+
+  // With write_mutex_ held: performs one queued write (quantized chunks
+  // first, as they hold a worker's buffers; then a slice of a copy),
+  // unlocking around the I/O. After a failure it drops the write instead,
+  // releasing the buffers. Returns false when the queues are empty.
+  bool write_one(std::unique_lock<std::mutex>& lock) {
+    if (!buffer_writes_.empty()) {
+      const WriteRequest request = buffer_writes_.front();
+      buffer_writes_.pop_front();
+      lock.unlock();
+      if (!failed_.load()) {
+        try {
+          for (std::size_t p = 0; p < request.n_pieces; ++p) {
+            request.file->write_at(request.pieces[p].offset, request.pieces[p].bytes);
+          }
+          job_written(request.job);
+        } catch (...) {
+          record_error(request.job, std::current_exception());
+        }
+      }
+      lock.lock();
+      request.buffers->in_flight = false;
+      written_cv_.notify_all();
+      return true;
+    }
+    if (!copies_.empty()) {
+      WriteRequest& front = copies_.front();
+      const WriteRequest slice = front;
+      const std::uint64_t n = std::min(front.length, kCopySliceBytes);
+      front.in_offset += n;
+      front.out_offset += n;
+      front.length -= n;
+      const bool last = front.length == 0;
+      if (last) copies_.pop_front();
+      lock.unlock();
+      if (!failed_.load()) {
+        try {
+          slice.file->copy_from(slice.in_fd, slice.in_offset, slice.out_offset, n);
+          if (last) job_written(slice.job);
+        } catch (...) {
+          record_error(slice.job, std::current_exception());
+        }
+      }
+      lock.lock();
+      return true;
+    }
+    return false;
+  }
+
+  // Blocks until `out` is written (or dropped after a failure), so that it
+  // can be refilled or freed; writes the queue itself when the pen is free.
+  void wait_written(const OutputBuffers& out) {
+    std::unique_lock lock(write_mutex_);
+    while (out.in_flight) {
+      if (writing_) {
+        written_cv_.wait(lock);
+      } else {
+        write_queued(lock);
+      }
+    }
+  }
+
+  // Blocks until every queued write is done, writing them when the pen is free.
+  void drain() {
+    std::unique_lock lock(write_mutex_);
+    for (;;) {
+      write_queued(lock);
+      if (!writing_ && buffer_writes_.empty() && copies_.empty()) return;
+      written_cv_.wait(lock);
+    }
+  }
+
+  void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
     const QuantScheme& scheme = plan_.options.scheme;
     const QuantizedModule& m = modules_[job.module];
     const TensorDecision& d = plan_.decisions[m.decision];
@@ -185,13 +318,16 @@ class Executor {
     const std::span<std::byte> input(buf.input.data(), n_rows * row_bytes);
     in.read(w.begin + job.begin * row_bytes, input);
 
+    OutputBuffers& out = buf.out[buf.next_out];
+    buf.next_out = (buf.next_out + 1) % buf.out.size();
+    wait_written(out);
     KernelBlock block;
     block.dtype = w.dtype;
     block.n_rows = n_rows;
     block.n_cols = n_cols;
     block.weight = input.data();
-    block.packed = buf.packed.data();
-    block.scale = buf.scale.data();
+    block.packed = out.packed.data();
+    block.scale = out.scale.data();
     block.zero_point = buf.zero_point.data();
     if (const auto bad = quantize_block(scheme, block)) {
       const std::uint64_t row = job.begin + *bad / n_cols;
@@ -201,42 +337,62 @@ class Executor {
                                   "quantized must be finite; section 3 of the format spec)",
                                   in.label(), w.name, row, col, value));
     }
-    const OutputFile& out = *outputs_[m.shard];
     const std::uint64_t base = plan_.shards[m.shard].data_start;
-    out.write_at(base + m.packed->offset + job.begin * words * 4,
-                 std::as_bytes(std::span(buf.packed.data(), n_rows * words)));
-    out.write_at(base + m.scale->offset + job.begin * n_groups * esize,
-                 std::span<const std::byte>(buf.scale.data(), n_rows * n_groups * esize));
+    WriteRequest request;
+    request.job = job_index;
+    request.file = outputs_[m.shard].get();
+    request.buffers = &out;
+    request.pieces[request.n_pieces++] = {
+        base + m.packed->offset + job.begin * words * 4,
+        std::as_bytes(std::span(out.packed.data(), n_rows * words))};
+    request.pieces[request.n_pieces++] = {
+        base + m.scale->offset + job.begin * n_groups * esize,
+        std::span<const std::byte>(out.scale.data(), n_rows * n_groups * esize)};
     if (m.zero_point != nullptr) {
       const std::uint64_t zp_rows = packed_words_per_row(n_rows, scheme.num_bits);
-      const std::span<std::uint32_t> packed(buf.zero_point_packed.data(), zp_rows * n_groups);
+      const std::span<std::uint32_t> packed(out.zero_point_packed.data(), zp_rows * n_groups);
       pack_zero_points(std::span(buf.zero_point.data(), n_rows * n_groups), n_rows, n_groups,
                        scheme.num_bits, packed);
       const std::uint64_t first_word_row = job.begin * scheme.num_bits / 32;
-      out.write_at(base + m.zero_point->offset + first_word_row * n_groups * 4,
-                   std::as_bytes(std::span<const std::uint32_t>(packed)));
+      request.pieces[request.n_pieces++] = {
+          base + m.zero_point->offset + first_word_row * n_groups * 4,
+          std::as_bytes(std::span<const std::uint32_t>(packed))};
     }
+    submit(request);
   }
 
-  void run_copy_job(const Job& job) {
+  void run_copy_job(std::size_t job_index, const Job& job) {
     const TensorDecision& d = plan_.decisions[job.tensor->decision];
     const TensorEntry& src = ckpt_.entry(d.source);
     const SafetensorsFile& in = ckpt_.shards[d.source.shard];
-    const std::uint64_t base = plan_.shards[job.shard].data_start + job.tensor->offset;
-    outputs_[job.shard]->copy_from(in.fd(), in.header().data_start + src.begin + job.begin,
-                                   base + job.begin, job.end - job.begin);
+    WriteRequest request;
+    request.job = job_index;
+    request.file = outputs_[job.shard].get();
+    request.in_fd = in.fd();
+    request.in_offset = in.header().data_start + src.begin + job.begin;
+    request.out_offset = plan_.shards[job.shard].data_start + job.tensor->offset + job.begin;
+    request.length = job.end - job.begin;
+    submit(request);
   }
 
   void worker() {
     Buffers buf;
     const QuantScheme& scheme = plan_.options.scheme;
     buf.input.resize(max_in_bytes_);
-    buf.packed.resize(max_packed_words_);
-    buf.scale.resize(max_scale_values_ * 4);  // 4 bytes: the widest scale dtype (F32)
-    if (!scheme.symmetric) {
-      buf.zero_point.resize(max_scale_values_);
-      buf.zero_point_packed.resize(max_zero_point_words_);
+    for (OutputBuffers& out : buf.out) {
+      out.packed.resize(max_packed_words_);
+      out.scale.resize(max_scale_values_ * 4);  // 4 bytes: the widest scale dtype (F32)
+      if (!scheme.symmetric) out.zero_point_packed.resize(max_zero_point_words_);
     }
+    if (!scheme.symmetric) buf.zero_point.resize(max_scale_values_);
+    // However this returns, buf must not be freed while a write uses it.
+    struct ReleaseGuard {
+      Executor& executor;
+      Buffers& buf;
+      ~ReleaseGuard() {
+        for (const OutputBuffers& out : buf.out) executor.wait_written(out);
+      }
+    } release_guard{*this, buf};
     for (;;) {
       if (failed_.load(std::memory_order_relaxed)) return;
       if (options_.cancel != nullptr && options_.cancel->load()) {
@@ -245,21 +401,28 @@ class Executor {
         return;
       }
       const std::size_t i = next_job_.fetch_add(1);
-      if (i >= jobs_.size()) return;
+      if (i >= jobs_.size()) {
+        drain();
+        return;
+      }
       const Job& job = jobs_[i];
       try {
         if (job.kind == Job::Kind::kCopy) {
-          run_copy_job(job);
+          run_copy_job(i, job);
         } else {
-          run_quantize_job(job, buf);
+          run_quantize_job(i, job, buf);
         }
       } catch (...) {
         record_error(i, std::current_exception());
         return;
       }
-      bytes_done_.fetch_add(job.input_bytes);
-      if (job.last_of_tensor) tensors_done_.fetch_add(1);
     }
+  }
+
+  void job_written(std::size_t job_index) {
+    const Job& job = jobs_[job_index];
+    bytes_done_.fetch_add(job.input_bytes);
+    if (job.last_of_tensor) tensors_done_.fetch_add(1);
   }
 
   void record_error(std::size_t job_index, std::exception_ptr error) {
@@ -419,6 +582,12 @@ class Executor {
   std::uint64_t tensors_total_ = 0;
 
   std::atomic<std::size_t> next_job_{0};
+  // The write queue (see submit()).
+  std::mutex write_mutex_;
+  std::condition_variable written_cv_;  // a write finished, or the pen was put down
+  std::deque<WriteRequest> buffer_writes_;
+  std::deque<WriteRequest> copies_;
+  bool writing_ = false;            // a thread holds the pen
   std::size_t read_ahead_job_ = 0;  // jobs before this one were read ahead (calling thread only)
   std::atomic<std::uint64_t> bytes_done_{0};
   std::atomic<std::uint64_t> tensors_done_{0};

@@ -8,8 +8,11 @@
 // quantized by quantize_block(), written with pwrite at the offsets the plan
 // fixed). Worker threads take jobs from a shared counter, so the output bytes
 // never depend on the thread count; the error of the earliest failing job is
-// the one reported. Memory is about threads * 1.5 * chunk_bytes whatever the
-// model size.
+// the one reported. The writes go through one queue and are made by one
+// worker at a time, so that workers do not wait on each other in the
+// kernel's per-file lock; each worker has two output buffers and quantizes
+// its next chunk while the last one waits to be written. Memory is about
+// threads * 1.5 * chunk_bytes whatever the model size.
 #pragma once
 
 #include <atomic>
