@@ -32,9 +32,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::uint64_t kCopyJobBytes = 64u << 20;
-// How often the output's dirty pages are sent to the device while the
-// workers run (when the output is to be flushed at the end).
-constexpr std::chrono::milliseconds kWritebackInterval{20};
+// When the output is to be flushed at the end, its dirty pages are sent to
+// the device after every this many bytes written.
+constexpr std::uint64_t kWritebackBytes = 16u << 20;
 // How far ahead of the workers the input is read into the page cache.
 // Workers read one file at interleaved offsets, which the kernel's own
 // read-ahead does not recognise as sequential.
@@ -244,6 +244,7 @@ class Executor {
         try {
           for (std::size_t p = 0; p < request.n_pieces; ++p) {
             request.file->write_at(request.pieces[p].offset, request.pieces[p].bytes);
+            wrote(*request.file, request.pieces[p].bytes.size());
           }
           job_written(request.job);
         } catch (...) {
@@ -268,6 +269,7 @@ class Executor {
       if (!failed_.load()) {
         try {
           slice.file->copy_from(slice.in_fd, slice.in_offset, slice.out_offset, n);
+          wrote(*slice.file, n);
           if (last) job_written(slice.job);
         } catch (...) {
           record_error(slice.job, std::current_exception());
@@ -277,6 +279,18 @@ class Executor {
       return true;
     }
     return false;
+  }
+
+  // Called by the pen holder after each write: when the output is to be
+  // flushed, starts the write-back of the file every kWritebackBytes, so the
+  // device writes while the workers compute and the final fsync waits only
+  // for the tail.
+  void wrote(const OutputFile& file, std::uint64_t bytes) {
+    if (!options_.fsync) return;
+    unflushed_bytes_ += bytes;
+    if (unflushed_bytes_ < kWritebackBytes) return;
+    file.start_writeback(0, 0);
+    unflushed_bytes_ = 0;
   }
 
   // Blocks until `out` is written (or dropped after a failure), so that it
@@ -491,23 +505,17 @@ class Executor {
       });
     }
     {
-      // While the workers run, this thread reports progress, reads the
-      // input ahead of them and keeps the device busy: it starts the
-      // write-back of what the workers wrote, so that the final fsync waits
-      // only for the last few chunks.
+      // While the workers run, this thread reports progress and reads the
+      // input ahead of them.
       using Clock = std::chrono::steady_clock;
       const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
       auto next_progress = Clock::now() + progress_interval;
       std::unique_lock lock(done_mutex);
       while (running > 0) {
-        done_cv.wait_for(lock,
-                         std::min({kReadAheadInterval, kWritebackInterval, progress_interval}));
+        done_cv.wait_for(lock, std::min(kReadAheadInterval, progress_interval));
         if (running == 0) break;
         lock.unlock();
         read_ahead();
-        if (options_.fsync) {
-          for (const auto& file : outputs_) file->start_writeback(0, 0);
-        }
         if (options_.on_progress && Clock::now() >= next_progress) {
           options_.on_progress(progress());
           next_progress = Clock::now() + progress_interval;
@@ -587,7 +595,9 @@ class Executor {
   std::condition_variable written_cv_;  // a write finished, or the pen was put down
   std::deque<WriteRequest> buffer_writes_;
   std::deque<WriteRequest> copies_;
-  bool writing_ = false;            // a thread holds the pen
+  bool writing_ = false;
+  std::uint64_t unflushed_bytes_ = 0;  // written since the last write-back (pen holder only) // a
+                                       // thread holds the pen
   std::size_t read_ahead_job_ = 0;  // jobs before this one were read ahead (calling thread only)
   std::atomic<std::uint64_t> bytes_done_{0};
   std::atomic<std::uint64_t> tensors_done_{0};
