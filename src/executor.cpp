@@ -35,14 +35,14 @@ constexpr std::uint64_t kCopyJobBytes = 64u << 20;
 // When the output is to be flushed at the end, its dirty pages are sent to
 // the device after every this many bytes written.
 constexpr std::uint64_t kWritebackBytes = 16u << 20;
-// How far ahead of the workers the input is read into the page cache.
-// Workers read one file at interleaved offsets, which the kernel's own
-// read-ahead does not recognise as sequential.
+// How far ahead of the workers, and how often, the input is read into the
+// page cache. Workers read one file at interleaved offsets, which the
+// kernel's own read-ahead does not recognise as sequential.
 constexpr std::uint64_t kReadAheadBytes = 128u << 20;
+constexpr std::chrono::milliseconds kReadAheadInterval{20};
 // Copied tensors are written in slices of this size, so that quantized
 // chunks, which are written first, do not wait long behind them.
 constexpr std::uint64_t kCopySliceBytes = 8u << 20;
-constexpr std::chrono::milliseconds kReadAheadInterval{20};
 
 // The output tensors of one quantized module.
 struct QuantizedModule {
