@@ -3,7 +3,8 @@
 // one thing changed, each found where it was made: a code of a packed module
 // made from FP8 rows, a byte of an FP8 weight written as BF16, FP8 scales and
 // activation parameters left in OUTPUT, a source value that dequantizes to
-// NaN, and the input kinds quantize does not convert.
+// NaN, and the input kinds quantize does not convert. Hand-made inputs cover
+// the scale layouts the golden cases lack.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -177,6 +179,87 @@ TEST(VerifyAgainstFp8Source, CommandLineReportsTheSourceKind) {
   ASSERT_EQ(report["modules"].size(), 10u);
   EXPECT_EQ(report["modules"][0]["fp8_source"], true);
   EXPECT_EQ(report["modules"][0]["first_column"], nullptr);
+}
+
+// Hand-made inputs for the layouts the golden cases do not have: block FP8
+// with partial edge blocks and E5M2 codes, and compressed-tensors per-tensor
+// scales of shape [] in BF16 beside a static input_scale. Each has one module
+// quantized and one ignored (written as BF16).
+TEST(VerifyAgainstFp8Source, HandMadeLayoutsPass) {
+  struct Layout {
+    std::string name;
+    json config;
+    DType code_dtype;
+    DType scale_dtype;
+    std::vector<std::uint64_t> up_scale_shape;    // up_proj [5, 256]
+    std::vector<std::uint64_t> down_scale_shape;  // down_proj [4, 128]
+    std::vector<test::FakeTensor> extra;
+  };
+  const std::vector<Layout> layouts = {
+      {"block 2 x 3, E5M2",
+       test::block_config(2, 3),
+       DType::kF8_E5M2,
+       DType::kF32,
+       {3, 86},
+       {2, 43},
+       {}},
+      {"compressed-tensors tensor",
+       test::ct_config("tensor"),
+       DType::kF8_E4M3,
+       DType::kBF16,
+       {},
+       {},
+       {{"model.layers.0.mlp.up_proj.input_scale",
+         DType::kF32,
+         {1},
+         test::float_bytes(DType::kF32, {0.25f})}}},
+  };
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.name);
+    test::TempDir dir;
+    const std::string scale_param = l.config["quantization_config"]["quant_method"] == "fp8"
+                                        ? "weight_scale_inv"
+                                        : "weight_scale";
+    std::vector<test::FakeTensor> tensors = {
+        test::random_weight("lm_head.weight", DType::kBF16, 8, 128, 1)};
+    std::uint32_t seed = 2;
+    for (const auto& [module, rows, cols, scale_shape] : std::vector<
+             std::tuple<std::string, std::uint64_t, std::uint64_t, std::vector<std::uint64_t>>>{
+             {"model.layers.0.mlp.up_proj", 5, 256, l.up_scale_shape},
+             {"model.layers.0.mlp.down_proj", 4, 128, l.down_scale_shape}}) {
+      tensors.push_back({module + ".weight",
+                         l.code_dtype,
+                         {rows, cols},
+                         test::code_bytes(test::random_codes(l.code_dtype, rows * cols, seed))});
+      const std::size_t n_scales = test::fake_numel(scale_shape);
+      tensors.push_back(
+          {module + "." + scale_param, l.scale_dtype, scale_shape,
+           test::float_bytes(l.scale_dtype,
+                             test::distinct_scales(n_scales, 0.001f * static_cast<float>(seed)))});
+      ++seed;
+    }
+    tensors.insert(tensors.end(), l.extra.begin(), l.extra.end());
+    test::write_checkpoint(dir / "in", tensors, l.config);
+    QuantizeOptions o = test::test_options(dir / "in", dir / "out");
+    o.plan.ignore = {"lm_head", "re:.*down_proj$"};
+    o.allow_unloadable = true;  // up_proj quantized without a gate_proj beside it
+    quantize(o);
+    for (const std::uint64_t chunk : {VerifyOptions{}.chunk_bytes, kOneRowChunk}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      VerifyOptions options;
+      options.chunk_bytes = chunk;
+      const VerifyReport r = verify_against_source(o.output, dir / "in", options);
+      EXPECT_TRUE(r.same()) << describe(r);
+      ASSERT_EQ(r.modules.size(), 1u) << describe(r);
+      EXPECT_EQ(r.modules[0].module, "model.layers.0.mlp.up_proj");
+      EXPECT_TRUE(r.modules[0].fp8_source);
+      EXPECT_EQ(r.modules[0].groups, 5u * 2u);
+      EXPECT_LT(r.modules[0].rel_frobenius, kMaxRelFrobenius4Bit);
+      // lm_head copied, down_proj dequantized: both identical to the source.
+      EXPECT_EQ(r.tensors_compared, 2u);
+      EXPECT_EQ(r.tensors_identical, 2u);
+    }
+  }
 }
 
 // ---- one change each ----
