@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -33,6 +35,17 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::uint64_t kCopyJobBytes = 64u << 20;
+// When the output is to be flushed at the end, its dirty pages are sent to
+// the device after every this many bytes written.
+constexpr std::uint64_t kWritebackBytes = 16u << 20;
+// How far ahead of the workers, and how often, the input is read into the
+// page cache. Workers read one file at interleaved offsets, which the
+// kernel's own read-ahead does not recognise as sequential.
+constexpr std::uint64_t kReadAheadBytes = 128u << 20;
+constexpr std::chrono::milliseconds kReadAheadInterval{20};
+// Copied tensors are written in slices of this size, so that quantized
+// chunks, which are written first, do not wait long behind them.
+constexpr std::uint64_t kCopySliceBytes = 8u << 20;
 
 // The output tensors of one quantized module.
 struct QuantizedModule {
@@ -77,7 +90,9 @@ class Executor {
            const ExecuteOptions& options)
       : ckpt_(checkpoint), plan_(plan), out_dir_(out_dir), options_(options) {}
 
-  void run() {
+  ExecuteStats run() {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
     build_jobs();
     check_cancel();
     open_outputs();
@@ -85,8 +100,15 @@ class Executor {
     check_cancel();
     write_json_files();
     copy_other_files();
+    const auto streamed = Clock::now();
     finish();
     check_cancel();
+    ExecuteStats stats;
+    stats.seconds_stream = std::chrono::duration<double>(streamed - start).count();
+    stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
+    stats.bytes_read = bytes_total_;
+    for (const ShardPlan& shard : plan_.shards) stats.bytes_written += shard.file_size;
+    return stats;
   }
 
  private:
@@ -195,15 +217,160 @@ class Executor {
     }
   }
 
-  // Per-thread buffers, sized once for the largest job.
+  // One set of a quantize job's outputs (packed words, scales, packed zero
+  // points), queued for writing and reused once it is written.
+  struct OutputBuffers {
+    std::vector<std::uint32_t> packed;
+    std::vector<std::byte> scale;
+    std::vector<std::uint32_t> zero_point_packed;
+    bool in_flight = false;  // guarded by write_mutex_
+  };
+
+  // Per-worker buffers, sized once for the largest job. Two output sets: the
+  // worker quantizes its next chunk while its previous one waits to be written.
   struct Buffers {
     std::vector<std::byte> input;      // a chunk of weight rows, BF16 once an FP8 chunk is loaded
     std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
-    std::vector<std::uint32_t> packed;
-    std::vector<std::byte> scale;
     std::vector<std::int8_t> zero_point;
-    std::vector<std::uint32_t> zero_point_packed;
+    std::array<OutputBuffers, 2> out;
+    std::size_t next_out = 0;
+    // Marks `input` as in flight while a dequantize job's BF16 rows are
+    // written straight from it (only its in_flight flag is used).
+    OutputBuffers input_write;
   };
+
+  // A queued write: the byte ranges of a quantize job's output set, or
+  // (buffers == nullptr) a copy of `length` input bytes.
+  struct WriteRequest {
+    struct Piece {
+      std::uint64_t offset = 0;
+      std::span<const std::byte> bytes;
+    };
+    std::size_t job = 0;
+    const OutputFile* file = nullptr;
+    OutputBuffers* buffers = nullptr;
+    std::array<Piece, 3> pieces{};
+    std::size_t n_pieces = 0;
+    int in_fd = -1;
+    std::uint64_t in_offset = 0;
+    std::uint64_t out_offset = 0;
+    std::uint64_t length = 0;
+  };
+
+  // Output writes go through one queue and are made by one thread at a
+  // time, whichever worker holds "the pen": a buffered write holds the
+  // file's inode lock while it copies, so two workers writing one shard
+  // wait on each other in the kernel, and longer still when the holder is
+  // preempted. A worker queues its chunk and writes the queue if the pen is
+  // free; if not, it goes back to quantizing and the holder writes its chunk.
+
+  // Queues a write, then writes the queue if no other thread is writing.
+  void submit(WriteRequest request) {
+    std::unique_lock lock(write_mutex_);
+    if (request.buffers != nullptr) {
+      request.buffers->in_flight = true;
+      buffer_writes_.push_back(request);
+    } else {
+      copies_.push_back(request);
+    }
+    write_queued(lock);
+  }
+
+  // With write_mutex_ held: if no other thread is writing, writes until the
+  // queues are empty.
+  void write_queued(std::unique_lock<std::mutex>& lock) {
+    if (writing_) return;
+    writing_ = true;
+    while (write_one(lock)) {
+    }
+    writing_ = false;
+    written_cv_.notify_all();
+  }
+
+  // With write_mutex_ held: performs one queued write (quantized chunks
+  // first, as they hold a worker's buffers; then a slice of a copy),
+  // unlocking around the I/O. After a failure it drops the write instead,
+  // releasing the buffers. Returns false when the queues are empty.
+  bool write_one(std::unique_lock<std::mutex>& lock) {
+    if (!buffer_writes_.empty()) {
+      const WriteRequest request = buffer_writes_.front();
+      buffer_writes_.pop_front();
+      lock.unlock();
+      if (!failed_.load()) {
+        try {
+          for (std::size_t p = 0; p < request.n_pieces; ++p) {
+            request.file->write_at(request.pieces[p].offset, request.pieces[p].bytes);
+            wrote(*request.file, request.pieces[p].bytes.size());
+          }
+          job_written(request.job);
+        } catch (...) {
+          record_error(request.job, std::current_exception());
+        }
+      }
+      lock.lock();
+      request.buffers->in_flight = false;
+      written_cv_.notify_all();
+      return true;
+    }
+    if (!copies_.empty()) {
+      WriteRequest& front = copies_.front();
+      const WriteRequest slice = front;
+      const std::uint64_t n = std::min(front.length, kCopySliceBytes);
+      front.in_offset += n;
+      front.out_offset += n;
+      front.length -= n;
+      const bool last = front.length == 0;
+      if (last) copies_.pop_front();
+      lock.unlock();
+      if (!failed_.load()) {
+        try {
+          slice.file->copy_from(slice.in_fd, slice.in_offset, slice.out_offset, n);
+          wrote(*slice.file, n);
+          if (last) job_written(slice.job);
+        } catch (...) {
+          record_error(slice.job, std::current_exception());
+        }
+      }
+      lock.lock();
+      return true;
+    }
+    return false;
+  }
+
+  // Called by the pen holder after each write: when the output is to be
+  // flushed, starts the write-back of the file every kWritebackBytes, so the
+  // device writes while the workers compute and the final fsync waits only
+  // for the tail.
+  void wrote(const OutputFile& file, std::uint64_t bytes) {
+    if (!options_.fsync) return;
+    unflushed_bytes_ += bytes;
+    if (unflushed_bytes_ < kWritebackBytes) return;
+    file.start_writeback(0, 0);
+    unflushed_bytes_ = 0;
+  }
+
+  // Blocks until `out` is written (or dropped after a failure), so that it
+  // can be refilled or freed; writes the queue itself when the pen is free.
+  void wait_written(const OutputBuffers& out) {
+    std::unique_lock lock(write_mutex_);
+    while (out.in_flight) {
+      if (writing_) {
+        written_cv_.wait(lock);
+      } else {
+        write_queued(lock);
+      }
+    }
+  }
+
+  // Blocks until every queued write is done, writing them when the pen is free.
+  void drain() {
+    std::unique_lock lock(write_mutex_);
+    for (;;) {
+      write_queued(lock);
+      if (!writing_ && buffer_writes_.empty() && copies_.empty()) return;
+      written_cv_.wait(lock);
+    }
+  }
 
   // Loads weight rows [row_begin, row_end) into buf.input: the stored bytes
   // of a BF16/F16/F32 weight, or the BF16 values of an FP8 weight, dequantized
@@ -269,18 +436,25 @@ class Executor {
     return DType::kBF16;
   }
 
-  void run_dequantize_job(const Job& job, Buffers& buf) {
+  // Writes an FP8 weight's rows as BF16 (fate kDequantize). The rows are
+  // written from the input buffer itself, so the job waits for its write.
+  void run_dequantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
     const TensorDecision& d = plan_.decisions[job.tensor->decision];
     const TensorEntry& w = ckpt_.entry(d.source);
     load_rows(d, job.begin, job.end, buf);
     const std::uint64_t row_bytes = loaded_row_bytes(d, w);
-    const std::uint64_t base = plan_.shards[job.shard].data_start + job.tensor->offset;
-    outputs_[job.shard]->write_at(
-        base + job.begin * row_bytes,
-        std::span<const std::byte>(buf.input.data(), (job.end - job.begin) * row_bytes));
+    WriteRequest request;
+    request.job = job_index;
+    request.file = outputs_[job.shard].get();
+    request.buffers = &buf.input_write;
+    request.pieces[request.n_pieces++] = {
+        plan_.shards[job.shard].data_start + job.tensor->offset + job.begin * row_bytes,
+        std::span<const std::byte>(buf.input.data(), (job.end - job.begin) * row_bytes)};
+    submit(request);
+    wait_written(buf.input_write);
   }
 
-  void run_quantize_job(const Job& job, Buffers& buf) {
+  void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
     const QuantScheme& scheme = plan_.options.scheme;
     const QuantizedModule& m = modules_[job.module];
     const TensorDecision& d = plan_.decisions[m.decision];
@@ -293,13 +467,16 @@ class Executor {
     const std::uint64_t n_groups = n_cols / scheme.effective_group_size(n_cols);
     const std::uint64_t words = packed_words_per_row(n_cols, scheme.num_bits);
 
+    OutputBuffers& out = buf.out[buf.next_out];
+    buf.next_out = (buf.next_out + 1) % buf.out.size();
+    wait_written(out);
     KernelBlock block;
     block.dtype = dtype;
     block.n_rows = n_rows;
     block.n_cols = n_cols;
     block.weight = buf.input.data();
-    block.packed = buf.packed.data();
-    block.scale = buf.scale.data();
+    block.packed = out.packed.data();
+    block.scale = out.scale.data();
     block.zero_point = buf.zero_point.data();
     if (const auto bad = quantize_block(scheme, block)) {
       const std::uint64_t row = job.begin + *bad / n_cols;
@@ -309,30 +486,42 @@ class Executor {
                                   "quantized must be finite; section 3 of the format spec)",
                                   in.label(), w.name, row, col, value));
     }
-    const OutputFile& out = *outputs_[m.shard];
     const std::uint64_t base = plan_.shards[m.shard].data_start;
-    out.write_at(base + m.packed->offset + job.begin * words * 4,
-                 std::as_bytes(std::span(buf.packed.data(), n_rows * words)));
-    out.write_at(base + m.scale->offset + job.begin * n_groups * esize,
-                 std::span<const std::byte>(buf.scale.data(), n_rows * n_groups * esize));
+    WriteRequest request;
+    request.job = job_index;
+    request.file = outputs_[m.shard].get();
+    request.buffers = &out;
+    request.pieces[request.n_pieces++] = {
+        base + m.packed->offset + job.begin * words * 4,
+        std::as_bytes(std::span(out.packed.data(), n_rows * words))};
+    request.pieces[request.n_pieces++] = {
+        base + m.scale->offset + job.begin * n_groups * esize,
+        std::span<const std::byte>(out.scale.data(), n_rows * n_groups * esize)};
     if (m.zero_point != nullptr) {
       const std::uint64_t zp_rows = packed_words_per_row(n_rows, scheme.num_bits);
-      const std::span<std::uint32_t> packed(buf.zero_point_packed.data(), zp_rows * n_groups);
+      const std::span<std::uint32_t> packed(out.zero_point_packed.data(), zp_rows * n_groups);
       pack_zero_points(std::span(buf.zero_point.data(), n_rows * n_groups), n_rows, n_groups,
                        scheme.num_bits, packed);
       const std::uint64_t first_word_row = job.begin * scheme.num_bits / 32;
-      out.write_at(base + m.zero_point->offset + first_word_row * n_groups * 4,
-                   std::as_bytes(std::span<const std::uint32_t>(packed)));
+      request.pieces[request.n_pieces++] = {
+          base + m.zero_point->offset + first_word_row * n_groups * 4,
+          std::as_bytes(std::span<const std::uint32_t>(packed))};
     }
+    submit(request);
   }
 
-  void run_copy_job(const Job& job) {
+  void run_copy_job(std::size_t job_index, const Job& job) {
     const TensorDecision& d = plan_.decisions[job.tensor->decision];
     const TensorEntry& src = ckpt_.entry(d.source);
     const SafetensorsFile& in = ckpt_.shards[d.source.shard];
-    const std::uint64_t base = plan_.shards[job.shard].data_start + job.tensor->offset;
-    outputs_[job.shard]->copy_from(in.fd(), in.header().data_start + src.begin + job.begin,
-                                   base + job.begin, job.end - job.begin);
+    WriteRequest request;
+    request.job = job_index;
+    request.file = outputs_[job.shard].get();
+    request.in_fd = in.fd();
+    request.in_offset = in.header().data_start + src.begin + job.begin;
+    request.out_offset = plan_.shards[job.shard].data_start + job.tensor->offset + job.begin;
+    request.length = job.end - job.begin;
+    submit(request);
   }
 
   void worker() {
@@ -340,12 +529,21 @@ class Executor {
     const QuantScheme& scheme = plan_.options.scheme;
     buf.input.resize(max_in_bytes_);
     buf.fp8_scale.resize(max_fp8_scale_bytes_);
-    buf.packed.resize(max_packed_words_);
-    buf.scale.resize(max_scale_values_ * 4);  // 4 bytes: the widest scale dtype (F32)
-    if (!scheme.symmetric) {
-      buf.zero_point.resize(max_scale_values_);
-      buf.zero_point_packed.resize(max_zero_point_words_);
+    for (OutputBuffers& out : buf.out) {
+      out.packed.resize(max_packed_words_);
+      out.scale.resize(max_scale_values_ * 4);  // 4 bytes: the widest scale dtype (F32)
+      if (!scheme.symmetric) out.zero_point_packed.resize(max_zero_point_words_);
     }
+    if (!scheme.symmetric) buf.zero_point.resize(max_scale_values_);
+    // However this returns, buf must not be freed while a write uses it.
+    struct ReleaseGuard {
+      Executor& executor;
+      Buffers& buf;
+      ~ReleaseGuard() {
+        for (const OutputBuffers& out : buf.out) executor.wait_written(out);
+        executor.wait_written(buf.input_write);
+      }
+    } release_guard{*this, buf};
     for (;;) {
       if (failed_.load(std::memory_order_relaxed)) return;
       if (cancelled()) {
@@ -353,27 +551,34 @@ class Executor {
         return;
       }
       const std::size_t i = next_job_.fetch_add(1);
-      if (i >= jobs_.size()) return;
+      if (i >= jobs_.size()) {
+        drain();
+        return;
+      }
       const Job& job = jobs_[i];
       try {
         switch (job.kind) {
           case Job::Kind::kCopy:
-            run_copy_job(job);
+            run_copy_job(i, job);
             break;
           case Job::Kind::kQuantize:
-            run_quantize_job(job, buf);
+            run_quantize_job(i, job, buf);
             break;
           case Job::Kind::kDequantize:
-            run_dequantize_job(job, buf);
+            run_dequantize_job(i, job, buf);
             break;
         }
       } catch (...) {
         record_error(i, std::current_exception());
         return;
       }
-      bytes_done_.fetch_add(job.input_bytes);
-      if (job.last_of_tensor) tensors_done_.fetch_add(1);
     }
+  }
+
+  void job_written(std::size_t job_index) {
+    const Job& job = jobs_[job_index];
+    bytes_done_.fetch_add(job.input_bytes);
+    if (job.last_of_tensor) tensors_done_.fetch_add(1);
   }
 
   void record_error(std::size_t job_index, std::exception_ptr error) {
@@ -389,7 +594,46 @@ class Executor {
     return Progress{bytes_done_.load(), bytes_total_, tensors_done_.load(), tensors_total_};
   }
 
+  // The input bytes a job reads: descriptor, file offset, length.
+  struct InputRange {
+    int fd = -1;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+  };
+  InputRange input_range(const Job& job) const {
+    if (job.kind == Job::Kind::kCopy) {
+      const TensorDecision& d = plan_.decisions[job.tensor->decision];
+      const SafetensorsFile& in = ckpt_.shards[d.source.shard];
+      return {in.fd(), in.header().data_start + ckpt_.entry(d.source).begin + job.begin,
+              job.end - job.begin};
+    }
+    const TensorDecision& d =
+        plan_.decisions[job.kind == Job::Kind::kQuantize ? modules_[job.module].decision
+                                                         : job.tensor->decision];
+    const SafetensorsFile& in = ckpt_.shards[d.source.shard];
+    const TensorEntry& w = ckpt_.entry(d.source);
+    const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
+    return {in.fd(), in.header().data_start + w.begin + job.begin * row_bytes, job.input_bytes};
+  }
+
+  // Asks the kernel to read the input of the jobs after the workers' current
+  // ones, up to kReadAheadBytes ahead (posix_fadvise WILLNEED starts the
+  // reads without waiting for them). Advisory; a no-op for cached data.
+  void read_ahead() {
+    const std::size_t first = std::min(next_job_.load(), jobs_.size());
+    read_ahead_job_ = std::max(read_ahead_job_, first);
+    std::uint64_t ahead = 0;
+    for (std::size_t i = first; i < read_ahead_job_; ++i) ahead += jobs_[i].input_bytes;
+    for (; read_ahead_job_ < jobs_.size() && ahead < kReadAheadBytes; ++read_ahead_job_) {
+      const InputRange r = input_range(jobs_[read_ahead_job_]);
+      ::posix_fadvise(r.fd, static_cast<off_t>(r.offset), static_cast<off_t>(r.length),
+                      POSIX_FADV_WILLNEED);
+      ahead += r.length;
+    }
+  }
+
   void run_jobs() {
+    read_ahead();
     const unsigned n_threads =
         std::max(1u, std::min<unsigned>(options_.threads, static_cast<unsigned>(jobs_.size())));
     std::vector<std::thread> threads;
@@ -413,10 +657,22 @@ class Executor {
       }
     }
     {
+      // While the workers run, this thread reports progress and reads the
+      // input ahead of them.
+      using Clock = std::chrono::steady_clock;
+      const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
+      auto next_progress = Clock::now() + progress_interval;
       std::unique_lock lock(done_mutex);
       while (running > 0) {
-        done_cv.wait_for(lock, std::chrono::milliseconds(options_.progress_interval_ms));
-        if (options_.on_progress && running > 0) options_.on_progress(progress());
+        done_cv.wait_for(lock, std::min(kReadAheadInterval, progress_interval));
+        if (running == 0) break;
+        lock.unlock();
+        read_ahead();
+        if (options_.on_progress && Clock::now() >= next_progress) {
+          options_.on_progress(progress());
+          next_progress = Clock::now() + progress_interval;
+        }
+        lock.lock();
       }
     }
     for (auto& t : threads) t.join();
@@ -437,9 +693,9 @@ class Executor {
 
   void write_text_file(const std::string& name, const std::string& text) {
     check_cancel();
-    OutputFile file(out_dir_ / name);
-    file.write_at(0, std::as_bytes(std::span(text)));
-    if (options_.fsync) file.sync_and_close();
+    auto file = std::make_unique<OutputFile>(out_dir_ / name);
+    file->write_at(0, std::as_bytes(std::span(text)));
+    outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
   void write_json_files() {
@@ -455,13 +711,13 @@ class Executor {
       check_cancel();
       std::uint64_t size = 0;
       const detail::UniqueFd in = detail::open_input_file(ckpt_.root / name, name, size);
-      OutputFile file(out_dir_ / name);
-      file.reserve(size);
+      auto file = std::make_unique<OutputFile>(out_dir_ / name);
+      file->reserve(size);
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
-        file.copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
+        file->copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
       }
-      if (options_.fsync) file.sync_and_close();
+      outputs_.push_back(std::move(file));  // flushed after the shards
     }
   }
 
@@ -503,6 +759,14 @@ class Executor {
   std::uint64_t tensors_total_ = 0;
 
   std::atomic<std::size_t> next_job_{0};
+  // The write queue (see submit()).
+  std::mutex write_mutex_;
+  std::condition_variable written_cv_;  // a write finished, or the pen was put down
+  std::deque<WriteRequest> buffer_writes_;
+  std::deque<WriteRequest> copies_;
+  bool writing_ = false;               // a thread holds the pen
+  std::uint64_t unflushed_bytes_ = 0;  // written since the last write-back (pen holder only)
+  std::size_t read_ahead_job_ = 0;  // jobs before this one were read ahead (calling thread only)
   std::atomic<std::uint64_t> bytes_done_{0};
   std::atomic<std::uint64_t> tensors_done_{0};
   std::atomic<bool> failed_{false};
@@ -513,9 +777,9 @@ class Executor {
 
 }  // namespace
 
-void execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan, const fs::path& out_dir,
-                  const ExecuteOptions& options) {
-  Executor(checkpoint, plan, out_dir, options).run();
+ExecuteStats execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                          const fs::path& out_dir, const ExecuteOptions& options) {
+  return Executor(checkpoint, plan, out_dir, options).run();
 }
 
 }  // namespace ctquant

@@ -323,7 +323,7 @@ int main(int argc, char** argv) {
       ->required();
   verify
       ->add_option("GOLDEN", ver.reference,
-                   "Golden checkpoint; with --against-source, the unquantized INPUT")
+                   "Golden checkpoint; with --against-source, the INPUT it was made from")
       ->required();
   verify->add_flag("--against-source", ver.against_source,
                    "Unpack, recompute and dequantize every packed weight from the source INPUT");

@@ -11,6 +11,7 @@
 #include "ctquant/config.hpp"
 #include "ctquant/error.hpp"
 #include "ctquant/inspect.hpp"
+#include "ctquant/kernel.hpp"
 #include "ctquant/output_dir.hpp"
 
 namespace ctquant {
@@ -150,7 +151,16 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   exec.on_progress = options.on_progress;
   exec.cancel = options.cancel;
   exec.fsync = options.fsync;
-  execute_plan(checkpoint, summary.plan, staged.dir(), exec);
+  summary.execute = execute_plan(checkpoint, summary.plan, staged.dir(), exec);
+  if (log) {
+    const ExecuteStats& st = summary.execute;
+    log->debug(
+        "streamed {} bytes in, {} bytes out in {:.3f} s ({:.2f} GB/s of input) on {} "
+        "thread(s), kernel {}; flushed to disk in {:.3f} s",
+        st.bytes_read, st.bytes_written, st.seconds_stream,
+        st.seconds_stream > 0 ? static_cast<double>(st.bytes_read) / st.seconds_stream / 1e9 : 0.0,
+        options.threads, kernel_path_name(), st.seconds_flush);
+  }
   summary.bytes_out = directory_bytes(staged.dir());
   // The last moment a signal can stop the run: after the rename OUTPUT is
   // complete and the run has succeeded.

@@ -163,6 +163,12 @@ void OutputFile::copy_from(int in_fd, std::uint64_t in_offset, std::uint64_t off
   }
 }
 
+void OutputFile::start_writeback(std::uint64_t offset, std::uint64_t length) const {
+  if (fd_ < 0) return;
+  ::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                    SYNC_FILE_RANGE_WRITE);
+}
+
 void OutputFile::sync_and_close() {
   if (fd_ < 0) return;
   int rc = 0;

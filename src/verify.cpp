@@ -16,6 +16,7 @@
 
 #include "ctquant/checkpoint.hpp"
 #include "ctquant/error.hpp"
+#include "ctquant/fp8.hpp"
 #include "ctquant/kernel.hpp"
 #include "ctquant/matcher.hpp"
 #include "ctquant/pack.hpp"
@@ -1064,12 +1065,212 @@ SourceScheme scheme_from_config(const Side& output) {
 
 std::size_t element_size(DType dtype) { return static_cast<std::size_t>(dtype_bits(dtype) / 8); }
 
+// An FP8 source weight's scale (section 6).
+struct SourceFp8 {
+  Ref scale;
+  Fp8ScaleLayout layout;
+};
+
+// The scale of a 2-D F8_E4M3 / F8_E5M2 source weight and how it covers the
+// weight (fp8_scale_layout, section 6); nullopt for other weights. Sets
+// problem, and returns nullopt, when the weight is FP8 but cannot be
+// dequantized: no FP8 quantization_config, no scale, or a scale of the wrong
+// dtype or shape.
+std::optional<SourceFp8> find_fp8_source(const Side& src, const InputQuantization& q, const Ref& w,
+                                         std::string& problem) {
+  const TensorEntry& we = *w.entry;
+  if (!is_dequantizable_fp8(we.dtype) || we.shape.size() != 2) return std::nullopt;
+  if (!q.is_fp8()) {
+    problem = fmt::format(
+        "source '{}' is {}, but INPUT config.json has no FP8 quantization_config to say how it "
+        "is scaled",
+        we.name, dtype_tag(we.dtype));
+    return std::nullopt;
+  }
+  const std::string scale_name = module_of(we.name) + "." + std::string(q.scale_param());
+  const Ref scale = src.find(scale_name);
+  if (!scale) {
+    problem =
+        fmt::format("FP8 source '{}' has no scale '{}' ({})", we.name, scale_name, q.describe());
+    return std::nullopt;
+  }
+  try {
+    return SourceFp8{scale, fp8_scale_layout(q, we.shape[0], we.shape[1], scale.entry->dtype,
+                                             scale.entry->shape)};
+  } catch (const Error& e) {
+    problem =
+        fmt::format("scale '{}' of FP8 source '{}' ({} {}): {}", scale_name, we.name,
+                    dtype_tag(scale.entry->dtype), shape_string(scale.entry->shape), e.what());
+    return std::nullopt;
+  }
+}
+
+// How the rows of a 2-D source weight are read: the stored rows of a BF16,
+// F16 or F32 weight, or the rows of an FP8 weight dequantized to BF16 with
+// dequantize_fp8_rows, exactly as quantize does (section 6), so everything
+// downstream compares with the values quantize saw. Reads one chunk of rows
+// (and the scale grid rows it uses) at a time.
+class SourceRows {
+ public:
+  SourceRows(const Ref& weight, std::optional<SourceFp8> fp8)
+      : w_(weight), fp8_(std::move(fp8)), cols_(weight.entry->shape[1]) {}
+
+  // The dtype of the loaded rows: the weight's own, BF16 for FP8.
+  DType dtype() const { return fp8_ ? DType::kBF16 : w_.entry->dtype; }
+  std::uint64_t row_bytes() const { return cols_ * element_size(dtype()); }
+  bool is_fp8() const { return fp8_.has_value(); }
+
+  // Loads rows [row_begin, row_begin + n_rows) into out, resized to
+  // n_rows * row_bytes(). For an FP8 weight the codes are read into the
+  // second half of out and dequantized in place with dequantize_fp8_rows;
+  // returns the index within the chunk of the first value that is not finite
+  // once dequantized (out is then unspecified).
+  std::optional<std::uint64_t> load(std::uint64_t row_begin, std::uint64_t n_rows,
+                                    std::vector<std::byte>& out) {
+    out.resize(n_rows * row_bytes());
+    if (!fp8_) {
+      read_part(w_, row_begin * row_bytes(), out);
+      return std::nullopt;
+    }
+    const Fp8ScaleLayout& layout = fp8_->layout;
+    const std::uint64_t n = n_rows * cols_;
+    read_part(w_, row_begin * cols_, std::span<std::byte>(out.data() + n, n));
+    const std::uint64_t grid_begin = layout.grid_row_begin(row_begin);
+    scale_rows_.resize((layout.grid_row_end(row_begin + n_rows) - grid_begin) *
+                       layout.scale_bytes_per_grid_row());
+    read_part(fp8_->scale, grid_begin * layout.scale_bytes_per_grid_row(), scale_rows_);
+    Fp8Rows rows;
+    rows.code_dtype = w_.entry->dtype;
+    rows.row_begin = row_begin;
+    rows.n_rows = n_rows;
+    rows.n_cols = cols_;
+    rows.codes = out.data() + n;
+    rows.scales = scale_rows_.data();
+    rows.out = out.data();
+    return dequantize_fp8_rows(layout, rows);
+  }
+
+  // Why element [row, col] is not finite, for messages: its value, or its
+  // FP8 code and scale. Reads the element again.
+  std::string describe(std::uint64_t row, std::uint64_t col) const {
+    if (!fp8_) return "is not finite";
+    std::array<std::byte, 1> code_byte{};
+    read_part(w_, row * cols_ + col, code_byte);
+    const auto code = std::to_integer<std::uint8_t>(code_byte[0]);
+    const DType code_dtype = w_.entry->dtype;
+    const float value = load_as_float(code_dtype, code_byte.data());
+    if (!std::isfinite(value)) {
+      return fmt::format("is code 0x{:02X}, which is {} in {}", code, value, dtype_tag(code_dtype));
+    }
+    const Fp8ScaleLayout& layout = fp8_->layout;
+    const std::uint64_t grid_row = row / layout.block_rows;
+    const std::uint64_t grid_col = col / layout.block_cols;
+    const std::uint64_t scale_size = element_size(layout.dtype);
+    std::array<std::byte, 4> scale_bytes{};
+    read_part(fp8_->scale, (grid_row * layout.grid_cols + grid_col) * scale_size,
+              std::span<std::byte>(scale_bytes.data(), scale_size));
+    const float s = load_as_float(layout.dtype, scale_bytes.data());
+    return fmt::format("is code 0x{:02X} ({}) times scale {} ('{}' [{}, {}]), which is {} in BF16",
+                       code, value, s, fp8_->scale.entry->name, grid_row, grid_col,
+                       bf16_to_float(dequantize_fp8_value(code_dtype, code, s)));
+  }
+
+ private:
+  Ref w_;
+  std::optional<SourceFp8> fp8_;
+  std::uint64_t cols_;
+  std::vector<std::byte> scale_rows_;
+};
+
+// Why an input tensor of an FP8 checkpoint is not written (section 6): the
+// scale of an FP8 weight, consumed by its dequantization, or an activation or
+// KV-cache parameter. nullopt for every other tensor.
+std::optional<std::string> dropped_reason(const Side& src, const InputQuantization& q,
+                                          const std::string& name) {
+  if (!q.is_fp8()) return std::nullopt;
+  const std::string module = module_of(name);
+  if (module.empty()) return std::nullopt;
+  const std::string param = name.substr(module.size() + 1);
+  if (param == q.scale_param()) {
+    const Ref w = src.find(module + ".weight");
+    if (w && is_fp8(w.entry->dtype)) {
+      return fmt::format("the scale of FP8 weight '{}.weight', consumed by its dequantization",
+                         module);
+    }
+    return std::nullopt;
+  }
+  if (is_activation_param(param)) {
+    return fmt::format("an activation or KV-cache parameter ('{}') of the FP8 INPUT", param);
+  }
+  return std::nullopt;
+}
+
+// An FP8 source weight written as BF16 M.weight (fate kDequantize): its
+// bytes must be the exact dequantization of the source, row chunk by row
+// chunk. Returns whether they are.
+bool compare_dequantized(const Ref& o, SourceRows& source, const Ref& s,
+                         const VerifyOptions& options, Collector& c) {
+  const std::uint64_t rows = o.entry->shape[0];
+  const std::uint64_t cols = o.entry->shape[1];
+  const std::uint64_t row_bytes = source.row_bytes();
+  if (rows == 0 || cols == 0) return true;
+  const std::uint64_t step = std::max<std::uint64_t>(1, options.chunk_bytes / row_bytes);
+  std::vector<std::byte> expected;
+  std::vector<std::byte> actual;
+  std::uint64_t n_diff = 0;
+  std::optional<std::uint64_t> first;
+  float first_a = 0;
+  float first_b = 0;
+  double max_abs = 0;
+  for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
+    const std::uint64_t n = std::min(step, rows - r0);
+    if (const auto bad = source.load(r0, n, expected)) {
+      const std::uint64_t row = r0 + *bad / cols;
+      const std::uint64_t col = *bad % cols;
+      c.diff("source", s.file->label(), s.entry->name,
+             fmt::format("source element [{}, {}] {}; it cannot have been dequantized (section 6)",
+                         row, col, source.describe(row, col)));
+      return false;
+    }
+    actual.resize(expected.size());
+    read_part(o, r0 * row_bytes, actual);
+    if (std::memcmp(actual.data(), expected.data(), actual.size()) == 0) continue;
+    for (std::uint64_t i = 0; i < n * cols; ++i) {
+      if (std::memcmp(actual.data() + 2 * i, expected.data() + 2 * i, 2) == 0) continue;
+      const float a = load_as_float(DType::kBF16, actual.data() + 2 * i);
+      const float b = load_as_float(DType::kBF16, expected.data() + 2 * i);
+      ++n_diff;
+      if (!first) {
+        first = r0 * cols + i;
+        first_a = a;
+        first_b = b;
+      }
+      const double d = std::fabs(static_cast<double>(a) - static_cast<double>(b));
+      max_abs = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(max_abs, d);
+    }
+  }
+  if (n_diff == 0) return true;
+  c.diff("bytes", o.file->label(), o.entry->name,
+         fmt::format("{} of {} elements differ from the BF16 dequantization of the FP8 source "
+                     "(section 6), first at [{}, {}] (OUTPUT {:.9g}, dequantized INPUT {:.9g}); "
+                     "largest absolute difference {:.6g}",
+                     n_diff, rows * cols, *first / cols, *first % cols, first_a, first_b, max_abs),
+         json{{"elements_differ", n_diff},
+              {"elements", rows * cols},
+              {"first_index", *first},
+              {"first_row", *first / cols},
+              {"first_column", *first % cols},
+              {"max_abs_difference", max_abs}});
+  return false;
+}
+
 // Checks one packed module against its source weight: the layout of its
 // tensors (section 4), then its codes, scales and zero points against RTN of
 // the source rows (section 3), and the error of its dequantized weight.
 // Records differences; appends a ModuleCheck when the layout is right.
 void check_module(const std::string& module, const Side& out, const Side& src,
-                  const SourceScheme& s, const VerifyOptions& options, Collector& c) {
+                  const SourceScheme& s, const InputQuantization& q, const VerifyOptions& options,
+                  Collector& c) {
   const Ref w = src.find(module + ".weight");
   const Ref packed = out.find(module + ".weight_packed");
   const std::string& file = packed.file->label();
@@ -1079,13 +1280,21 @@ void check_module(const std::string& module, const Side& out, const Side& src,
     return;
   }
   const TensorEntry& we = *w.entry;
-  if (we.shape.size() != 2 || !is_quantizable_float(we.dtype)) {
+  std::string fp8_problem;
+  std::optional<SourceFp8> fp8 = find_fp8_source(src, q, w, fp8_problem);
+  if (!fp8_problem.empty()) {
+    c.diff("source", file, packed.entry->name, fp8_problem);
+    return;
+  }
+  if (we.shape.size() != 2 || (!is_quantizable_float(we.dtype) && !fp8)) {
     c.diff("source", file, packed.entry->name,
            fmt::format("source '{}' is {} {}; --against-source compares 2-D BF16, F16 or F32 "
-                       "weights",
+                       "weights, or FP8 weights with their scale",
                        we.name, dtype_tag(we.dtype), shape_string(we.shape)));
     return;
   }
+  SourceRows source_rows(w, std::move(fp8));
+  const DType loaded = source_rows.dtype();  // of the values quantize saw
   const std::uint64_t rows = we.shape[0];
   const std::uint64_t cols = we.shape[1];
   if (rows == 0 || cols == 0) {
@@ -1118,7 +1327,7 @@ void check_module(const std::string& module, const Side& out, const Side& src,
     layout.push_back(
         fmt::format("in_features {} is not a multiple of the group size {}", cols, g_size));
   expect(packed, "weight_packed", DType::kI32, {rows, words});
-  expect(scale, "weight_scale", we.dtype, {rows, n_groups});
+  expect(scale, "weight_scale", loaded, {rows, n_groups});
   expect(shape, "weight_shape", DType::kI64, {2});
   if (!scheme.symmetric) expect(zp, "weight_zero_point", DType::kI32, {zp_rows, n_groups});
   if (layout.empty()) {
@@ -1139,6 +1348,7 @@ void check_module(const std::string& module, const Side& out, const Side& src,
   m.rows = rows;
   m.cols = cols;
   m.groups = rows * n_groups;
+  m.fp8_source = source_rows.is_fp8();
   std::vector<std::int8_t> z_stored;
   if (!scheme.symmetric) {
     if (zp.entry->byte_size() > kMaxWholeReadBytes) {
@@ -1147,8 +1357,8 @@ void check_module(const std::string& module, const Side& out, const Side& src,
     }
     z_stored = unpack_zero_points(read_whole(zp), zp_rows, n_groups, rows, scheme.num_bits);
   }
-  const std::size_t esize = element_size(we.dtype);
-  const std::uint64_t row_bytes = cols * esize;
+  const std::size_t esize = element_size(loaded);
+  const std::uint64_t row_bytes = source_rows.row_bytes();
   const std::uint64_t step = std::max<std::uint64_t>(1, options.chunk_bytes / row_bytes);
   std::vector<std::byte> src_rows;
   std::vector<std::byte> packed_bytes;
@@ -1164,16 +1374,22 @@ void check_module(const std::string& module, const Side& out, const Side& src,
   std::uint64_t max_scale_ulp = 0;
   for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
     const std::uint64_t n = std::min(step, rows - r0);
-    src_rows.resize(n * row_bytes);
     packed_bytes.resize(n * words * 4);
     scale_bytes.resize(n * n_groups * esize);
     ref_packed.assign(n * words, 0);
     ref_scale.assign(n * n_groups * esize, std::byte{0});
     ref_zp.assign(n * n_groups, 0);
-    read_part(w, r0 * row_bytes, src_rows);
+    if (const auto bad = source_rows.load(r0, n, src_rows)) {
+      const std::uint64_t row = r0 + *bad / cols;
+      const std::uint64_t col = *bad % cols;
+      c.diff("source", w.file->label(), we.name,
+             fmt::format("source element [{}, {}] {}; it cannot have been quantized", row, col,
+                         source_rows.describe(row, col)));
+      return;
+    }
     read_part(packed, r0 * words * 4, packed_bytes);
     read_part(scale, r0 * n_groups * esize, scale_bytes);
-    const KernelBlock block{we.dtype,
+    const KernelBlock block{loaded,
                             n,
                             cols,
                             src_rows.data(),
@@ -1196,15 +1412,19 @@ void check_module(const std::string& module, const Side& out, const Side& src,
       const std::byte* row = src_rows.data() + r * row_bytes;
       for (std::uint64_t g = 0; g < n_groups; ++g) {
         const std::uint64_t at = r * n_groups + g;
-        const std::uint32_t s_bits = load_bits(we.dtype, scale_bytes.data() + at * esize);
-        const std::uint32_t ref_bits = load_bits(we.dtype, ref_scale.data() + at * esize);
-        const float s_val = load_as_float(we.dtype, scale_bytes.data() + at * esize);
+        const std::uint32_t s_bits = load_bits(loaded, scale_bytes.data() + at * esize);
+        const std::uint32_t ref_bits = load_bits(loaded, ref_scale.data() + at * esize);
+        const float s_val = load_as_float(loaded, scale_bytes.data() + at * esize);
         const int z = scheme.symmetric ? 0 : z_stored[(r0 + r) * n_groups + g];
         const int z_ref = scheme.symmetric ? 0 : ref_zp[at];
         bool codes_ok = z == z_ref;
+        std::optional<std::uint64_t> first_col;  // first code of the group that is not RTN's
         for (std::uint64_t col = g * g_size; col < (g + 1) * g_size; ++col) {
-          if (codes[col] != ref_codes[col]) codes_ok = false;
-          const float source = load_as_float(we.dtype, row + col * esize);
+          if (codes[col] != ref_codes[col]) {
+            codes_ok = false;
+            if (!first_col) first_col = col;
+          }
+          const float source = load_as_float(loaded, row + col * esize);
           const float dequant = static_cast<float>(codes[col] - z) * s_val;
           const double err = static_cast<double>(source) - static_cast<double>(dequant);
           sum_err2 += err * err;
@@ -1213,7 +1433,7 @@ void check_module(const std::string& module, const Side& out, const Side& src,
         }
         bool scale_ok = s_bits == ref_bits;
         if (!scale_ok) {
-          const std::uint64_t d = ulp_distance(we.dtype, s_bits, ref_bits);
+          const std::uint64_t d = ulp_distance(loaded, s_bits, ref_bits);
           max_scale_ulp = std::max(max_scale_ulp, d);
           if (d <= options.scale_ulp) {
             scale_ok = true;
@@ -1225,6 +1445,7 @@ void check_module(const std::string& module, const Side& out, const Side& src,
           if (!m.first_row) {
             m.first_row = r0 + r;
             m.first_group = g;
+            m.first_column = first_col;
           }
         }
       }
@@ -1233,14 +1454,21 @@ void check_module(const std::string& module, const Side& out, const Side& src,
   m.rel_frobenius = sum_w2 > 0 ? std::sqrt(sum_err2 / sum_w2)
                                : (sum_err2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
   if (m.groups_mismatched > 0) {
+    json details = {{"groups_mismatched", m.groups_mismatched},
+                    {"groups", m.groups},
+                    {"first_row", *m.first_row},
+                    {"first_group", *m.first_group},
+                    {"first_column", m.first_column ? json(*m.first_column) : json(nullptr)}};
+    if (source_rows.is_fp8()) details["source"] = "dequantized FP8";
     c.diff("codes", file, packed.entry->name,
-           fmt::format("{} of {} groups are not the RTN codes of the source (codes, scale or zero "
-                       "point differ), first at row {}, group {}",
-                       m.groups_mismatched, m.groups, *m.first_row, *m.first_group),
-           json{{"groups_mismatched", m.groups_mismatched},
-                {"groups", m.groups},
-                {"first_row", *m.first_row},
-                {"first_group", *m.first_group}});
+           fmt::format("{} of {} groups are not the RTN codes of the {}source (codes, scale or "
+                       "zero point differ), first at row {}, {}",
+                       m.groups_mismatched, m.groups,
+                       source_rows.is_fp8() ? "dequantized FP8 " : "", *m.first_row,
+                       m.first_column
+                           ? fmt::format("column {} (group {})", *m.first_column, *m.first_group)
+                           : fmt::format("group {} (its scale or zero point)", *m.first_group)),
+           std::move(details));
   }
   if (accepted_scales > 0) {
     c.note("scale", file, module + ".weight_scale",
@@ -1283,13 +1511,14 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   report.reference = input.string();
   const Side out = open_side(output, "OUTPUT");
   const Side src = open_side(input, "INPUT");
-  if (src.config && src.config->is_object() && src.config->contains("quantization_config")) {
-    const json& qc = (*src.config)["quantization_config"];
-    throw bad_input(fmt::format(
-        "INPUT config.json has a quantization_config (quant_method {}); --against-source compares "
-        "with an unquantized BF16, F16 or F32 source",
-        qc.is_object() && qc.contains("quant_method") ? qc["quant_method"].dump() : "unknown"));
+  // Section 6: the kinds of input quantize converts, and only those.
+  InputQuantization q;
+  try {
+    q = classify_input_quantization(src.config);
+  } catch (const Error& e) {
+    throw Error(e.kind(), fmt::format("--against-source: INPUT {}", e.what()));
   }
+  report.input_quantization = q.describe();
   const SourceScheme scheme = scheme_from_config(out);
   report.tensors_output = out.n_tensors();
   report.tensors_reference = src.n_tensors();
@@ -1352,7 +1581,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
 
   for (const auto& module : packed_modules) {
     if (options.logger) options.logger->debug("checking {} against the source", module);
-    check_module(module, out, src, scheme, options, c);
+    check_module(module, out, src, scheme, q, options, c);
   }
 
   // Every other tensor must be the source's, in the same shard.
@@ -1371,10 +1600,37 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
              "in OUTPUT only; the source has no such tensor");
       continue;
     }
+    if (const auto dropped = dropped_reason(src, q, name)) {
+      c.diff("extra_tensor", o.file->label(), name,
+             fmt::format("in OUTPUT, but it is {}; section 6: it is not written", *dropped));
+      continue;
+    }
     if (o.file->label() != s.file->label()) {
       c.diff("misplaced_tensor", o.file->label(), name,
              fmt::format("held by '{}' in OUTPUT, by '{}' in INPUT", o.file->label(),
                          s.file->label()));
+    }
+    if (is_dequantizable_fp8(s.entry->dtype) && s.entry->shape.size() == 2) {
+      // Section 6: an FP8 weight not quantized is written as BF16 M.weight.
+      std::string problem;
+      std::optional<SourceFp8> fp8 = find_fp8_source(src, q, s, problem);
+      if (!problem.empty()) {
+        c.diff("source", s.file->label(), name, problem);
+        continue;
+      }
+      if (o.entry->dtype != DType::kBF16 || o.entry->shape != s.entry->shape) {
+        c.diff(o.entry->dtype != DType::kBF16 ? "dtype" : "shape", o.file->label(), name,
+               fmt::format("{} {} in OUTPUT; the FP8 source {} {} is written as its BF16 "
+                           "dequantization, BF16 {} (section 6)",
+                           dtype_tag(o.entry->dtype), shape_string(o.entry->shape),
+                           dtype_tag(s.entry->dtype), shape_string(s.entry->shape),
+                           shape_string(s.entry->shape)));
+        continue;
+      }
+      ++report.tensors_compared;
+      SourceRows source(s, std::move(fp8));
+      if (compare_dequantized(o, source, s, options, c)) ++report.tensors_identical;
+      continue;
     }
     if (o.entry->dtype != s.entry->dtype || o.entry->shape != s.entry->shape) {
       c.diff(o.entry->dtype != s.entry->dtype ? "dtype" : "shape", o.file->label(), name,
@@ -1389,10 +1645,12 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   for (const auto& [name, shards] : src.where) {
     if (out.where.contains(name)) continue;
     if (packed_set.contains(module_of(name)) && ends_with_param(name, "weight")) continue;
+    if (dropped_reason(src, q, name)) continue;
     const Ref s = src.find(name);
     c.diff("missing_tensor", s.file->label(), name,
-           fmt::format("in INPUT only ({} {}): OUTPUT neither copies nor quantizes it",
-                       dtype_tag(s.entry->dtype), shape_string(s.entry->shape)));
+           fmt::format("in INPUT only ({} {}): OUTPUT neither {} nor quantizes it",
+                       dtype_tag(s.entry->dtype), shape_string(s.entry->shape),
+                       is_fp8(s.entry->dtype) ? "dequantizes" : "copies"));
   }
   // Packed modules whose shard is not the source weight's shard.
   for (const auto& module : packed_modules) {
@@ -1475,6 +1733,11 @@ std::string render_verify_text(const VerifyReport& report, std::size_t max_liste
     text += fmt::format("  {}: {} missing, {} extra, {} misplaced\n", file, counts[0], counts[1],
                         counts[2]);
   }
+  if (!report.input_quantization.empty() &&
+      report.input_quantization != InputQuantization{}.describe()) {
+    text += fmt::format("INPUT: {}; FP8 weights compared as their BF16 dequantization\n",
+                        report.input_quantization);
+  }
   if (report.files_compared > 0) {
     text +=
         fmt::format("other files: {} compared, {} differ\n", report.files_compared, kinds["file"]);
@@ -1522,12 +1785,16 @@ json verify_json(const VerifyReport& report) {
         {"groups_mismatched", m.groups_mismatched},
         {"first_row", m.first_row ? json(*m.first_row) : json(nullptr)},
         {"first_group", m.first_group ? json(*m.first_group) : json(nullptr)},
+        {"first_column", m.first_column ? json(*m.first_column) : json(nullptr)},
+        {"fp8_source", m.fp8_source},
         {"rel_frobenius", std::isfinite(m.rel_frobenius) ? json(m.rel_frobenius) : json(nullptr)},
         {"max_abs_error", std::isfinite(m.max_abs_error) ? json(m.max_abs_error) : json(nullptr)}});
   }
   return json{{"mode", report.mode == VerifyMode::kGolden ? "golden" : "against-source"},
               {"output", report.output},
               {"reference", report.reference},
+              {"input_quantization",
+               report.input_quantization.empty() ? json(nullptr) : json(report.input_quantization)},
               {"same", report.same()},
               {"summary",
                {{"tensors_output", report.tensors_output},

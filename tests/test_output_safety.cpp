@@ -326,28 +326,28 @@ std::string wait_for_temp_dir(const CtquantProcess& child, const fs::path& dir) 
   return "";
 }
 
-// An input large enough (128 MiB) that writing and flushing its output takes
-// far longer than it takes the test to see the temporary directory.
+// Signals on the binary mid-run. The test sends the signal as soon as it
+// sees the temporary directory; a run that completed before the signal could
+// take effect (exit 0, complete OUTPUT: also a correct outcome) is retried
+// with an input twice as large (128, 256, 512 MiB), so that the test always
+// checks a run that was really interrupted, however fast the machine.
 class Interrupt : public ::testing::Test {
  protected:
-  void SetUp() override { test::write_large_checkpoint(input_, 16, 2048, 2048); }
   TempDir tmp_;
   const fs::path input_ = tmp_ / "ckpt";
   const fs::path output_ = tmp_ / "out";
 
-  // Starts ctquant, sends signal_number once the temporary directory exists,
-  // and returns the result. A run that completed before the signal could
-  // take effect (exit 0, complete OUTPUT) is retried, so that the test always
-  // checks a run that was really interrupted.
   CommandResult interrupt_with(int signal_number) {
     for (int attempt = 0; attempt < 3; ++attempt) {
+      fs::remove_all(input_);
+      test::write_large_checkpoint(input_, 16u << attempt, 2048, 2048);
       CtquantProcess child({"quantize", input_.string(), output_.string(), "--threads", "1"});
       const std::string temp = wait_for_temp_dir(child, tmp_.path());
       EXPECT_FALSE(temp.empty()) << "no temporary directory appeared";
       child.signal(signal_number);
       CommandResult result = child.wait();
       if (result.exit_code == 0 && fs::exists(output_ / "model.safetensors")) {
-        fs::remove_all(output_);  // finished first: try again
+        fs::remove_all(output_);  // finished first: try again, larger
         continue;
       }
       return result;

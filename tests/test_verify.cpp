@@ -483,13 +483,17 @@ TEST(VerifyAgainstSource, CopiedTensorChangedAndSourceTensorMissing) {
   EXPECT_EQ(r.differences[1].tensor, "model.layers.1.input_layernorm.weight");
 }
 
-TEST(VerifyAgainstSource, RefusesQuantizedSource) {
+TEST(VerifyAgainstSource, RefusesPackQuantizedSource) {
+  // FP8 sources are checked (test_verify_fp8.cpp); a source quantize does not
+  // convert is refused.
+  const fs::path expected = golden("llama-bf16") / "expected";
   try {
-    verify_against_source(golden("fp8-block") / "expected", golden("fp8-block") / "input", {});
+    verify_against_source(expected, expected, {});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
-    EXPECT_TRUE(contains(e.what(), "INPUT config.json has a quantization_config"));
+    EXPECT_TRUE(contains(e.what(), "--against-source: INPUT config.json: quantization_config"));
+    EXPECT_TRUE(contains(e.what(), "already pack-quantized"));
   }
 }
 

@@ -11,8 +11,12 @@
 // 6 of the format spec), then quantized, or written as BF16 when the plan
 // keeps the module unquantized. Worker threads take jobs from a shared
 // counter, so the output bytes never depend on the thread count; the error
-// of the earliest failing job is the one reported. Memory is about threads *
-// 1.5 * chunk_bytes whatever the model size.
+// of the earliest failing job is the one reported. The writes go through one
+// queue and are made by one worker at a time, so that workers do not wait on
+// each other in the kernel's per-file lock; each worker has two output
+// buffers and quantizes its next chunk while the last one waits to be
+// written. Memory is about threads * 1.5 * chunk_bytes whatever the model
+// size.
 #pragma once
 
 #include <atomic>
@@ -47,13 +51,21 @@ struct ExecuteOptions {
   bool fsync = true;  // flush every file and the directory before returning
 };
 
+// Where the time of execute_plan() went, for logs and benchmarks.
+struct ExecuteStats {
+  double seconds_stream = 0;        // jobs: reading, quantizing, writing (page cache)
+  double seconds_flush = 0;         // fsync of every file and the directory (0 without fsync)
+  std::uint64_t bytes_read = 0;     // input tensor bytes
+  std::uint64_t bytes_written = 0;  // output shard bytes
+};
+
 // Writes every file of the plan into out_dir, an existing empty directory:
 // the shards, the index, config.json and the copied files. Throws
 // Error{kBadInput} for a non-finite weight, or an FP8 weight whose
 // dequantized value is not finite (naming shard, tensor, row and column), Error{kNoSpace}/Error{kIo} for write failures, Error{kInterrupted}
 // on cancel. On error, files already written to out_dir are left for the
 // caller to remove.
-void execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
-                  const std::filesystem::path& out_dir, const ExecuteOptions& options);
+ExecuteStats execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                          const std::filesystem::path& out_dir, const ExecuteOptions& options);
 
 }  // namespace ctquant

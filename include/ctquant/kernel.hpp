@@ -71,11 +71,12 @@ std::optional<std::uint64_t> quantize_block_ref(const QuantScheme& scheme,
                                                 const KernelBlock& block);
 
 // Fast path with the same contract and the same output bytes as
-// quantize_block_ref(). Uses AVX2/F16C when the CPU has them (checked once
-// at run time), otherwise the scalar reference.
+// quantize_block_ref(). Uses AVX-512 or AVX2/F16C when the CPU has them
+// (checked once at run time), otherwise the scalar reference.
 std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const KernelBlock& block);
 
-// Name of the code path quantize_block() takes on this CPU ("avx2" or "scalar").
+// Name of the code path quantize_block() takes on this CPU for W4A16
+// ("avx512", "avx2" or "scalar").
 const char* kernel_path_name();
 
 }  // namespace ctquant

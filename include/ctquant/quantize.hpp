@@ -59,6 +59,7 @@ struct QuantizeSummary {
   std::uint64_t bytes_in = 0;           // input files (shards, index, config, others)
   std::uint64_t bytes_out = 0;          // output files
   double seconds = 0;                   // wall time of the whole job
+  ExecuteStats execute;                 // where the writing's time went (zero for a dry run)
   QuantizePlan plan;
   std::vector<Finding> findings;  // every lint finding, blocking or not
 };

@@ -60,6 +60,11 @@ class OutputFile {
   // (copy_file_range, falling back to read/write through a bounded buffer).
   void copy_from(int in_fd, std::uint64_t in_offset, std::uint64_t offset,
                  std::uint64_t length) const;
+  // Starts writing the dirty pages of bytes [offset, offset + length) (length
+  // 0: to the end of the file) to the device without waiting for them
+  // (sync_file_range SYNC_FILE_RANGE_WRITE), so that a later fsync has less
+  // left to wait for. Advisory: errors are left for fsync to report.
+  void start_writeback(std::uint64_t offset, std::uint64_t length) const;
   // fsync, then close. Throws Error{kIo}.
   void sync_and_close();
 

@@ -11,20 +11,25 @@
 // on; version, observer, observer_kwargs, global_compression_ratio and config
 // group names only as notes), and every other file byte for byte or as JSON.
 //
-// verify_against_source() checks OUTPUT against the unquantized INPUT it was
-// made from: each packed module is unpacked, its codes, scales and zero
-// points are recomputed from the source rows with quantize_block_ref()
-// (section 3) and compared exactly, its dequantized weight (q - z) * s is
-// compared with the source (relative Frobenius error, largest absolute
-// error), each module's fate is checked against the ignore list and targets
-// written in OUTPUT's config.json (section 2), and everything else must be the
-// source's bytes.
+// verify_against_source() checks OUTPUT against the INPUT it was made from,
+// unquantized (BF16, F16, F32) or FP8 (block FP8 or compressed-tensors
+// float-quantized, section 6): each packed module is unpacked, its codes,
+// scales and zero points are recomputed from the source rows (an FP8 weight's
+// rows dequantized to BF16 with dequantize_fp8_rows(), as quantize does) with
+// quantize_block_ref() (section 3) and compared exactly, its dequantized
+// weight (q - z) * s is compared with those source rows (relative Frobenius
+// error, largest absolute error), each module's fate is checked against the
+// ignore list and targets written in OUTPUT's config.json (section 2), an FP8
+// weight written as BF16 must be its exact dequantization, the FP8 scales
+// and activation parameters the input carries must be absent, and everything
+// else must be the source's bytes.
 //
 // Both stream tensor by tensor in chunks of about chunk_bytes per side; they
 // never hold a whole checkpoint in memory. They open files read-only.
 // Differences are returned in the report, never thrown; errors (a path that
 // does not exist, a safetensors header that breaks section 1, an OUTPUT
-// without a pack-quantized config for --against-source) throw ctquant::Error.
+// without a pack-quantized config for --against-source, an INPUT quantized in
+// a way ctquant does not convert) throw ctquant::Error.
 #pragma once
 
 #include <cstddef>
@@ -74,6 +79,10 @@ struct ModuleCheck {
   std::uint64_t groups_mismatched = 0;  // groups whose codes, scale or zero point differ from RTN
   std::optional<std::uint64_t> first_row;  // first mismatched group
   std::optional<std::uint64_t> first_group;
+  // The first column of that group whose code is not the RTN code; nullopt
+  // when only its scale or zero point differs.
+  std::optional<std::uint64_t> first_column;
+  bool fp8_source = false;   // the source weight is FP8, W below its BF16 dequantization
   double rel_frobenius = 0;  // ||W - W'||_F / ||W||_F, W' = (q - z) * s in float
   double max_abs_error = 0;  // max |W - W'|
 };
@@ -90,6 +99,9 @@ struct VerifyReport {
   std::size_t tensors_identical = 0;  // of those, bit-identical
   std::size_t files_compared = 0;     // non-safetensors files present on both sides
   std::vector<ModuleCheck> modules;   // kAgainstSource only, in OUTPUT order
+  // kAgainstSource: InputQuantization::describe() of INPUT ("unquantized",
+  // "block FP8, weight_block_size [128, 128]", ...). Empty for kGolden.
+  std::string input_quantization;
 
   bool same() const { return differences.empty(); }
 };
@@ -100,10 +112,11 @@ struct VerifyReport {
 VerifyReport verify_checkpoints(const std::filesystem::path& output,
                                 const std::filesystem::path& golden, const VerifyOptions& options);
 
-// Checks OUTPUT against the unquantized checkpoint INPUT it was made from.
-// Throws as verify_checkpoints(), and Error{kBadInput} when OUTPUT's
-// config.json has no pack-quantized int quantization_config or INPUT is
-// itself quantized (its config.json has a quantization_config).
+// Checks OUTPUT against the checkpoint INPUT it was made from (unquantized or
+// FP8). Throws as verify_checkpoints(), and Error{kBadInput} when INPUT's
+// quantization_config is one ctquant does not convert (the message of
+// classify_input_quantization(), section 6) or OUTPUT's config.json has no
+// pack-quantized int quantization_config.
 VerifyReport verify_against_source(const std::filesystem::path& output,
                                    const std::filesystem::path& input,
                                    const VerifyOptions& options);
@@ -113,8 +126,9 @@ VerifyReport verify_against_source(const std::filesystem::path& output,
 // last line "result: SAME" or "result: DIFFERENT (...)".
 std::string render_verify_text(const VerifyReport& report, std::size_t max_listed = 20);
 
-// The whole report as JSON: {"mode", "output", "reference", "same", "summary",
-// "differences", "notes", "modules"}; every item, none cut.
+// The whole report as JSON: {"mode", "output", "reference",
+// "input_quantization", "same", "summary", "differences", "notes",
+// "modules"}; every item, none cut.
 nlohmann::json verify_json(const VerifyReport& report);
 
 // Distance in units in the last place between two values of a float dtype

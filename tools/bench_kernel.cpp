@@ -1,0 +1,111 @@
+// ctquant_bench_kernel: Google Benchmark micro-benchmark of the RTN kernel
+// (widen to float, group absolute maximum, scale, quantize, pack), the
+// scalar reference beside the AVX2 code and the fast path (AVX-512 where the
+// CPU has it), for BF16, F16 and F32 weights, on one and two threads.
+//
+// Each thread quantizes its own block of kRows x kCols weights (about the
+// executor's chunk: 3 MiB of BF16), so the working set is what a worker
+// sees. bytes_per_second is input bytes over wall time, summed over the
+// threads; the per_core counter divides it by the thread count.
+//
+//   ctquant_bench_kernel [--benchmark_filter=REGEX] [--benchmark_repetitions=N]
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ctquant/dtype.hpp"
+#include "ctquant/kernel.hpp"
+#include "kernel_simd.hpp"
+
+namespace {
+
+using ctquant::DType;
+
+constexpr std::uint64_t kRows = 512;
+constexpr std::uint64_t kCols = 3072;
+
+// kFast is quantize_block() (the best level this CPU has); kAvx2 forces the
+// AVX2 code, to compare it with AVX-512 where the CPU has both.
+enum class Path { kReference, kAvx2, kFast };
+
+std::vector<std::byte> make_weights(DType dtype, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const std::size_t esize = static_cast<std::size_t>(ctquant::dtype_bits(dtype) / 8);
+  std::vector<std::byte> bytes(kRows * kCols * esize);
+  for (std::size_t i = 0; i < kRows * kCols; ++i) {
+    const float v = normal(rng);
+    if (dtype == DType::kF32) {
+      std::memcpy(bytes.data() + 4 * i, &v, 4);
+    } else {
+      const std::uint16_t b =
+          dtype == DType::kBF16 ? ctquant::float_to_bf16(v) : ctquant::float_to_f16(v);
+      std::memcpy(bytes.data() + 2 * i, &b, 2);
+    }
+  }
+  return bytes;
+}
+
+template <DType T, Path P>
+void quantize_block(benchmark::State& state, int num_bits, std::uint64_t group_size) {
+  const ctquant::QuantScheme scheme{"bench", num_bits, true, group_size};
+  const std::vector<std::byte> weights =
+      make_weights(T, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  const std::size_t esize = static_cast<std::size_t>(ctquant::dtype_bits(T) / 8);
+  const std::uint64_t n_groups = kCols / scheme.effective_group_size(kCols);
+  std::vector<std::uint32_t> packed(kRows * ctquant::packed_words_per_row(kCols, num_bits));
+  std::vector<std::byte> scale(kRows * n_groups * esize);
+  const ctquant::KernelBlock block{
+      T, kRows, kCols, weights.data(), packed.data(), scale.data(), nullptr};
+  for (auto _ : state) {
+    const auto bad = P == Path::kFast   ? ctquant::quantize_block(scheme, block)
+                     : P == Path::kAvx2 ? ctquant::detail::quantize_block_simd_at(
+                                              ctquant::detail::SimdLevel::kAvx2, scheme, block)
+                                        : ctquant::quantize_block_ref(scheme, block);
+    benchmark::DoNotOptimize(bad);
+    benchmark::DoNotOptimize(packed.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * weights.size()));
+  state.counters["per_core"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+  state.SetLabel(P == Path::kFast   ? ctquant::kernel_path_name()
+                 : P == Path::kAvx2 ? "avx2"
+                                    : "reference");
+}
+
+template <DType T, Path P>
+void BM_W4A16(benchmark::State& state) {
+  quantize_block<T, P>(state, 4, 128);
+}
+template <DType T, Path P>
+void BM_W8A16(benchmark::State& state) {
+  quantize_block<T, P>(state, 8, 128);
+}
+template <DType T, Path P>
+void BM_W4A16_Channel(benchmark::State& state) {
+  quantize_block<T, P>(state, 4, 0);
+}
+
+#define CTQUANT_KERNEL_BENCH(fn, dtype, path) \
+  BENCHMARK_TEMPLATE(fn, dtype, path)->UseRealTime()->Threads(1)->Threads(2)
+
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kBF16, Path::kReference);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kBF16, Path::kAvx2);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kBF16, Path::kFast);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF16, Path::kReference);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF16, Path::kAvx2);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF16, Path::kFast);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kReference);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kAvx2);
+CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kFast);
+CTQUANT_KERNEL_BENCH(BM_W8A16, DType::kBF16, Path::kFast);
+CTQUANT_KERNEL_BENCH(BM_W4A16_Channel, DType::kBF16, Path::kFast);
+
+}  // namespace
+
+BENCHMARK_MAIN();
