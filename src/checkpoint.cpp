@@ -1,15 +1,14 @@
 #include "ctquant/checkpoint.hpp"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <system_error>
 
 #include <fmt/format.h>
 
 #include "ctquant/error.hpp"
+#include "input_file.hpp"
 
 namespace ctquant {
 
@@ -40,42 +39,97 @@ std::uint64_t Checkpoint::total_file_bytes() const {
 
 namespace {
 
-std::string read_text_file(const fs::path& path, const std::string& label) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw io_error(fmt::format("{}: cannot open for reading", label));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw io_error(fmt::format("{}: read failed", label));
-  return text.str();
-}
-
-json read_json_file(const fs::path& path, const std::string& label) {
-  const std::string text = read_text_file(path, label);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw bad_input(fmt::format("{}: not valid JSON ({})", label, e.what()));
+// Problems of one phase, reported together (a user fixes them in one go).
+class Problems {
+ public:
+  void add(std::string message) { messages_.push_back(std::move(message)); }
+  bool empty() const { return messages_.empty(); }
+  // Throws Error{kBadInput} listing the problems (the first kMaxListed).
+  void throw_if_any() const {
+    if (messages_.empty()) return;
+    constexpr std::size_t kMaxListed = 20;
+    std::string text;
+    for (std::size_t i = 0; i < messages_.size() && i < kMaxListed; ++i) {
+      if (i > 0) text += '\n';
+      text += messages_[i];
+    }
+    if (messages_.size() > kMaxListed) {
+      text += fmt::format("\n... and {} more problem(s) of the same kind",
+                          messages_.size() - kMaxListed);
+    }
+    throw bad_input(text);
   }
+
+ private:
+  std::vector<std::string> messages_;
+};
+
+json read_json_file(const fs::path& path, const std::string& label, bool reject_duplicate_keys) {
+  const std::string text = detail::read_input_file(path, label, detail::kMaxJsonFileBytes);
+  return detail::parse_json_file_text(text, label, reject_duplicate_keys);
 }
 
 // Index weight_map file names must be plain names of files in the
 // checkpoint directory: no directory part, no "..", not absolute.
-void check_shard_name(const std::string& name, const std::string& tensor) {
+bool is_plain_file_name(const std::string& name) {
   const fs::path p(name);
-  if (name.empty() || p.is_absolute() || p.has_parent_path() || name == "." || name == "..") {
-    throw bad_input(fmt::format("{}: weight_map entry '{}' names file '{}', which is not a plain "
-                                "file name inside the checkpoint directory",
-                                kIndexFileName, tensor, name));
-  }
+  return !name.empty() && !p.is_absolute() && !p.has_parent_path() && name != "." && name != ".." &&
+         name.find('\0') == std::string::npos;
 }
 
 bool is_safetensors_name(const std::string& name) {
   return name.size() > 12 && name.ends_with(".safetensors");
 }
 
+// The regular files of a checkpoint directory, sorted. A symbolic link is
+// followed when it resolves to a regular file inside the directory; one that
+// resolves to a regular file outside it is refused (a downloaded checkpoint
+// must not make ctquant read or copy, say, ~/.ssh/id_rsa) unless
+// follow_links_outside. Directories, devices, FIFOs, sockets and dangling
+// links are ignored, except under the name of a config, index or shard: those
+// must not be skipped as if absent (a dangling link into a download cache).
+std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_links_outside) {
+  std::error_code ec;
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) throw io_error(fmt::format("{}: cannot resolve: {}", dir.string(), ec.message()));
+  std::vector<std::string> files;
+  Problems problems;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const fs::directory_entry& item = *it;
+    const std::string name = item.path().filename().string();
+    std::error_code type_ec;
+    if (!item.is_regular_file(type_ec)) {  // follows links
+      if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
+        problems.add(fmt::format("{}: {} is not a regular file (a dangling symbolic link?)",
+                                 dir.string(), name));
+      }
+      continue;
+    }
+    if (item.is_symlink(type_ec) && !follow_links_outside) {
+      std::error_code link_ec;
+      const fs::path target = fs::canonical(item.path(), link_ec);
+      if (link_ec || !detail::path_is_within(target, root)) {
+        problems.add(fmt::format(
+            "{}: is a symbolic link to {}, outside the checkpoint directory {}; ctquant reads "
+            "only files inside INPUT unless --follow-symlinks is given (a Hugging Face cache "
+            "snapshot links into its blob store: pass --follow-symlinks, or copy it with cp -rL)",
+            name, link_ec ? fs::read_symlink(item.path(), link_ec).string() : target.string(),
+            dir.string()));
+        continue;
+      }
+    }
+    files.push_back(name);
+  }
+  if (ec) throw io_error(fmt::format("{}: cannot list directory: {}", dir.string(), ec.message()));
+  problems.throw_if_any();
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 }  // namespace
 
-Checkpoint open_checkpoint(const fs::path& input) {
+Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   Checkpoint ckpt;
   std::error_code ec;
   const auto status = fs::status(input, ec);
@@ -94,64 +148,55 @@ Checkpoint open_checkpoint(const fs::path& input) {
     shard_names.push_back(input.filename().string());
   } else if (fs::is_directory(status)) {
     ckpt.root = input;
+    const std::vector<std::string> files = list_regular_files(input, options.follow_links_outside);
+    const auto listed = [&](const std::string& name) {
+      return std::binary_search(files.begin(), files.end(), name);
+    };
     std::vector<std::string> safetensors_files;
-    std::vector<std::string> files;
-    for (const auto& item : fs::directory_iterator(input, ec)) {
-      const std::string name = item.path().filename().string();
-      std::error_code type_ec;
-      if (!item.is_regular_file(type_ec)) {
-        // Subdirectories and special files are not copied, but a config,
-        // index or shard that is not a regular file (a dangling link into a
-        // download cache) must not be skipped as if it were absent.
-        if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
-          throw bad_input(fmt::format("{}: {} is not a regular file (a dangling symbolic link?)",
-                                      input.string(), name));
-        }
-        continue;
-      }
-      files.push_back(name);
+    for (const std::string& name : files) {
       if (is_safetensors_name(name)) safetensors_files.push_back(name);
     }
-    if (ec) throw io_error(fmt::format("{}: cannot list directory: {}", input.string(), ec.message()));
-    std::sort(files.begin(), files.end());
-    std::sort(safetensors_files.begin(), safetensors_files.end());
 
-    const bool has_index = std::find(files.begin(), files.end(), kIndexFileName) != files.end();
-    if (has_index) {
+    if (listed(kIndexFileName)) {
       ckpt.has_index = true;
       const std::string label = kIndexFileName;
-      ckpt.index = read_json_file(input / kIndexFileName, label);
+      ckpt.index = read_json_file(input / kIndexFileName, label, /*reject_duplicate_keys=*/true);
       if (!ckpt.index.is_object() || !ckpt.index.contains("weight_map") ||
           !ckpt.index["weight_map"].is_object()) {
         throw bad_input(fmt::format("{}: expected an object with a \"weight_map\" object", label));
       }
       std::set<std::string> names;
+      Problems problems;
       // Missing shard files, each with the number of tensors mapped to it and
       // the first of them: reported together, one line per file.
       std::map<std::string, std::pair<std::size_t, std::string>> missing;
       for (auto it = ckpt.index["weight_map"].begin(); it != ckpt.index["weight_map"].end(); ++it) {
         if (!it->is_string()) {
-          throw bad_input(fmt::format("{}: weight_map entry '{}' is {}, expected a file name",
-                                      label, it.key(), it->dump()));
+          problems.add(fmt::format("{}: weight_map entry '{}' is {}, expected a file name", label,
+                                   it.key(), it->type_name()));
+          continue;
         }
         const std::string& file = it->get_ref<const std::string&>();
-        check_shard_name(file, it.key());
-        if (std::find(files.begin(), files.end(), file) == files.end()) {
+        if (!is_plain_file_name(file)) {
+          problems.add(
+              fmt::format("{}: weight_map entry '{}' names file '{}', which is not a plain "
+                          "file name inside the checkpoint directory (no directory part, "
+                          "no '..', not absolute)",
+                          label, it.key(), file));
+        } else if (!listed(file)) {
           auto& [count, first_tensor] = missing[file];
           if (count++ == 0) first_tensor = it.key();
+        } else {
+          names.insert(file);
         }
-        names.insert(file);
       }
-      if (!missing.empty()) {
-        std::string message;
-        for (const auto& [file, what] : missing) {
-          message += fmt::format(
-              "{}{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
-              "exist in {}",
-              message.empty() ? "" : "\n", label, file, what.first, what.second, input.string());
-        }
-        throw bad_input(message);
+      for (const auto& [file, what] : missing) {
+        problems.add(fmt::format(
+            "{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
+            "exist in {}",
+            label, file, what.first, what.second, input.string()));
       }
+      problems.throw_if_any();
       if (names.empty()) throw bad_input(fmt::format("{}: weight_map is empty", label));
       shard_names.assign(names.begin(), names.end());
     } else if (safetensors_files.size() == 1) {
@@ -173,8 +218,11 @@ Checkpoint open_checkpoint(const fs::path& input) {
         ckpt.other_files.push_back(name);
       }
     }
-    if (std::find(files.begin(), files.end(), kConfigFileName) != files.end()) {
-      ckpt.config = read_json_file(input / kConfigFileName, kConfigFileName);
+    if (listed(kConfigFileName)) {
+      // Python's json keeps the last of repeated keys; so does this, as the
+      // output config.json is the input's with quantization_config set.
+      ckpt.config = read_json_file(input / kConfigFileName, kConfigFileName,
+                                   /*reject_duplicate_keys=*/false);
       if (!ckpt.config->is_object()) {
         throw bad_input(fmt::format("{}: is a JSON {}, expected an object", kConfigFileName,
                                     ckpt.config->type_name()));
@@ -184,42 +232,57 @@ Checkpoint open_checkpoint(const fs::path& input) {
     throw bad_input(fmt::format("{}: not a regular file or directory", input.string()));
   }
 
-  for (const std::string& name : shard_names) {
-    ckpt.shards.emplace_back(ckpt.root / name, name);
+  // Every shard's header, each problem reported.
+  {
+    Problems problems;
+    for (const std::string& name : shard_names) {
+      try {
+        ckpt.shards.emplace_back(ckpt.root / name, name);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kBadInput) throw;
+        problems.add(e.what());
+      }
+    }
+    problems.throw_if_any();
   }
+
+  Problems problems;
   for (std::size_t s = 0; s < ckpt.shards.size(); ++s) {
     const auto& header = ckpt.shards[s].header();
     for (std::size_t e = 0; e < header.tensors.size(); ++e) {
       const std::string& name = header.tensors[e].name;
       const auto [it, inserted] = ckpt.tensors.emplace(name, TensorLocation{s, e});
       if (!inserted) {
-        throw bad_input(fmt::format("{}: tensor '{}' is also in {} (a tensor may be in one shard "
-                                    "only)",
-                                    ckpt.shards[s].label(), name,
-                                    ckpt.shards[it->second.shard].label()));
+        problems.add(
+            fmt::format("{}: tensor '{}' is also in {} (a tensor may be in one shard "
+                        "only)",
+                        ckpt.shards[s].label(), name, ckpt.shards[it->second.shard].label()));
       }
     }
   }
+  problems.throw_if_any();
   if (ckpt.has_index) {
     const json& weight_map = ckpt.index["weight_map"];
     for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
       const auto found = ckpt.tensors.find(it.key());
       const std::string& file = it->get_ref<const std::string&>();
       if (found == ckpt.tensors.end() || ckpt.shards[found->second.shard].label() != file) {
-        throw bad_input(fmt::format("{}: weight_map lists tensor '{}' in '{}', but that file does "
-                                    "not hold it",
-                                    kIndexFileName, it.key(), file));
+        problems.add(
+            fmt::format("{}: weight_map lists tensor '{}' in '{}', but that file does "
+                        "not hold it",
+                        kIndexFileName, it.key(), file));
       }
     }
     for (const SafetensorsFile& shard : ckpt.shards) {
       for (const TensorEntry& t : shard.header().tensors) {
         if (!weight_map.contains(t.name)) {
-          throw bad_input(fmt::format("{}: tensor '{}' is not listed in {}'s weight_map",
-                                      shard.label(), t.name, kIndexFileName));
+          problems.add(fmt::format("{}: tensor '{}' is not listed in {}'s weight_map",
+                                   shard.label(), t.name, kIndexFileName));
         }
       }
     }
   }
+  problems.throw_if_any();
   return ckpt;
 }
 

@@ -26,6 +26,7 @@
 #include "ctquant/kernel.hpp"
 #include "ctquant/pack.hpp"
 #include "ctquant/safetensors_writer.hpp"
+#include "input_file.hpp"
 
 namespace ctquant {
 
@@ -93,12 +94,15 @@ class Executor {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     build_jobs();
+    check_cancel();
     open_outputs();
     run_jobs();
+    check_cancel();
     write_json_files();
     copy_other_files();
     const auto streamed = Clock::now();
     finish();
+    check_cancel();
     ExecuteStats stats;
     stats.seconds_stream = std::chrono::duration<double>(streamed - start).count();
     stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
@@ -542,9 +546,8 @@ class Executor {
     } release_guard{*this, buf};
     for (;;) {
       if (failed_.load(std::memory_order_relaxed)) return;
-      if (options_.cancel != nullptr && options_.cancel->load()) {
-        record_error(jobs_.size(), std::make_exception_ptr(Error(
-                                       ErrorKind::kInterrupted, "interrupted by a signal")));
+      if (cancelled()) {
+        record_error(jobs_.size(), std::make_exception_ptr(interrupted()));
         return;
       }
       const std::size_t i = next_job_.fetch_add(1);
@@ -638,12 +641,20 @@ class Executor {
     std::condition_variable done_cv;
     unsigned running = n_threads;
     for (unsigned t = 0; t < n_threads; ++t) {
-      threads.emplace_back([&] {
-        worker();
+      try {
+        threads.emplace_back([&] {
+          worker();
+          std::lock_guard lock(done_mutex);
+          --running;
+          done_cv.notify_all();
+        });
+      } catch (...) {
+        // No thread for this slot: stop the others, wait for them, report.
+        record_error(0, std::current_exception());
         std::lock_guard lock(done_mutex);
-        --running;
-        done_cv.notify_all();
-      });
+        running -= n_threads - t;
+        break;
+      }
     }
     {
       // While the workers run, this thread reports progress and reads the
@@ -666,13 +677,22 @@ class Executor {
     }
     for (auto& t : threads) t.join();
     if (first_error_) std::rethrow_exception(first_error_);
-    if (options_.cancel != nullptr && options_.cancel->load()) {
-      throw Error(ErrorKind::kInterrupted, "interrupted by a signal");
-    }
+    check_cancel();
     if (options_.on_progress) options_.on_progress(progress());
   }
 
+  bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
+  static Error interrupted() {
+    return Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+  }
+  // Between phases and files: a signal stops the run before anything more is
+  // written, however late it arrives before the rename.
+  void check_cancel() const {
+    if (cancelled()) throw interrupted();
+  }
+
   void write_text_file(const std::string& name, const std::string& text) {
+    check_cancel();
     auto file = std::make_unique<OutputFile>(out_dir_ / name);
     file->write_at(0, std::as_bytes(std::span(text)));
     outputs_.push_back(std::move(file));  // flushed after the shards
@@ -683,34 +703,41 @@ class Executor {
     write_text_file(kConfigFileName, dump_json(plan_.config));
   }
 
+  // Files of the input directory other than shards, index and config.json,
+  // copied byte for byte. open_checkpoint() listed only regular files inside
+  // INPUT; open_input_file() checks again that what is opened is one.
   void copy_other_files() {
     for (const std::string& name : plan_.copied_files) {
-      const fs::path src = ckpt_.root / name;
-      const int fd = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw io_error(fmt::format("{}: cannot open: {}", name, std::strerror(errno)));
-      try {
-        auto file = std::make_unique<OutputFile>(out_dir_ / name);
-        file->copy_from(fd, 0, 0, fs::file_size(src));
-        outputs_.push_back(std::move(file));  // flushed after the shards
-      } catch (...) {
-        ::close(fd);
-        throw;
+      check_cancel();
+      std::uint64_t size = 0;
+      const detail::UniqueFd in = detail::open_input_file(ckpt_.root / name, name, size);
+      auto file = std::make_unique<OutputFile>(out_dir_ / name);
+      file->reserve(size);
+      for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
+        check_cancel();
+        file->copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
       }
-      ::close(fd);
+      outputs_.push_back(std::move(file));  // flushed after the shards
     }
   }
 
   void finish() {
     for (auto& file : outputs_) {
+      check_cancel();
       if (options_.fsync) file->sync_and_close();
     }
     outputs_.clear();
     if (options_.fsync) {
       const int dir_fd = ::open(out_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dir_fd >= 0) {
-        ::fsync(dir_fd);
-        ::close(dir_fd);
+      if (dir_fd < 0) {
+        throw io_error(
+            fmt::format("{}: cannot open to flush: {}", out_dir_.string(), std::strerror(errno)));
       }
+      const int rc = ::fsync(dir_fd);
+      const int error = errno;
+      ::close(dir_fd);
+      // Some filesystems cannot fsync a directory (EINVAL); nothing to flush then.
+      if (rc != 0 && error != EINVAL) throw_write_error(out_dir_.string(), error);
     }
   }
 

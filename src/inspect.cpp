@@ -325,7 +325,9 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
 }
 
 InspectReport inspect_checkpoint(const fs::path& input, const InspectOptions& options) {
-  InspectReport report{open_checkpoint(input), {}, std::nullopt, {}};
+  // Read-only: links out of the directory (a cache snapshot) are followed.
+  InspectReport report{
+      open_checkpoint(input, OpenOptions{.follow_links_outside = true}), {}, std::nullopt, {}};
   report.inventory = make_inventory(report.checkpoint);
   if (options.plan) {
     report.plan = make_plan(report.checkpoint, options.plan_options);

@@ -25,8 +25,11 @@
 
 // GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(),
 // which -Wmaybe-uninitialized reports at every use; the values are fully
-// written before they are read.
+// written before they are read. (Clang has no such warning, nor the group.)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <bit>
@@ -399,9 +402,17 @@ std::optional<std::uint64_t> quantize_rows_for(SimdLevel level, const QuantSchem
   return wide ? quantize_rows_512<T, 8>(scheme, block) : quantize_rows<T, 8>(scheme, block);
 }
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for
+// __builtin_cpu_supports. AVX2 support, checked first, includes the OS
+// saving the YMM state that F16C uses.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 SimdLevel detect_cpu() {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("f16c")) return SimdLevel::kNone;
+  if (!__builtin_cpu_supports("avx2") || !cpu_has_f16c()) return SimdLevel::kNone;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
     return SimdLevel::kAvx512;
   }

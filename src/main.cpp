@@ -27,18 +27,48 @@
 namespace {
 
 std::atomic<bool> g_cancel{false};
+std::atomic<int> g_signal{0};
 
-extern "C" void on_signal(int) { g_cancel.store(true); }
+extern "C" void on_signal(int signal_number) {
+  g_signal.store(signal_number);
+  g_cancel.store(true);
+}
 
+// SIGINT, SIGTERM and SIGHUP ask the run to stop: the library polls the
+// cancel flag between jobs and phases, removes the temporary directory and
+// throws Error{kInterrupted}. SA_RESETHAND: a second signal ends the process
+// at once (the temporary directory may then be left, recognisable by name).
 void install_signal_handlers() {
   struct sigaction action {};
   action.sa_handler = on_signal;
+  action.sa_flags = SA_RESETHAND | SA_RESTART;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
+    // A signal the parent ignores stays ignored (nohup, `cmd &` in a script).
+    struct sigaction previous {};
+    if (sigaction(signal_number, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) {
+      continue;
+    }
+    sigaction(signal_number, &action, nullptr);
+  }
   // A file size limit (RLIMIT_FSIZE) must surface as EFBIG, a clean "no
-  // space" error, not as a signal that kills the process mid-write.
+  // space" error, not as a signal that kills the process mid-write; a closed
+  // stderr pipe must not kill it before it has cleaned up either.
   std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+const char* signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "a signal";
+  }
 }
 
 std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
@@ -120,9 +150,21 @@ void print_stdout(const std::string& text) {
 }
 
 // Prints an error on stderr, first erasing the progress line a terminal may show.
-void print_error(const char* message) {
-  const char* erase_line = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
-  std::fprintf(stderr, "%sctquant: error: %s\n", erase_line, message);
+void print_error(const std::string& message) {
+  // Control characters are escaped: names in messages come from input files
+  // and must not drive the terminal.
+  std::string text = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
+  text += "ctquant: error: ";
+  for (const char c : message) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7F) {
+      text += fmt::format("\\x{:02x}", u);
+    } else {
+      text += c;
+    }
+  }
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stderr);
 }
 
 struct QuantizeArgs {
@@ -131,6 +173,7 @@ struct QuantizeArgs {
   PlanArgs plan;
   unsigned threads = 0;
   bool force = false;
+  bool follow_symlinks = false;
   bool dry_run = false;
   bool allow_unloadable = false;
   bool strict = false;
@@ -144,6 +187,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
   options.tp = args.plan.tp;
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
+  options.follow_symlinks = args.follow_symlinks;
   options.dry_run = args.dry_run;
   options.allow_unloadable = args.allow_unloadable;
   options.strict = args.strict;
@@ -251,6 +295,9 @@ int main(int argc, char** argv) {
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
   quantize->add_flag("--force", q.force, "Replace an existing OUTPUT once the new one is complete");
+  quantize->add_flag("--follow-symlinks", q.follow_symlinks,
+                     "Read files that symbolic links in INPUT point to outside it (a Hugging "
+                     "Face cache snapshot); refused by default");
   quantize->add_flag("--dry-run", q.dry_run,
                      "Plan and lint, print the plan on stdout; write nothing");
   quantize->add_flag("--allow-unloadable", q.allow_unloadable,
@@ -300,7 +347,6 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
     if (inspect->parsed()) {
@@ -311,7 +357,14 @@ int main(int argc, char** argv) {
     }
     if (verify->parsed()) return run_verify(ver, verbosity);
   } catch (const ctquant::Error& e) {
-    print_error(e.what());
+    if (e.kind() == ctquant::ErrorKind::kInterrupted) {
+      print_error(
+          fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
+                      "removed",
+                      e.what(), signal_name(g_signal.load())));
+    } else {
+      print_error(e.what());
+    }
     return ctquant::exit_status(e.kind());
   } catch (const std::exception& e) {
     print_error(e.what());

@@ -100,7 +100,18 @@ bool ModuleMatcher::entry_matches(std::size_t i, std::string_view module) const 
   const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(module.data()), module.size(), 0,
                              PCRE2_ANCHORED, data, nullptr);
   pcre2_match_data_free(data);
-  return rc >= 0;
+  if (rc >= 0) return true;
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  // Fail closed: a match that could not be decided (match or depth limit on
+  // a long name from the checkpoint, bad UTF-8) must not silently count as
+  // "does not match", which would quantize a module meant to be ignored.
+  PCRE2_UCHAR message[256];
+  pcre2_get_error_message(rc, message, sizeof message);
+  throw usage_error(
+      fmt::format("{} '{}': cannot be matched against module '{}': {}; simplify the "
+                  "pattern",
+                  role_ == Role::kIgnore ? "--ignore" : "--targets", entries_[i], module,
+                  reinterpret_cast<const char*>(message)));
 }
 
 std::optional<std::size_t> ModuleMatcher::first_match(std::string_view module) const {

@@ -1,7 +1,11 @@
 #include "ctquant/output_dir.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <random>
 #include <system_error>
@@ -9,6 +13,8 @@
 #include <fmt/format.h>
 
 #include "ctquant/error.hpp"
+#include "ctquant/safetensors_writer.hpp"
+#include "input_file.hpp"
 
 namespace ctquant {
 
@@ -27,13 +33,8 @@ fs::path absolute_normal(const fs::path& p) {
   return abs;
 }
 
-// True when `inner` is `outer` or lies below it.
 bool is_within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin();
-  for (auto o = outer.begin(); o != outer.end(); ++o, ++i) {
-    if (i == inner.end() || *i != *o) return false;
-  }
-  return true;
+  return detail::path_is_within(inner, outer);
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -94,8 +95,10 @@ StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool f
       return;
     }
     if (ec) {
-      throw io_error(fmt::format("{}: cannot create the temporary output directory: {}",
-                                 candidate.string(), ec.message()));
+      const std::string what =
+          fmt::format("{}: cannot create the temporary output directory", candidate.string());
+      if (ec.value() == ENOSPC || ec.value() == EDQUOT) throw_write_error(what, ec.value());
+      throw io_error(fmt::format("{}: {}", what, ec.message()));
     }
   }
   throw io_error(fmt::format("{}: cannot find a free temporary directory name", parent.string()));
@@ -108,14 +111,63 @@ StagedOutput::~StagedOutput() {
   }
 }
 
+namespace {
+
+// rename(2) with flags; false with errno EINVAL/ENOSYS when the filesystem or
+// kernel does not support them.
+bool rename_with_flags(const fs::path& from, const fs::path& to, unsigned flags) {
+  return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags) == 0;
+}
+
+bool flags_unsupported(int error) { return error == EINVAL || error == ENOSYS || error == ENOTSUP; }
+
+}  // namespace
+
 void StagedOutput::commit() {
   std::error_code ec;
+  const bool output_exists = fs::exists(fs::symlink_status(output_, ec));
+  if (output_exists && !force_) {
+    throw usage_error(
+        fmt::format("OUTPUT {} appeared while ctquant ran; not replacing it", output_.string()));
+  }
+  if (!output_exists) {
+    // RENAME_NOREPLACE: a plain rename would silently replace an empty
+    // directory created at OUTPUT in the meantime.
+    if (rename_with_flags(temp_, output_, RENAME_NOREPLACE)) {
+      committed_ = true;
+      fsync_dir(output_.parent_path());
+      return;
+    }
+    const int error = errno;
+    if (error == EEXIST) {
+      throw usage_error(
+          fmt::format("OUTPUT {} appeared while ctquant ran; not replacing it", output_.string()));
+    }
+    if (!flags_unsupported(error)) {
+      throw io_error(fmt::format("{}: cannot rename the finished output into place: {}",
+                                 output_.string(), std::strerror(error)));
+    }
+  } else {
+    // --force: swap the new directory and the old OUTPUT in one step, so that
+    // OUTPUT always names a complete checkpoint; the old one is then removed
+    // under the temporary name.
+    if (rename_with_flags(temp_, output_, RENAME_EXCHANGE)) {
+      committed_ = true;
+      fsync_dir(output_.parent_path());
+      fs::remove_all(temp_, ec);
+      return;
+    }
+    const int error = errno;
+    if (!flags_unsupported(error)) {
+      throw io_error(fmt::format("{}: cannot swap the finished output into place: {}",
+                                 output_.string(), std::strerror(error)));
+    }
+  }
+
+  // Fallback for filesystems without renameat2 flags: move the old OUTPUT
+  // aside (under a recognisable temporary name), rename, remove the old one.
   fs::path aside;
   if (fs::exists(fs::symlink_status(output_, ec))) {
-    if (!force_) {
-      throw usage_error(fmt::format("OUTPUT {} appeared while ctquant ran; not replacing it",
-                                    output_.string()));
-    }
     aside = temp_.string() + "-old";
     fs::rename(output_, aside, ec);
     if (ec) {
@@ -125,7 +177,8 @@ void StagedOutput::commit() {
   }
   fs::rename(temp_, output_, ec);
   if (ec) {
-    if (!aside.empty()) fs::rename(aside, output_);
+    std::error_code restore_ec;
+    if (!aside.empty()) fs::rename(aside, output_, restore_ec);
     throw io_error(fmt::format("{}: cannot rename the finished output into place: {}",
                                output_.string(), ec.message()));
   }

@@ -66,17 +66,29 @@ void add_quantized_outputs(const TensorDecision& d, const TensorEntry& w, DType 
   const std::uint64_t n_groups = cols / scheme.effective_group_size(cols);
   const std::uint64_t words = packed_words_per_row(cols, scheme.num_bits);
   const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(t) / 8);
+  // Every size below is bounded by the weight's byte size (a few bytes per
+  // element at most), which parse_header bounded by the file size; the
+  // products are still checked so that no future scheme can wrap them.
+  const auto bytes_of = [&](std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+    std::uint64_t ab = 0;
+    std::uint64_t abc = 0;
+    if (!checked_mul(a, b, ab) || !checked_mul(ab, c, abc)) {
+      throw bad_input(fmt::format("tensor '{}' {}: output size overflows 64 bits", w.name,
+                                  shape_string(w.shape)));
+    }
+    return abc;
+  };
   const auto add = [&](const std::string& suffix, DType dtype, std::vector<std::uint64_t> shape,
                        std::uint64_t bytes, OutputRole role) {
     out.push_back(PlannedTensor{d.module + "." + suffix, dtype, std::move(shape), bytes, 0, role,
                                 decision_index});
   };
-  add("weight_packed", DType::kI32, {rows, words}, rows * words * 4, OutputRole::kPacked);
-  add("weight_scale", t, {rows, n_groups}, rows * n_groups * esize, OutputRole::kScale);
+  add("weight_packed", DType::kI32, {rows, words}, bytes_of(rows, words, 4), OutputRole::kPacked);
+  add("weight_scale", t, {rows, n_groups}, bytes_of(rows, n_groups, esize), OutputRole::kScale);
   add("weight_shape", DType::kI64, {2}, 16, OutputRole::kShape);
   if (!scheme.symmetric) {
     const std::uint64_t zp_rows = packed_words_per_row(rows, scheme.num_bits);
-    add("weight_zero_point", DType::kI32, {zp_rows, n_groups}, zp_rows * n_groups * 4,
+    add("weight_zero_point", DType::kI32, {zp_rows, n_groups}, bytes_of(zp_rows, n_groups, 4),
         OutputRole::kZeroPoint);
   }
 }
@@ -366,6 +378,31 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     throw bad_input(message);
   }
 
+  // The executor holds whole rows of a weight in memory (at least one per
+  // thread): bound them, so that a header cannot make it allocate without
+  // limit (a sparse file can claim any size).
+  // FP8 rows are held as BF16 once loaded (section 6).
+  std::vector<std::string> row_errors;
+  for (const TensorDecision& d : plan.decisions) {
+    if (d.fate != Fate::kQuantize && d.fate != Fate::kDequantize) continue;
+    const TensorEntry& t = checkpoint.entry(d.source);
+    const std::uint64_t element_bytes =
+        d.fp8 ? 2u : static_cast<std::uint64_t>(dtype_bits(t.dtype) / 8);
+    std::uint64_t row_bytes = 0;
+    if (!checked_mul(t.shape[1], element_bytes, row_bytes) || row_bytes > kMaxWeightRowBytes) {
+      row_errors.push_back(fmt::format(
+          "{}: tensor '{}' {} has rows of {} bytes, more than the limit of {} bytes per row of a "
+          "weight to quantize or dequantize; ignore it (--ignore) to copy it unchanged",
+          checkpoint.shards[d.source.shard].label(), t.name, shape_string(t.shape), row_bytes,
+          kMaxWeightRowBytes));
+    }
+  }
+  if (!row_errors.empty()) {
+    std::string message = row_errors.front();
+    for (std::size_t i = 1; i < row_errors.size(); ++i) message += "\n" + row_errors[i];
+    throw bad_input(message);
+  }
+
   // Output tensors, shard by shard.
   json weight_map = json::object();
   for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
@@ -419,11 +456,20 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
       }
     }
     ShardLayout layout = layout_shard(specs, {{"format", "pt"}});
-    for (std::size_t i = 0; i < shard.tensors.size(); ++i) shard.tensors[i].offset = layout.offsets[i];
+    if (layout.data_start - 8 > kMaxHeaderBytes) {
+      throw bad_input(
+          fmt::format("{}: the output header would be {} bytes, more than the limit of "
+                      "{} that readers accept (section 1 of the format spec)",
+                      shard.file_name, layout.data_start - 8, kMaxHeaderBytes));
+    }
+    for (std::size_t i = 0; i < shard.tensors.size(); ++i)
+      shard.tensors[i].offset = layout.offsets[i];
     shard.header = std::move(layout.header);
     shard.data_start = layout.data_start;
     shard.file_size = layout.file_size;
-    plan.shard_bytes_out += shard.file_size;
+    if (!checked_add(plan.shard_bytes_out, shard.file_size, plan.shard_bytes_out)) {
+      throw bad_input("output size overflows 64 bits");
+    }
     plan.shards.push_back(std::move(shard));
   }
 

@@ -26,13 +26,28 @@ QuantizeOptions default_quantize_options() {
 
 namespace {
 
+// Size of a file for the summary; 0 if it cannot be read.
+std::uint64_t file_bytes(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
 std::uint64_t directory_bytes(const fs::path& dir) {
   std::uint64_t total = 0;
   std::error_code ec;
   for (const auto& item : fs::directory_iterator(dir, ec)) {
-    if (item.is_regular_file(ec)) total += item.file_size(ec);
+    if (item.is_regular_file(ec)) total += file_bytes(item.path());
   }
   return total;
+}
+
+// A signal that arrives while the checkpoint is opened or planned stops the
+// run before anything is written.
+void check_cancel(const std::atomic<bool>* cancel) {
+  if (cancel != nullptr && cancel->load()) {
+    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+  }
 }
 
 // Logs the findings that do not stop the run at their severity; throws
@@ -81,7 +96,10 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_plan_options(options.plan);  // usage errors before any file is read
 
   check_output_path(options.output, options.input, options.force);
-  Checkpoint checkpoint = open_checkpoint(options.input);
+  check_cancel(options.cancel);
+  Checkpoint checkpoint =
+      open_checkpoint(options.input, OpenOptions{.follow_links_outside = options.follow_symlinks});
+  check_cancel(options.cancel);
   if (log) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
@@ -96,6 +114,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   }
   QuantizeSummary summary;
   summary.plan = make_plan(checkpoint, options.plan);
+  check_cancel(options.cancel);
   LintOptions lint;
   lint.tp = options.tp;
   summary.findings = run_lint(checkpoint, summary.plan, lint);
@@ -112,8 +131,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         summary.plan.input_quantization.describe(), summary.plan.n_dropped);
   }
   summary.bytes_in = checkpoint.total_file_bytes();
-  if (checkpoint.has_index) summary.bytes_in += fs::file_size(checkpoint.root / kIndexFileName);
-  if (checkpoint.config) summary.bytes_in += fs::file_size(checkpoint.root / kConfigFileName);
+  if (checkpoint.has_index) summary.bytes_in += file_bytes(checkpoint.root / kIndexFileName);
+  if (checkpoint.config) summary.bytes_in += file_bytes(checkpoint.root / kConfigFileName);
   if (log && !checkpoint.config) {
     log->warn("{}: no config.json; writing one that holds only quantization_config",
               options.input.string());
@@ -143,6 +162,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         options.threads, kernel_path_name(), st.seconds_flush);
   }
   summary.bytes_out = directory_bytes(staged.dir());
+  // The last moment a signal can stop the run: after the rename OUTPUT is
+  // complete and the run has succeeded.
+  check_cancel(options.cancel);
   staged.commit();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,15 +62,18 @@ ShardLayout layout_shard(std::span<const TensorSpec> tensors,
   for (int i = 0; i < 8; ++i) layout.header[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
   layout.header += json;
   layout.data_start = layout.header.size();
-  layout.file_size = layout.data_start + cursor;
+  if (!checked_add(layout.data_start, cursor, layout.file_size)) {
+    throw bad_input("output shard size overflows 64 bits");
+  }
   return layout;
 }
 
 void throw_write_error(const std::string& what, int errno_value) {
   if (errno_value == ENOSPC || errno_value == EDQUOT || errno_value == EFBIG) {
     throw Error(ErrorKind::kNoSpace,
-                fmt::format("{}: no space left for the output ({})", what,
-                            std::strerror(errno_value)));
+                fmt::format("{}: no space left for the output ({}{})", what,
+                            std::strerror(errno_value),
+                            errno_value == EFBIG ? ": the file size limit was reached" : ""));
   }
   throw io_error(fmt::format("{}: write failed: {}", what, std::strerror(errno_value)));
 }
@@ -77,7 +81,9 @@ void throw_write_error(const std::string& what, int errno_value) {
 OutputFile::OutputFile(const std::filesystem::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) {
-    throw io_error(fmt::format("{}: cannot create: {}", path.string(), std::strerror(errno)));
+    const int error = errno;
+    if (error == ENOSPC || error == EDQUOT) throw_write_error(path.string(), error);
+    throw io_error(fmt::format("{}: cannot create: {}", path.string(), std::strerror(error)));
   }
 }
 
@@ -87,7 +93,13 @@ OutputFile::~OutputFile() {
 
 void OutputFile::reserve(std::uint64_t size) {
   if (size == 0) return;
-  const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+  if (size > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
+    throw_write_error(path_.string(), EFBIG);
+  }
+  int rc = 0;
+  do {
+    rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+  } while (rc == EINTR);
   if (rc == 0 || rc == EOPNOTSUPP || rc == EINVAL) return;  // unsupported: writes will tell
   throw_write_error(path_.string(), rc);
 }
@@ -98,8 +110,9 @@ void OutputFile::write_at(std::uint64_t offset, std::span<const std::byte> bytes
     const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
                                static_cast<off_t>(offset + done));
     if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_write_error(path_.string(), errno);
+      const int error = errno;
+      if (error == EINTR) continue;
+      throw_write_error(path_.string(), error);
     }
     if (n == 0) throw_write_error(path_.string(), ENOSPC);
     done += static_cast<std::size_t>(n);
@@ -118,27 +131,28 @@ void OutputFile::copy_from(int in_fd, std::uint64_t in_offset, std::uint64_t off
       left -= static_cast<std::uint64_t>(n);
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG)) {
-      throw_write_error(path_.string(), errno);
+    const int error = n < 0 ? errno : 0;
+    if (error == EINTR) continue;
+    if (error == ENOSPC || error == EDQUOT || error == EFBIG) {
+      throw_write_error(path_.string(), error);
     }
-    if (n < 0 && errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP &&
-        errno != EBADF) {
-      throw io_error(fmt::format("{}: copy failed: {}", path_.string(), std::strerror(errno)));
+    if (n < 0 && error != EXDEV && error != EINVAL && error != ENOSYS && error != EOPNOTSUPP &&
+        error != EBADF) {
+      throw io_error(fmt::format("{}: copy failed: {}", path_.string(), std::strerror(error)));
     }
-    if (n == 0) {
-      throw io_error(fmt::format("{}: input ended early while copying (was it truncated?)",
-                                 path_.string()));
-    }
-    // copy_file_range is not available here: copy through a bounded buffer.
+    // copy_file_range cannot copy here (or returned 0, which some filesystems
+    // do for files they cannot copy): copy through a bounded buffer, which
+    // also tells a real end of file apart.
     std::vector<std::byte> buffer(std::min<std::uint64_t>(left, 8u << 20));
     while (left > 0) {
       const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size()));
       const ssize_t r = ::pread(in_fd, buffer.data(), chunk, in_pos);
-      if (r < 0 && errno == EINTR) continue;
+      const int read_error = r < 0 ? errno : 0;
+      if (read_error == EINTR) continue;
       if (r <= 0) {
         throw io_error(fmt::format("{}: read failed while copying: {}", path_.string(),
-                                   r == 0 ? "unexpected end of file" : std::strerror(errno)));
+                                   r == 0 ? "unexpected end of file (was the input truncated?)"
+                                          : std::strerror(read_error)));
       }
       write_at(static_cast<std::uint64_t>(out_pos),
                std::span<const std::byte>(buffer.data(), static_cast<std::size_t>(r)));
@@ -157,10 +171,20 @@ void OutputFile::start_writeback(std::uint64_t offset, std::uint64_t length) con
 
 void OutputFile::sync_and_close() {
   if (fd_ < 0) return;
-  if (::fsync(fd_) != 0) throw_write_error(path_.string(), errno);
+  int rc = 0;
+  do {
+    rc = ::fsync(fd_);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int error = errno;
+    throw_write_error(path_.string(), error);
+  }
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) throw_write_error(path_.string(), errno);
+  if (::close(fd) != 0) {
+    const int error = errno;
+    if (error != EINTR) throw_write_error(path_.string(), error);
+  }
 }
 
 }  // namespace ctquant

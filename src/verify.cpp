@@ -1551,7 +1551,8 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   // Section 2: the fate config.json's ignore list and targets give each
   // module must be the one OUTPUT holds.
   try {
-    const Checkpoint checkpoint = open_checkpoint(input);
+    // Read-only: links out of the directory (a cache snapshot) are followed.
+    const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
     PlanOptions plan_options;
     plan_options.scheme = scheme.scheme;
     plan_options.ignore = scheme.ignore;

@@ -432,8 +432,10 @@ TEST(Quantize, NamesWithQuotesBackslashesAndUnicode) {
   EXPECT_TRUE(weight_map.contains(names[3]));
 }
 
-// A Hugging Face cache snapshot: every file is a symbolic link to a blob.
-// The links are followed; the output holds regular files equal to the golden.
+// A Hugging Face cache snapshot: every file is a symbolic link to a blob
+// outside the snapshot directory. Such links are refused unless
+// follow_symlinks (--follow-symlinks) is set; then they are followed and the
+// output holds regular files equal to the golden.
 TEST(Quantize, SymlinkedSnapshotDirectory) {
   TempDir tmp;
   const fs::path golden = golden_dir() / "dflash-bf16-sharded";
@@ -447,6 +449,16 @@ TEST(Quantize, SymlinkedSnapshotDirectory) {
   }
   QuantizeOptions options = test_options(tmp / "snapshot", tmp / "out");
   options.plan.ignore = {"re:.*qkv_proj$", "re:.*g_proj$"};
+  try {
+    quantize(options);
+    FAIL() << "links out of INPUT were followed without follow_symlinks";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("config.json: is a symbolic link to"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  options.follow_symlinks = true;
   quantize(options);
   EXPECT_EQ(diff_bytes(tmp / "out", golden / "expected"), "");
   for (const auto& item : fs::directory_iterator(tmp / "out")) {

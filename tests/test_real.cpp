@@ -247,8 +247,10 @@ void verify_output(const fs::path& input, const fs::path& out, const QuantizeSum
   EXPECT_EQ(summary.tensors_quantized, c.quantized.size());
   EXPECT_EQ(summary.tensors_copied, c.n_copied);
   for (const auto& [tensor, rule] : c.rules) {
+    // A named copy: clang 14 cannot capture a structured binding.
+    const std::string& name = tensor;
     const auto it = std::find_if(plan.decisions.begin(), plan.decisions.end(),
-                                 [&](const TensorDecision& d) { return d.name == tensor; });
+                                 [&](const TensorDecision& d) { return d.name == name; });
     ASSERT_NE(it, plan.decisions.end()) << tensor;
     EXPECT_EQ(it->rule, rule) << tensor;
   }

@@ -1,6 +1,8 @@
 #include "test_support.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -319,6 +321,113 @@ std::string diff_bytes(const fs::path& actual, const fs::path& expected) {
     }
   }
   return {};
+}
+
+}  // namespace ctquant::test
+
+// ---- child processes, temporary output directories, large inputs ----
+
+namespace ctquant::test {
+
+CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOptions& options) {
+  const fs::path out_path = capture_ / "stdout";
+  const fs::path err_path = capture_ / "stderr";
+  std::vector<std::string> storage{ctquant_binary().string()};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    // Start from default dispositions even if the test runner ignores some
+    // signals (e.g. run in the background by a script).
+    for (const int signal_number : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGXFSZ}) {
+      ::signal(signal_number, SIG_DFL);
+    }
+    if (options.file_size_limit > 0) {
+      const rlimit limit{options.file_size_limit, options.file_size_limit};
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
+    }
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+}
+
+CtquantProcess::~CtquantProcess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+}
+
+bool CtquantProcess::running() const {
+  if (pid_ <= 0) return false;
+  siginfo_t info{};
+  // WNOWAIT: look without reaping, so that wait() still gets the status.
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    return false;
+  }
+  return info.si_pid == 0;
+}
+
+void CtquantProcess::signal(int signal_number) const {
+  if (pid_ > 0) ::kill(pid_, signal_number);
+}
+
+CommandResult CtquantProcess::wait() {
+  if (pid_ <= 0) throw std::runtime_error("CtquantProcess::wait: no child");
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0) {
+    if (errno != EINTR) throw std::runtime_error("waitpid failed");
+  }
+  pid_ = -1;
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.out = read_file(capture_ / "stdout");
+  result.err = read_file(capture_ / "stderr");
+  return result;
+}
+
+CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options) {
+  CtquantProcess process(args, options);
+  return process.wait();
+}
+
+void write_large_checkpoint(const fs::path& dir, std::uint64_t n_weights, std::uint64_t rows,
+                            std::uint64_t cols) {
+  fs::create_directories(dir);
+  std::vector<TensorSpec> specs;
+  for (std::uint64_t i = 0; i < n_weights; ++i) {
+    specs.push_back(TensorSpec{"model.layers." + std::to_string(i) + ".mlp.down_proj.weight",
+                               DType::kBF16,
+                               {rows, cols},
+                               rows * cols * 2});
+  }
+  const ShardLayout layout = layout_shard(specs, {{"format", "pt"}});
+  std::ofstream out(dir / "model.safetensors", std::ios::binary | std::ios::trunc);
+  out.write(layout.header.data(), static_cast<std::streamsize>(layout.header.size()));
+  // BF16 values with the exponent of about 0.01 and pseudo-random mantissas.
+  std::vector<std::uint16_t> block(1u << 16);
+  std::uint32_t state = 12345;
+  for (auto& v : block) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<std::uint16_t>(0x3C00u | ((state >> 16) & 0x80FFu));
+  }
+  std::uint64_t left = layout.file_size - layout.data_start;
+  while (left > 0) {
+    const std::uint64_t n = std::min<std::uint64_t>(left, block.size() * 2);
+    out.write(reinterpret_cast<const char*>(block.data()), static_cast<std::streamsize>(n));
+    left -= n;
+  }
+  if (!out) throw std::runtime_error("cannot write " + (dir / "model.safetensors").string());
+  write_file(dir / "config.json", "{\"model_type\": \"llama\"}\n");
 }
 
 }  // namespace ctquant::test

@@ -112,3 +112,49 @@ std::string diff_checkpoints(const std::filesystem::path& actual,
 std::string diff_bytes(const std::filesystem::path& actual, const std::filesystem::path& expected);
 
 }  // namespace ctquant::test
+
+// ---- child processes, temporary output directories, large inputs ----
+
+namespace ctquant::test {
+
+// How to run the binary in a child process.
+struct RunOptions {
+  // RLIMIT_FSIZE of the child in bytes (set between fork and exec); 0 keeps
+  // the parent's limit.
+  std::uint64_t file_size_limit = 0;
+};
+
+// The ctquant binary running in a child process, its stdout and stderr
+// captured to files. The destructor kills (SIGKILL) and reaps a child that
+// was not waited for.
+class CtquantProcess {
+ public:
+  explicit CtquantProcess(const std::vector<std::string>& args, const RunOptions& options = {});
+  ~CtquantProcess();
+  CtquantProcess(const CtquantProcess&) = delete;
+  CtquantProcess& operator=(const CtquantProcess&) = delete;
+
+  int pid() const { return pid_; }
+  // True while the child has not exited (does not reap it).
+  bool running() const;
+  // Sends a signal to the child.
+  void signal(int signal_number) const;
+  // Waits for the child; exit_code is 128 + N when signal N ended it.
+  CommandResult wait();
+
+ private:
+  TempDir capture_;
+  int pid_ = -1;
+};
+
+// run_ctquant() with options (e.g. a file size limit).
+CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options);
+
+// Writes a single-file checkpoint (model.safetensors and config.json) of
+// n_weights BF16 weights [rows, cols] named model.layers.<i>.mlp.down_proj.weight,
+// streamed from a cheap deterministic generator (finite values around 0.01),
+// so that inputs of hundreds of MB cost no memory.
+void write_large_checkpoint(const std::filesystem::path& dir, std::uint64_t n_weights,
+                            std::uint64_t rows, std::uint64_t cols);
+
+}  // namespace ctquant::test

@@ -49,13 +49,29 @@ struct Checkpoint {
   std::uint64_t total_file_bytes() const;  // shards plus copied files
 };
 
-// Opens and validates the checkpoint at input. Throws Error{kBadInput} for a
-// checkpoint that breaks section 1 of the format spec (each shard's header;
-// the index naming a missing file, a path outside the directory or a tensor
-// its file does not hold; a shard tensor the index does not list; the same
-// tensor in two shards; several safetensors files without an index; an
-// unreadable config.json; a config.json, index or .safetensors entry that is
-// not a regular file, such as a dangling symbolic link) and Error{kIo} when a file cannot be read.
-Checkpoint open_checkpoint(const std::filesystem::path& input);
+struct OpenOptions {
+  // Read files that symbolic links in the directory point to outside it (a
+  // Hugging Face cache snapshot links every file into its blob store). Off:
+  // such a link is refused, so that a downloaded checkpoint cannot make
+  // ctquant read or copy a file it was not given (docs/security.md).
+  bool follow_links_outside = false;
+};
+
+// Opens and validates the checkpoint at input. Only regular files are read:
+// in a directory, a symbolic link is followed when it resolves to a regular
+// file inside the directory, and when it resolves to one outside it only
+// with options.follow_links_outside (refused otherwise); subdirectories,
+// devices and FIFOs are ignored, except that a config.json, index or
+// .safetensors entry that is not a regular file (such as a dangling link
+// into a download cache) is refused. config.json and the index are read
+// only up to 100,000,000 bytes and 128 levels of JSON nesting. Throws
+// Error{kBadInput} for a checkpoint that breaks section 1 of the format spec
+// (each shard's header; the index naming a missing file, a path outside the
+// directory or a tensor its file does not hold, or naming a tensor twice; a
+// shard tensor the index does not list; the same tensor in two shards;
+// several safetensors files without an index; a config.json that is not a
+// JSON object) or has such entries, listing every problem of the phase at
+// once; Error{kIo} when a file cannot be read.
+Checkpoint open_checkpoint(const std::filesystem::path& input, const OpenOptions& options = {});
 
 }  // namespace ctquant

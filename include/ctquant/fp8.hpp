@@ -90,7 +90,9 @@ struct Fp8ScaleLayout {
   // [grid_row_begin(row_begin), grid_row_end(row_end)).
   std::uint64_t grid_row_begin(std::uint64_t row_begin) const { return row_begin / block_rows; }
   std::uint64_t grid_row_end(std::uint64_t row_end) const {
-    return (row_end + block_rows - 1) / block_rows;
+    // Not (row_end + block_rows - 1) / block_rows: block_rows comes from
+    // config.json and may be up to 2^64 - 1.
+    return row_end / block_rows + (row_end % block_rows != 0 ? 1 : 0);
   }
   std::uint64_t scale_bytes_per_grid_row() const {
     return grid_cols * static_cast<std::uint64_t>(dtype_bits(dtype) / 8);

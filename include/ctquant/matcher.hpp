@@ -33,9 +33,12 @@ class ModuleMatcher {
   ModuleMatcher(ModuleMatcher&&) noexcept;
   ModuleMatcher& operator=(ModuleMatcher&&) noexcept;
 
-  // Index of the first entry matching module, or nullopt.
+  // Index of the first entry matching module, or nullopt. Throws like
+  // entry_matches().
   std::optional<std::size_t> first_match(std::string_view module) const;
-  // Whether entry i matches module.
+  // Whether entry i matches module. Throws Error{kUsage} when a pattern
+  // cannot be evaluated on module (PCRE2 match or depth limit): the answer
+  // is never guessed.
   bool entry_matches(std::size_t i, std::string_view module) const;
 
   const std::vector<std::string>& entries() const { return entries_; }

@@ -18,8 +18,8 @@ class StagedOutput {
  public:
   // Checks output against input and creates the temporary directory.
   // Throws Error{kUsage} when OUTPUT equals INPUT, lies inside it or contains
-  // it, or exists and force is false; Error{kIo} when the temporary
-  // directory cannot be created.
+  // it, or exists and force is false; Error{kNoSpace} or Error{kIo} when
+  // the temporary directory cannot be created.
   StagedOutput(const std::filesystem::path& output, const std::filesystem::path& input,
                bool force);
   ~StagedOutput();
@@ -29,9 +29,12 @@ class StagedOutput {
   // The temporary directory to write into.
   const std::filesystem::path& dir() const { return temp_; }
 
-  // Renames the temporary directory to OUTPUT. With force, an existing OUTPUT
-  // is moved aside first and removed only after the new one is in place.
-  // Throws Error{kIo}.
+  // Renames the temporary directory to OUTPUT (never over a directory that
+  // appeared meanwhile). With force, an existing OUTPUT is swapped with the
+  // new one in one atomic rename (renameat2 RENAME_EXCHANGE; on filesystems
+  // without it, moved aside first) and removed only after the new one is in
+  // place. Throws Error{kUsage} when OUTPUT appeared and force is false,
+  // Error{kIo} when a rename fails.
   void commit();
 
  private:

@@ -28,6 +28,10 @@
 
 namespace ctquant {
 
+// Largest row, in bytes, of a weight to quantize (16M BF16 columns, far
+// above any real in_features): the executor keeps whole rows in memory.
+inline constexpr std::uint64_t kMaxWeightRowBytes = 32u << 20;
+
 // What happens to one input tensor.
 enum class Fate {
   kCopy,        // written unchanged under the same name
@@ -114,14 +118,15 @@ struct QuantizePlan {
 // Builds the plan. Throws Error{kUsage} for invalid ignore/target entries or
 // scheme. Throws Error{kBadInput} for an input config whose
 // quantization_config ctquant does not convert (classify_input_quantization),
-// and, listing every problem at once: each selected tensor whose in_features
-// is not a multiple of the group size (section 2); each tensor whose name has
-// a ':' component (torchao's tensor-subclass layout, not a module parameter);
-// each F8 tensor that is not a recognised FP8 weight (wrong dtype variant,
-// not a 2-D .weight, 3-D expert tensors, no FP8 quantization_config, a
-// module the input's ignore list says was never FP8); each FP8 weight whose
-// scale is missing or has the wrong dtype or shape; each scale without its
-// F8 weight.
+// for an output header over kMaxHeaderBytes, and, listing every problem at
+// once: each selected tensor whose in_features is not a multiple of the group
+// size (section 2); each selected tensor with rows over kMaxWeightRowBytes;
+// each tensor whose name has a ':' component (torchao's tensor-subclass
+// layout, not a module parameter); each F8 tensor that is not a recognised
+// FP8 weight (wrong dtype variant, not a 2-D .weight, 3-D expert tensors, no
+// FP8 quantization_config, a module the input's ignore list says was never
+// FP8); each FP8 weight whose scale is missing or has the wrong dtype or
+// shape; each scale without its F8 weight.
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
 
 // Checks the options alone, before any file is read. Throws Error{kUsage}

@@ -42,7 +42,7 @@ struct SafetensorsHeader {
   std::uint64_t header_size = 0;  // N: bytes of JSON after the 8-byte prefix
   std::uint64_t data_start = 0;   // 8 + N: file offset of the data buffer
   std::uint64_t data_size = 0;    // bytes of the data buffer
-  bool has_metadata = false;
+  bool has_metadata = false;  // an __metadata__ object was present (null counts as absent)
   std::map<std::string, std::string> metadata;  // __metadata__
   std::vector<TensorEntry> tensors;
 
@@ -54,15 +54,18 @@ struct SafetensorsHeader {
 
 // Validates the JSON header of a file of file_size bytes whose header length
 // prefix is header_json.size(). file_label names the file in messages.
-// Throws Error{kBadInput} on any breach of section 1 of the format spec:
-// header not UTF-8, not JSON, not an object, over kMaxHeaderBytes; duplicate
-// names; __metadata__ neither an object of strings nor null (which, as in the
-// reference reader, means no metadata); an entry without dtype, shape or
-// data_offsets, with an unknown dtype, a negative, fractional or non-numeric
-// dimension, a shape whose element or bit count overflows 64 bits,
-// or a byte size that is not a whole number; offsets that do not tile the
-// buffer from 0 without gap or overlap, or a buffer that does not end exactly
-// at the end of the file.
+// Throws Error{kBadInput} at the first breach of section 1 of the format spec:
+// header over kMaxHeaderBytes, longer than the file, not UTF-8, not JSON, not
+// an object; a tensor name or an entry key repeated (JSON parsers would keep
+// the last one silently); __metadata__ not an object of strings (null counts
+// as absent, as for the reference reader); an entry without dtype, shape or
+// data_offsets, with an unknown dtype, a negative, fractional, too large or
+// non-numeric dimension or offset, a shape whose element or bit count
+// overflows 64 bits, or a byte size that is not a whole number; data_offsets
+// out of order, overlapping, leaving a gap, past the end of the file, or a
+// buffer that ends before the file does. Values of keys an entry does not
+// define are ignored. Runs in time linear in the header and never builds a
+// JSON tree of it.
 SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_size,
                                const std::string& file_label);
 
@@ -86,7 +89,8 @@ class SafetensorsFile {
   int fd() const { return fd_; }
 
   // Reads out.size() bytes at data-buffer offset `offset` (thread-safe,
-  // positioned read). Throws Error{kIo} on a short read or a read error.
+  // positioned read). Throws Error{kIo} on a short read, a read error, or a
+  // range that does not lie inside the data buffer.
   void read(std::uint64_t offset, std::span<std::byte> out) const;
 
  private:

@@ -1,0 +1,70 @@
+// Private: opening and reading input files defensively.
+//
+// Every input file ctquant reads goes through open_input_file(): it never
+// blocks on a FIFO or a device, and refuses anything that is not a regular
+// file once open (fstat on the descriptor, so a path swapped after a check
+// cannot slip a device in). Small JSON files (config.json, the index) are read
+// whole with a size bound and checked for nesting depth and repeated keys
+// before nlohmann/json builds a tree of them (docs/security.md).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace ctquant::detail {
+
+// Largest config.json or index ctquant reads: the bound of a safetensors
+// header (section 1 of the format spec), far above any real one.
+inline constexpr std::uint64_t kMaxJsonFileBytes = 100'000'000;
+// Deepest JSON nesting accepted in config.json and the index (Python's json
+// module and serde_json stop near this depth too).
+inline constexpr int kMaxJsonDepth = 128;
+
+// Owns a file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens path read-only as a regular file and returns its descriptor and size
+// in bytes. label names the file in messages. Throws Error{kIo} when it cannot
+// be opened, Error{kBadInput} when it is not a regular file.
+UniqueFd open_input_file(const std::filesystem::path& path, const std::string& label,
+                         std::uint64_t& size);
+
+// Reads a whole input file of at most max_bytes bytes. Throws Error{kBadInput}
+// when it is larger, Error{kIo} on a read error.
+std::string read_input_file(const std::filesystem::path& path, const std::string& label,
+                            std::uint64_t max_bytes);
+
+// Parses text as JSON. Throws Error{kBadInput} naming label when it is not
+// valid JSON, nests deeper than kMaxJsonDepth, or (when reject_duplicate_keys)
+// repeats a key inside one object: JSON parsers keep the last value of a
+// repeated key, which would silently drop an entry.
+nlohmann::json parse_json_file_text(std::string_view text, const std::string& label,
+                                    bool reject_duplicate_keys);
+
+// True when inner is outer or lies below it, comparing path components
+// (both should be absolute and normalised, e.g. by fs::canonical).
+bool path_is_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
+
+}  // namespace ctquant::detail

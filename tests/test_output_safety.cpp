@@ -1,0 +1,391 @@
+// ctquant never leaves something that looks like a finished checkpoint when it
+// did not finish, and never writes where it must not (docs/security.md):
+// signals, kill -9, --force, OUTPUT placed relative to INPUT, symbolic links
+// in INPUT, a full disk and a file size limit.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ctquant/error.hpp"
+#include "ctquant/output_dir.hpp"
+#include "ctquant/quantize.hpp"
+#include "test_support.hpp"
+
+namespace ctquant {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CommandResult;
+using test::CtquantProcess;
+using test::TempDir;
+
+constexpr const char* kWeight = "model.layers.0.mlp.down_proj.weight";
+
+// A small valid checkpoint: one 4 x 256 BF16 weight, a norm, config.json and
+// a tokenizer file to copy.
+void write_small_checkpoint(const fs::path& dir, bool with_nan = false) {
+  fs::create_directories(dir);
+  test::FakeTensor w = test::random_weight(kWeight, DType::kBF16, 4, 256, 3);
+  if (with_nan) {
+    const auto nan = test::float_bytes(DType::kBF16, {std::numeric_limits<float>::quiet_NaN()});
+    std::copy(nan.begin(), nan.end(), w.data.begin() + 2 * (256 + 9));
+  }
+  test::write_safetensors(
+      dir / "model.safetensors",
+      {w, test::FakeTensor{"model.norm.weight",
+                           DType::kBF16,
+                           {256},
+                           test::float_bytes(DType::kBF16, std::vector<float>(256, 1.0f))}});
+  test::write_file(dir / "config.json", "{\"model_type\": \"llama\"}\n");
+  test::write_file(dir / "tokenizer.json", "{\"version\": \"1.0\"}\n");
+}
+
+void expect_nothing_beside(const fs::path& output) {
+  EXPECT_FALSE(fs::exists(fs::symlink_status(output))) << output << " exists";
+  EXPECT_TRUE(test::temp_leftovers(output.parent_path()).empty())
+      << "a temporary output directory was left in " << output.parent_path();
+}
+
+// ---- OUTPUT placed relative to INPUT: usage errors (exit 2), nothing written ----
+
+TEST(OutputSafety, RefusesOutputEqualToInput) {
+  TempDir tmp;
+  const fs::path input = tmp / "ckpt";
+  write_small_checkpoint(input);
+  const auto before = test::snapshot_files(input);
+  const CommandResult r = test::run_ctquant({"quantize", input.string(), input.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("is the INPUT"), std::string::npos) << r.err;
+  EXPECT_EQ(test::snapshot_files(input), before);
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+TEST(OutputSafety, RefusesOutputEqualToInputThroughSymlink) {
+  TempDir tmp;
+  const fs::path input = tmp / "ckpt";
+  write_small_checkpoint(input);
+  fs::create_directory_symlink(input, tmp / "alias");
+  const CommandResult r =
+      test::run_ctquant({"quantize", input.string(), (tmp / "alias").string(), "--force"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("is the INPUT"), std::string::npos) << r.err;
+}
+
+TEST(OutputSafety, RefusesOutputInsideInput) {
+  TempDir tmp;
+  const fs::path input = tmp / "ckpt";
+  write_small_checkpoint(input);
+  const auto before = test::snapshot_files(input);
+  const CommandResult r =
+      test::run_ctquant({"quantize", input.string(), (input / "w4a16").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("lies inside INPUT"), std::string::npos) << r.err;
+  EXPECT_EQ(test::snapshot_files(input), before);
+  EXPECT_TRUE(test::temp_leftovers(input).empty());
+}
+
+TEST(OutputSafety, RefusesOutputContainingInput) {
+  TempDir tmp;
+  const fs::path input = tmp / "models" / "ckpt";
+  write_small_checkpoint(input);
+  const auto before = test::snapshot_files(tmp / "models");
+  const CommandResult r =
+      test::run_ctquant({"quantize", input.string(), (tmp / "models").string(), "--force"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("contains INPUT"), std::string::npos) << r.err;
+  EXPECT_EQ(test::snapshot_files(tmp / "models"), before);
+}
+
+TEST(OutputSafety, RefusesExistingOutputWithoutForce) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  fs::create_directories(tmp / "out");
+  test::write_file(tmp / "out" / "keep.txt", "old");
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("already exists (use --force"), std::string::npos) << r.err;
+  EXPECT_EQ(test::read_file(tmp / "out" / "keep.txt"), "old");
+}
+
+// ---- --force replaces OUTPUT only once the new one is complete ----
+
+TEST(OutputSafety, ForceKeepsOldOutputWhenTheNewRunFails) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt", /*with_nan=*/true);
+  fs::create_directories(tmp / "out");
+  test::write_file(tmp / "out" / "keep.txt", "old");
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "--force"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("element [1, 9] is nan"), std::string::npos) << r.err;
+  EXPECT_EQ(test::snapshot_files(tmp / "out"),
+            (std::map<std::string, std::string>{{"keep.txt", "old"}}));
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+TEST(OutputSafety, ForceReplacesOldOutputWhenTheNewRunSucceeds) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  fs::create_directories(tmp / "out");
+  test::write_file(tmp / "out" / "keep.txt", "old");
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out" / "keep.txt"));
+  EXPECT_EQ(test::read_tensor(tmp / "out" / "model.safetensors", "model.norm.weight"),
+            test::read_tensor(tmp / "ckpt" / "model.safetensors", "model.norm.weight"));
+  EXPECT_EQ(test::read_tensor(tmp / "out" / "model.safetensors",
+                              "model.layers.0.mlp.down_proj.weight_shape")
+                .size(),
+            16u);
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+// ---- symbolic links in INPUT ----
+
+// A link that leads out of INPUT is refused (exit 1) and its target is
+// neither read nor copied.
+TEST(OutputSafety, RefusesSymlinkLeadingOutOfInput) {
+  TempDir tmp;
+  const fs::path input = tmp / "ckpt";
+  write_small_checkpoint(input);
+  test::write_file(tmp / "secret.txt", "do not publish");
+  fs::remove(input / "tokenizer.json");
+  fs::create_symlink(tmp / "secret.txt", input / "tokenizer.json");
+  const fs::path output = tmp / "out";
+  const CommandResult r = test::run_ctquant({"quantize", input.string(), output.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("tokenizer.json: is a symbolic link to " + (tmp / "secret.txt").string() +
+                       ", outside the checkpoint directory"),
+            std::string::npos)
+      << r.err;
+  expect_nothing_beside(output);
+}
+
+// The same through a relative link with "..", and for a shard.
+TEST(OutputSafety, RefusesRelativeSymlinkToShardOutsideInput) {
+  TempDir tmp;
+  const fs::path input = tmp / "ckpt";
+  write_small_checkpoint(input);
+  fs::rename(input / "model.safetensors", tmp / "model.safetensors");
+  fs::create_symlink("../model.safetensors", input / "model.safetensors");
+  const QuantizeOptions options = test::test_options(input, tmp / "out");
+  try {
+    quantize(options);
+    FAIL() << "a shard outside INPUT was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("model.safetensors: is a symbolic link"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_nothing_beside(tmp / "out");
+}
+
+// A link that stays inside INPUT is followed and its target copied as a
+// regular file.
+TEST(OutputSafety, FollowsSymlinkInsideInput) {
+  TempDir tmp;
+  const fs::path input = tmp / "ckpt";
+  write_small_checkpoint(input);
+  fs::create_directories(input / "files");
+  fs::rename(input / "tokenizer.json", input / "files" / "tokenizer.json");
+  fs::create_symlink("files/tokenizer.json", input / "tokenizer.json");
+  const CommandResult r = test::run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::is_symlink(tmp / "out" / "tokenizer.json"));
+  EXPECT_EQ(test::read_file(tmp / "out" / "tokenizer.json"), "{\"version\": \"1.0\"}\n");
+  EXPECT_FALSE(fs::exists(tmp / "out" / "files"));  // subdirectories are not copied
+}
+
+// ---- full disk and file size limit ----
+
+// RLIMIT_FSIZE set in the child: writes fail with EFBIG, reported as no space.
+TEST(OutputSafety, FileSizeLimitEndsWithNoSpace) {
+  TempDir tmp;
+  test::write_large_checkpoint(tmp / "ckpt", 4, 256, 1024);  // 2 MiB in, ~0.5 MiB out
+  const fs::path output = tmp / "out";
+  test::RunOptions options;
+  options.file_size_limit = 64 * 1024;
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), output.string()}, options);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no space"), std::string::npos) << r.err;
+  expect_nothing_beside(output);
+}
+
+// A tmpfs mounted for the test, unmounted (lazily) at the end.
+class SmallTmpfs {
+ public:
+  SmallTmpfs(const fs::path& where, const std::string& size) : path_(where) {
+    fs::create_directories(path_);
+    const std::string options = "size=" + size;
+    if (::mount("ctquant-test", path_.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) ==
+        0) {
+      mounted_ = true;
+    } else {
+      error_ = std::strerror(errno);
+    }
+  }
+  ~SmallTmpfs() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+  }
+  SmallTmpfs(const SmallTmpfs&) = delete;
+  SmallTmpfs& operator=(const SmallTmpfs&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  fs::path path_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+TEST(OutputSafety, FullTmpfsEndsWithNoSpace) {
+  TempDir tmp;
+  test::write_large_checkpoint(tmp / "ckpt", 4, 256, 1024);
+  const SmallTmpfs disk(tmp / "disk", "256k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << disk.error();
+  const fs::path output = tmp / "disk" / "out";
+  const CommandResult r = test::run_ctquant({"quantize", (tmp / "ckpt").string(), output.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no space"), std::string::npos) << r.err;
+  expect_nothing_beside(output);
+  EXPECT_TRUE(fs::is_empty(tmp / "disk"));
+}
+
+// ---- cancel (the flag a signal handler sets) at every phase ----
+
+QuantizeOptions small_job(const TempDir& tmp) {
+  write_small_checkpoint(tmp / "ckpt");
+  return test::test_options(tmp / "ckpt", tmp / "out");
+}
+
+void expect_interrupted(const QuantizeOptions& options) {
+  try {
+    quantize(options);
+    FAIL() << "the run was not interrupted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInterrupted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("interrupted by a signal"), std::string::npos);
+  }
+  expect_nothing_beside(options.output);
+}
+
+// A signal that arrives while the checkpoint is opened or planned.
+TEST(OutputSafety, CancelBeforeWritingLeavesNothing) {
+  TempDir tmp;
+  QuantizeOptions options = small_job(tmp);
+  std::atomic<bool> cancel{true};
+  options.cancel = &cancel;
+  expect_interrupted(options);
+}
+
+// A signal that arrives after the last tensor job, while the JSON files and
+// copied files are written and everything is flushed: still no OUTPUT.
+TEST(OutputSafety, CancelAfterTheLastTensorJobLeavesNothing) {
+  TempDir tmp;
+  QuantizeOptions options = small_job(tmp);
+  std::atomic<bool> cancel{false};
+  bool reached_end = false;
+  options.cancel = &cancel;
+  options.on_progress = [&](const Progress& p) {
+    if (p.bytes_done == p.bytes_total) {
+      reached_end = true;
+      cancel.store(true);
+    }
+  };
+  expect_interrupted(options);
+  EXPECT_TRUE(reached_end);
+}
+
+// ---- real signals and kill -9 on the binary, mid-run ----
+
+// Waits until a temporary output directory appears in dir, or the child
+// exits. Returns its name, or "".
+std::string wait_for_temp_dir(const CtquantProcess& child, const fs::path& dir) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto found = test::temp_leftovers(dir);
+    if (!found.empty()) return found.front();
+    if (!child.running()) return "";
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return "";
+}
+
+// Signals on the binary mid-run. The test sends the signal as soon as it
+// sees the temporary directory; a run that completed before the signal could
+// take effect (exit 0, complete OUTPUT: also a correct outcome) is retried
+// with an input twice as large (128, 256, 512 MiB), so that the test always
+// checks a run that was really interrupted, however fast the machine.
+class Interrupt : public ::testing::Test {
+ protected:
+  TempDir tmp_;
+  const fs::path input_ = tmp_ / "ckpt";
+  const fs::path output_ = tmp_ / "out";
+
+  CommandResult interrupt_with(int signal_number) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      fs::remove_all(input_);
+      test::write_large_checkpoint(input_, 16u << attempt, 2048, 2048);
+      CtquantProcess child({"quantize", input_.string(), output_.string(), "--threads", "1"});
+      const std::string temp = wait_for_temp_dir(child, tmp_.path());
+      EXPECT_FALSE(temp.empty()) << "no temporary directory appeared";
+      child.signal(signal_number);
+      CommandResult result = child.wait();
+      if (result.exit_code == 0 && fs::exists(output_ / "model.safetensors")) {
+        fs::remove_all(output_);  // finished first: try again, larger
+        continue;
+      }
+      return result;
+    }
+    ADD_FAILURE() << "every run finished before the signal reached it";
+    return {};
+  }
+};
+
+TEST_F(Interrupt, SigintRemovesTheTemporaryDirectory) {
+  const CommandResult r = interrupt_with(SIGINT);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("interrupted by a signal before OUTPUT was complete (SIGINT)"),
+            std::string::npos)
+      << r.err;
+  expect_nothing_beside(output_);
+}
+
+TEST_F(Interrupt, SigtermRemovesTheTemporaryDirectory) {
+  const CommandResult r = interrupt_with(SIGTERM);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("interrupted by a signal before OUTPUT was complete (SIGTERM)"),
+            std::string::npos)
+      << r.err;
+  expect_nothing_beside(output_);
+}
+
+// kill -9 cannot be handled: OUTPUT must not exist, and what is left is a
+// directory recognisable as ctquant's temporary output by its name.
+TEST_F(Interrupt, KillDashNineLeavesOnlyARecognisableTemporaryDirectory) {
+  const CommandResult r = interrupt_with(SIGKILL);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_FALSE(fs::exists(output_));
+  const auto left = test::temp_leftovers(tmp_.path());
+  ASSERT_EQ(left.size(), 1u);
+  const std::string& name = left.front();
+  EXPECT_TRUE(name.starts_with(".out.ctquant-tmp-")) << name;
+}
+
+}  // namespace
+}  // namespace ctquant
