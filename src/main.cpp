@@ -173,6 +173,7 @@ struct QuantizeArgs {
   PlanArgs plan;
   unsigned threads = 0;
   bool force = false;
+  bool no_sync = false;
   bool follow_symlinks = false;
   bool dry_run = false;
   bool allow_unloadable = false;
@@ -188,6 +189,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
   options.follow_symlinks = args.follow_symlinks;
+  options.fsync = !args.no_sync;
   options.dry_run = args.dry_run;
   options.allow_unloadable = args.allow_unloadable;
   options.strict = args.strict;
@@ -295,6 +297,9 @@ int main(int argc, char** argv) {
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
   quantize->add_flag("--force", q.force, "Replace an existing OUTPUT once the new one is complete");
+  quantize->add_flag("--no-sync", q.no_sync,
+                     "Do not fsync the output before renaming it into place (faster; after a "
+                     "power loss OUTPUT may exist with lost data)");
   quantize->add_flag("--follow-symlinks", q.follow_symlinks,
                      "Read files that symbolic links in INPUT point to outside it (a Hugging "
                      "Face cache snapshot); refused by default");

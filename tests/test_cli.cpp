@@ -74,6 +74,22 @@ TEST(Cli, VerboseShowsDebugDetail) {
   EXPECT_TRUE(contains(r.err, ".ctquant-tmp-")) << r.err;
 }
 
+// --no-sync skips only the flush: the output bytes are those of a flushed run.
+TEST(Cli, NoSyncWritesTheSameBytes) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult synced =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "synced").string()});
+  const CommandResult unsynced =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "unsynced").string(), "--no-sync"});
+  ASSERT_EQ(synced.exit_code, 0) << synced.err;
+  ASSERT_EQ(unsynced.exit_code, 0) << unsynced.err;
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    EXPECT_EQ(read_file(tmp / "unsynced" / name), read_file(tmp / "synced" / name)) << name;
+  }
+  EXPECT_TRUE(temp_leftovers(tmp.path()).empty());
+}
+
 TEST(Cli, HelpAndVersionExitZero) {
   const CommandResult help = run_ctquant({"--help"});
   EXPECT_EQ(help.exit_code, 0);

@@ -37,7 +37,7 @@ install_packages() {
 
 build() {
   install_packages "${PACKAGES[@]}"
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON "$@" >/dev/null
+  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON -DCTQUANT_BUILD_BENCHMARKS=ON "$@" >/dev/null
   cmake --build "$BUILD_DIR" -j "$(nproc)"
 }
 
