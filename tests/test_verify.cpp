@@ -18,41 +18,20 @@
 #include "ctquant/verify.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"
+#include "verify_test_support.hpp"
 
 namespace ctquant {
 namespace {
 
 namespace fs = std::filesystem;
+using test::contains;
+using test::describe;
+using test::golden;
+using test::GoldenCopy;
+using test::kMaxRelFrobenius4Bit;
+using test::kMaxRelFrobenius8Bit;
+using test::of_kind;
 using nlohmann::json;
-
-// Relative Frobenius error a correct RTN round trip stays under on the golden
-// inputs (normal weights with heavy-tailed outliers), by bit width.
-constexpr double kMaxRelFrobenius4Bit = 0.30;
-constexpr double kMaxRelFrobenius8Bit = 0.03;
-
-fs::path golden(const std::string& name) { return test::golden_dir() / name; }
-
-bool contains(const std::string& text, const std::string& fragment) {
-  return text.find(fragment) != std::string::npos;
-}
-
-std::vector<VerifyItem> of_kind(const std::vector<VerifyItem>& items, const std::string& kind) {
-  std::vector<VerifyItem> out;
-  std::copy_if(items.begin(), items.end(), std::back_inserter(out),
-               [&](const VerifyItem& i) { return i.kind == kind; });
-  return out;
-}
-
-std::string describe(const VerifyReport& r) { return render_verify_text(r); }
-
-// A writable copy of a golden case's expected/ directory.
-struct GoldenCopy {
-  test::TempDir dir;
-  fs::path path;
-  explicit GoldenCopy(const std::string& name) : path(dir / "out") {
-    test::copy_dir(golden(name) / "expected", path);
-  }
-};
 
 // The golden cases, from cases.json.
 struct GoldenCase {

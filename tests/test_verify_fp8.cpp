@@ -26,34 +26,23 @@
 #include "fake_checkpoint.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"
+#include "verify_test_support.hpp"
 
 namespace ctquant {
 namespace {
 
 namespace fs = std::filesystem;
+using test::contains;
+using test::describe;
+using test::golden;
+using test::GoldenCopy;
+using test::kMaxRelFrobenius4Bit;
+using test::of_kind;
 using nlohmann::json;
 
-// Relative Frobenius error a correct 4-bit RTN round trip stays under on the
-// dequantized golden FP8 weights (same bound as for the BF16 golden inputs).
-constexpr double kMaxRelFrobenius4Bit = 0.30;
 // A chunk smaller than one row: every row chunk is a single row, so each
 // FP8 scale grid row is read again for every weight row it covers.
 constexpr std::uint64_t kOneRowChunk = 1;
-
-fs::path golden(const std::string& name) { return test::golden_dir() / name; }
-
-bool contains(const std::string& text, const std::string& fragment) {
-  return text.find(fragment) != std::string::npos;
-}
-
-std::vector<VerifyItem> of_kind(const std::vector<VerifyItem>& items, const std::string& kind) {
-  std::vector<VerifyItem> out;
-  std::copy_if(items.begin(), items.end(), std::back_inserter(out),
-               [&](const VerifyItem& i) { return i.kind == kind; });
-  return out;
-}
-
-std::string describe(const VerifyReport& r) { return render_verify_text(r); }
 
 const ModuleCheck* find_module(const VerifyReport& r, const std::string& module) {
   const auto it = std::find_if(r.modules.begin(), r.modules.end(),
@@ -61,14 +50,6 @@ const ModuleCheck* find_module(const VerifyReport& r, const std::string& module)
   return it == r.modules.end() ? nullptr : &*it;
 }
 
-// A writable copy of a golden case's directory `part` (expected or input).
-struct GoldenCopy {
-  test::TempDir dir;
-  fs::path path;
-  GoldenCopy(const std::string& name, const std::string& part = "expected") : path(dir / part) {
-    test::copy_dir(golden(name) / part, path);
-  }
-};
 
 // Appends a tensor to a safetensors file and, when the directory has an
 // index, lists it there and adds its bytes to total_size.
