@@ -337,14 +337,7 @@ TEST_P(RealFiles, QuantizeOrFailClearly) {
       ADD_FAILURE() << "quantize succeeded";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), c.kind) << e.what();
-      const std::string message = e.what();
-      for (const std::string& f : c.fragments) {
-        EXPECT_NE(message.find(f), std::string::npos) << "missing '" << f << "' in:\n" << message;
-      }
-      for (const std::string& f : c.absent) {
-        EXPECT_EQ(message.find(f), std::string::npos) << "unexpected '" << f << "' in:\n"
-                                                      << message;
-      }
+      expect_message(e.what(), c.fragments, c.absent);
     }
     EXPECT_FALSE(fs::exists(tmp / "out"));
   }

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "ctquant/output_dir.hpp"
 #include "ctquant/safetensors_writer.hpp"
@@ -193,6 +194,16 @@ void write_checkpoint(const fs::path& dir, const std::vector<FakeTensor>& tensor
 }
 
 nlohmann::json read_json(const fs::path& path) { return nlohmann::json::parse(read_file(path)); }
+
+void expect_message(const std::string& message, const std::vector<std::string>& present,
+                    const std::vector<std::string>& absent) {
+  for (const std::string& f : present) {
+    EXPECT_NE(message.find(f), std::string::npos) << "missing '" << f << "' in:\n" << message;
+  }
+  for (const std::string& f : absent) {
+    EXPECT_EQ(message.find(f), std::string::npos) << "unexpected '" << f << "' in:\n" << message;
+  }
+}
 
 std::map<std::string, std::string> snapshot_files(const fs::path& dir) {
   std::map<std::string, std::string> files;

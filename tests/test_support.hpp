@@ -96,6 +96,11 @@ std::map<std::string, std::string> snapshot_files(const std::filesystem::path& d
 // Names of the entries of dir that contain the temporary-output marker.
 std::vector<std::string> temp_leftovers(const std::filesystem::path& dir);
 
+// Adds a test failure for each of `present` missing from message and each of
+// `absent` found in it, quoting the whole message.
+void expect_message(const std::string& message, const std::vector<std::string>& present,
+                    const std::vector<std::string>& absent = {});
+
 // Compares two safetensors files tensor by tensor, in whichever order they are
 // stored: the set of names, each tensor's dtype, shape and bytes, and the
 // __metadata__. Returns "" when they agree, otherwise the first difference
