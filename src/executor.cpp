@@ -122,7 +122,8 @@ class Executor {
             std::uint64_t pos = 0;
             do {
               const std::uint64_t end = std::min(t.byte_size, pos + kCopyJobBytes);
-              jobs_.push_back(Job{Job::Kind::kCopy, s, &t, 0, pos, end, end - pos, end == t.byte_size});
+              jobs_.push_back(
+                  Job{Job::Kind::kCopy, s, &t, 0, pos, end, end - pos, end == t.byte_size});
               pos = end;
             } while (pos < t.byte_size);
             ++tensors_total_;
@@ -258,11 +259,11 @@ class Executor {
   };
 
   // Output writes go through one queue and are made by one thread at a
-  // time, whichever worker holds "the pen": a buffered write holds the
+  // time, whichever worker holds the write token: a buffered write holds the
   // file's inode lock while it copies, so two workers writing one shard
   // wait on each other in the kernel, and longer still when the holder is
-  // preempted. A worker queues its chunk and writes the queue if the pen is
-  // free; if not, it goes back to quantizing and the holder writes its chunk.
+  // preempted. A worker queues its chunk and writes the queue if the write
+  // token is free; if not, it goes back to quantizing and the holder writes its chunk.
 
   // Queues a write, then writes the queue if no other thread is writing.
   void submit(WriteRequest request) {
@@ -337,7 +338,7 @@ class Executor {
     return false;
   }
 
-  // Called by the pen holder after each write: when the output is to be
+  // Called by the write-token holder after each write: when the output is to be
   // flushed, starts the write-back of the file every kWritebackBytes, so the
   // device writes while the workers compute and the final fsync waits only
   // for the tail.
@@ -350,7 +351,7 @@ class Executor {
   }
 
   // Blocks until `out` is written (or dropped after a failure), so that it
-  // can be refilled or freed; writes the queue itself when the pen is free.
+  // can be refilled or freed; writes the queue itself when the write token is free.
   void wait_written(const OutputBuffers& out) {
     std::unique_lock lock(write_mutex_);
     while (out.in_flight) {
@@ -362,7 +363,7 @@ class Executor {
     }
   }
 
-  // Blocks until every queued write is done, writing them when the pen is free.
+  // Blocks until every queued write is done, writing them when the write token is free.
   void drain() {
     std::unique_lock lock(write_mutex_);
     for (;;) {
@@ -482,9 +483,10 @@ class Executor {
       const std::uint64_t row = job.begin + *bad / n_cols;
       const std::uint64_t col = *bad % n_cols;
       const float value = load_as_float(dtype, buf.input.data() + *bad * esize);
-      throw bad_input(fmt::format("{}: tensor '{}': element [{}, {}] is {} (a weight to be "
-                                  "quantized must be finite; section 3 of the format spec)",
-                                  in.label(), w.name, row, col, value));
+      throw bad_input(
+          fmt::format("{}: tensor '{}': element [{}, {}] is {} (a weight to be "
+                      "quantized must be finite; section 3 of the format spec)",
+                      in.label(), w.name, row, col, value));
     }
     const std::uint64_t base = plan_.shards[m.shard].data_start;
     WriteRequest request;
@@ -761,12 +763,12 @@ class Executor {
   std::atomic<std::size_t> next_job_{0};
   // The write queue (see submit()).
   std::mutex write_mutex_;
-  std::condition_variable written_cv_;  // a write finished, or the pen was put down
+  std::condition_variable written_cv_;  // a write finished, or the write token was released
   std::deque<WriteRequest> buffer_writes_;
   std::deque<WriteRequest> copies_;
-  bool writing_ = false;               // a thread holds the pen
-  std::uint64_t unflushed_bytes_ = 0;  // written since the last write-back (pen holder only)
-  std::size_t read_ahead_job_ = 0;  // jobs before this one were read ahead (calling thread only)
+  bool writing_ = false;               // a thread holds the write token
+  std::uint64_t unflushed_bytes_ = 0;  // written since the last write-back (token holder only)
+  std::size_t read_ahead_job_ = 0;     // jobs before this one were read ahead (calling thread only)
   std::atomic<std::uint64_t> bytes_done_{0};
   std::atomic<std::uint64_t> tensors_done_{0};
   std::atomic<bool> failed_{false};

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,14 +90,20 @@ struct PlanArgs {
   unsigned tp = 1;
 };
 
+// Larger group sizes than any tensor's in_features are refused by the plan
+// anyway; the bound keeps out-of-range numbers a usage error.
+constexpr long long kMaxGroupSizeOption = 1LL << 32;
+
 std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   std::vector<CLI::Option*> options;
   options.push_back(
       app->add_option("--scheme", args.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
           ->capture_default_str());
-  options.push_back(app->add_option_function<long long>(
-      "--group-size", [&args](const long long& value) { args.group_size = value; },
-      "Columns per group (default: the scheme's, 128); -1 for channel-wise"));
+  options.push_back(
+      app->add_option_function<long long>(
+             "--group-size", [&args](const long long& value) { args.group_size = value; },
+             "Columns per group (default: the scheme's, 128); -1 for channel-wise")
+          ->check(CLI::Range(std::numeric_limits<long long>::min(), kMaxGroupSizeOption)));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
                                     "re:PATTERN matched like Python re.match; default lm_head")
@@ -335,6 +342,8 @@ int main(int argc, char** argv) {
   verify
       ->add_option("--scale-ulp", ver.scale_ulp,
                    "Accept scales that differ by up to N units in the last place")
+      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 32))
       ->capture_default_str();
   verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
   add_verbosity_flags(verify, verbosity);

@@ -4,8 +4,10 @@
 #include <pcre2.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "ctquant/error.hpp"
+#include "utf8.hpp"
 
 namespace ctquant {
 
@@ -53,21 +55,28 @@ ModuleMatcher::ModuleMatcher(std::vector<std::string> entries, Role role)
     const auto pattern = regex_pattern(entry);
     if (entry.empty()) {
       problems.push_back(fmt::format("{} entry is empty", what));
+    } else if (const auto bad = detail::first_invalid_utf8(entry); bad != std::string::npos) {
+      // config.json is UTF-8 JSON, and Python module names are str.
+      problems.push_back(
+          fmt::format("{} {}: not valid UTF-8 (byte {})", what,
+                      nlohmann::json(entry).dump(-1, ' ', /*ensure_ascii=*/true,
+                                                 nlohmann::json::error_handler_t::replace),
+                      bad));
     } else if (pattern && pattern->empty()) {
-      problems.push_back(fmt::format("{} '{}': empty pattern (it would match every module)", what,
-                                     entry));
+      problems.push_back(
+          fmt::format("{} '{}': empty pattern (it would match every module)", what, entry));
     } else if (pattern) {
       const std::string translated = to_pcre2_syntax(*pattern);
       int error_code = 0;
       PCRE2_SIZE error_offset = 0;
-      pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
-                                       translated.size(), PCRE2_UTF | PCRE2_UCP, &error_code,
-                                       &error_offset, nullptr);
+      pcre2_code* code =
+          pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                        PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
       if (code == nullptr) {
         PCRE2_UCHAR message[256];
         pcre2_get_error_message(error_code, message, sizeof message);
-        problems.push_back(fmt::format("{} '{}': invalid regular expression at offset {}: {}",
-                                       what, entry, error_offset,
+        problems.push_back(fmt::format("{} '{}': invalid regular expression at offset {}: {}", what,
+                                       entry, error_offset,
                                        reinterpret_cast<const char*>(message)));
       } else {
         compiled = std::make_unique<Compiled>();

@@ -15,49 +15,12 @@
 #include "ctquant/checked.hpp"
 #include "ctquant/error.hpp"
 #include "input_file.hpp"
+#include "utf8.hpp"
 
 namespace ctquant {
 namespace {
 
 using nlohmann::json;
-
-// Byte offset of the first byte that is not part of a well-formed UTF-8
-// sequence, or npos.
-std::size_t first_invalid_utf8(std::string_view s) {
-  std::size_t i = 0;
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  while (i < s.size()) {
-    const unsigned char c = byte(i);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    std::size_t len = 0;
-    std::uint32_t cp = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + len > s.size()) return i;
-    for (std::size_t k = 1; k < len; ++k) {
-      if ((byte(i + k) & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (byte(i + k) & 0x3F);
-    }
-    const bool overlong = (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-                          (len == 4 && cp < 0x10000);
-    if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-    i += len;
-  }
-  return std::string_view::npos;
-}
 
 std::string where(const std::string& file, const std::string& tensor) {
   return fmt::format("{}: tensor '{}'", file, tensor);
@@ -499,9 +462,9 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
                                 file_label, header.header_size, file_size));
   }
   header.data_size = file_size - header.data_start;
-  if (const auto bad = first_invalid_utf8(header_json); bad != std::string_view::npos) {
-    throw bad_input(fmt::format("{}: header is not valid UTF-8 (byte {} of the header)",
-                                file_label, bad));
+  if (const auto bad = detail::first_invalid_utf8(header_json); bad != std::string_view::npos) {
+    throw bad_input(
+        fmt::format("{}: header is not valid UTF-8 (byte {} of the header)", file_label, bad));
   }
 
   HeaderReader reader(file_label, header);
@@ -521,9 +484,9 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
   const TensorEntry* previous = nullptr;
   for (const TensorEntry& t : header.tensors) {
     if (t.begin < cursor) {
-      throw bad_input(fmt::format("{}: data_offsets [{}, {}] overlap tensor '{}' (which ends at {})",
-                                  where(file_label, t.name), t.begin, t.end, previous->name,
-                                  cursor));
+      throw bad_input(
+          fmt::format("{}: data_offsets [{}, {}] overlap tensor '{}' (which ends at {})",
+                      where(file_label, t.name), t.begin, t.end, previous->name, cursor));
     }
     if (t.begin > cursor) {
       throw bad_input(fmt::format("{}: data_offsets [{}, {}] leave a gap of {} bytes after {}",
@@ -536,14 +499,15 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
   }
   if (cursor != header.data_size) {
     if (cursor > header.data_size) {
-      throw bad_input(fmt::format("{}: data_offsets [{}, {}] run past the end of the data buffer "
-                                  "({} bytes)",
-                                  where(file_label, previous->name), previous->begin,
-                                  previous->end, header.data_size));
+      throw bad_input(fmt::format(
+          "{}: data_offsets [{}, {}] run past the end of the data buffer "
+          "({} bytes)",
+          where(file_label, previous->name), previous->begin, previous->end, header.data_size));
     }
-    throw bad_input(fmt::format("{}: tensor data ends at byte {} of the data buffer but the file "
-                                "holds {} more bytes (the buffer must end at the end of the file)",
-                                file_label, cursor, header.data_size - cursor));
+    throw bad_input(
+        fmt::format("{}: tensor data ends at byte {} of the data buffer but the file "
+                    "holds {} more bytes (the buffer must end at the end of the file)",
+                    file_label, cursor, header.data_size - cursor));
   }
   header.by_name.clear();
   for (std::size_t i = 0; i < header.tensors.size(); ++i) {
@@ -557,17 +521,18 @@ namespace {
 void read_exact(int fd, std::uint64_t offset, std::span<std::byte> out, const std::string& label) {
   std::size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw io_error(fmt::format("{}: read of {} bytes at offset {} failed: {}", label,
-                                 out.size(), offset, std::strerror(errno)));
+      throw io_error(fmt::format("{}: read of {} bytes at offset {} failed: {}", label, out.size(),
+                                 offset, std::strerror(errno)));
     }
     if (n == 0) {
-      throw io_error(fmt::format("{}: file ended at offset {} while reading {} bytes at {} (was it "
-                                 "truncated while ctquant ran?)",
-                                 label, offset + done, out.size(), offset));
+      throw io_error(
+          fmt::format("{}: file ended at offset {} while reading {} bytes at {} (was it "
+                      "truncated while ctquant ran?)",
+                      label, offset + done, out.size(), offset));
     }
     done += static_cast<std::size_t>(n);
   }

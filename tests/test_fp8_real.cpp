@@ -22,7 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path real_dir() { return CTQUANT_SHARED_REAL_DIR; }
+fs::path real_dir() { return CTQUANT_REAL_DIR; }
 
 const char* const kFloat8Files[] = {"fp8_torchao/d0f7d539/fp8_weights.safetensors",
                                     "fp8_torchao/f892e970/fp8_weights.safetensors"};

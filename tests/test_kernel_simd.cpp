@@ -200,6 +200,26 @@ TEST(KernelSimd, MatchesReferenceOnRandomWeights) {
   }
 }
 
+// The tests above compare every vector level this CPU has. This one makes a
+// missing AVX-512 level visible in the test report (as skipped) rather than
+// silently compared at AVX2 only; on an AVX-512 CPU it checks that the
+// public kernel takes the AVX-512 path and agrees with it bit for bit.
+TEST(KernelSimd, Avx512LevelComparedOnThisCpu) {
+  if (detail::simd_level() < detail::SimdLevel::kAvx512) {
+    GTEST_SKIP() << "this CPU has no AVX-512 F+BW (best level: "
+                 << detail::simd_level_name(detail::simd_level())
+                 << "): the AVX-512 kernel is not compared with the reference here";
+  }
+  ASSERT_EQ(fast_kernels().back(), Kernel::kAvx512);
+  const Weights w = random_weights(DType::kBF16, 5, 1024, 7);
+  const QuantScheme scheme = symmetric_scheme(4, 128);
+  const Outputs avx512 = run(Kernel::kAvx512, scheme, w);
+  const Outputs best = run(Kernel::kPublic, scheme, w);
+  EXPECT_EQ(avx512.packed, best.packed);
+  EXPECT_EQ(avx512.scale, best.scale);
+  expect_same(scheme, w, "AVX-512");
+}
+
 // Rows whose length is not a multiple of 32 codes end with a partial block
 // of 8, 16 or 24 codes; groups of 8, 24 and 40 start inside a block of 32
 // (AVX2); groups of 16 and 48 are the smallest the AVX-512 code takes.

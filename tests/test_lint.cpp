@@ -273,6 +273,30 @@ TEST(LintL4, DFlashConfigAloneIdentifiesTheDraft) {
       with_id(lint_layout(dflash_layers(), config, {"re:.*qkv_proj$"}).findings, "L4").empty());
 }
 
+// A draft stored with separate q/k/v projections: vLLM fuses them into the
+// qkv_proj it reads raw, so all three must stay 16-bit, and the fix covers
+// q_proj, k_proj, v_proj and a fused qkv_proj alike.
+TEST(LintL4, DFlashDraftWithSeparateQkvIsError) {
+  std::vector<FakeSpec> specs{{"fc.weight", {3072, 9216}}};
+  for (const std::string p : {"q_proj", "k_proj", "v_proj"}) {
+    specs.push_back({"layers.0.self_attn." + p + ".weight", {3072, 3072}});
+  }
+  specs.push_back({"layers.0.self_attn.o_proj.weight", {3072, 3072}});
+  const Linted r = lint_layout(specs, kDFlashConfig, {});
+  const auto l4 = with_id(r.findings, "L4");
+  ASSERT_EQ(l4.size(), 1u);
+  EXPECT_EQ(l4[0].severity, Severity::kError);
+  EXPECT_EQ(l4[0].tensors, (std::vector<std::string>{"layers.0.self_attn.q_proj.weight",
+                                                     "layers.0.self_attn.k_proj.weight",
+                                                     "layers.0.self_attn.v_proj.weight"}));
+  EXPECT_EQ(l4[0].fix, "--ignore 're:.*[qkv]_proj$'");
+  EXPECT_TRUE(contains(l4[0].message, "3 tensors would be quantized")) << l4[0].message;
+  // The fix it suggests clears it, and leaves o_proj quantized.
+  const Linted fixed = lint_layout(specs, kDFlashConfig, {"re:.*[qkv]_proj$"});
+  EXPECT_TRUE(with_id(fixed.findings, "L4").empty());
+  EXPECT_EQ(fixed.plan.ignore_matches[0].size(), 3u);
+}
+
 // ---- L5 ----
 
 TEST(LintL5, RouterShapeNoTensorParallelDegreeWorks) {

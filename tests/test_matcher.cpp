@@ -142,6 +142,21 @@ TEST(ModuleMatcher, InvalidPatternIsUsageErrorNamingTheEntry) {
   EXPECT_EQ(message.find("lm_head"), std::string::npos) << message;
 }
 
+// Entries are written into config.json, which is UTF-8 JSON: a byte that is
+// not UTF-8 is a usage error naming the entry (escaped) and the byte, for
+// literal and `re:` entries alike.
+TEST(ModuleMatcher, EntryThatIsNotUtf8IsUsageError) {
+  const Error e = compile_error({"lm_head\xff", "re:.*q_proj$", "re:.*\xc3("});
+  EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+  const std::string message = e.what();
+  EXPECT_NE(message.find("--ignore \"lm_head\\ufffd\": not valid UTF-8 (byte 7)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--ignore \"re:.*\\ufffd(\": not valid UTF-8 (byte 5)"), std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("q_proj"), std::string::npos) << message;
+}
+
 TEST(ModuleMatcher, EveryInvalidEntryIsReportedAtOnce) {
   const Error e = compile_error({"re:[a-", "re:.*ok$", "re:(?P<1bad>x)", "", "re:"});
   EXPECT_EQ(e.kind(), ErrorKind::kUsage);

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 fs::path golden_dir() { return CTQUANT_GOLDEN_DIR; }
 fs::path ctquant_binary() { return CTQUANT_BINARY; }
-fs::path real_dir() { return CTQUANT_SHARED_REAL_DIR; }
+fs::path real_dir() { return CTQUANT_REAL_DIR; }
 
 TempDir::TempDir() {
   std::string pattern = (fs::temp_directory_path() / "ctquant-test-XXXXXX").string();

@@ -24,6 +24,7 @@ namespace ctquant {
 namespace {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 using test::contains;
 using test::describe;
 using test::golden;
@@ -31,7 +32,6 @@ using test::GoldenCopy;
 using test::kMaxRelFrobenius4Bit;
 using test::kMaxRelFrobenius8Bit;
 using test::of_kind;
-using nlohmann::json;
 
 // The golden cases, from cases.json.
 struct GoldenCase {
@@ -232,19 +232,22 @@ TEST(VerifyGolden, NoteOnlyConfigDifferencesAreSame) {
   qc["version"] = "0.17.1";
   qc["global_compression_ratio"] = 1.9;
   qc["config_groups"]["group_0"]["weights"]["observer"] = "minmax";
+  qc["config_groups"]["group_0"]["weights"]["observer_kwargs"] = {{"averaging_constant", 0.01}};
   qc["config_groups"]["group_9"] = qc["config_groups"]["group_0"];
   qc["config_groups"].erase("group_0");
   test::write_json(out.path / "config.json", config);
   const VerifyReport r = verify_checkpoints(out.path, golden("llama-bf16") / "expected", {});
   EXPECT_TRUE(r.same()) << describe(r);
-  ASSERT_EQ(r.notes.size(), 4u) << describe(r);
+  ASSERT_EQ(r.notes.size(), 5u) << describe(r);
   EXPECT_TRUE(
       contains(r.notes[0].message, "config_groups names: group_9 in OUTPUT, group_0 in GOLDEN"));
   EXPECT_EQ(r.notes[1].details["path"],
             "quantization_config.config_groups.group_0.weights.observer");
-  EXPECT_EQ(r.notes[2].details["path"], "quantization_config.global_compression_ratio");
-  EXPECT_EQ(r.notes[3].details["path"], "quantization_config.version");
-  EXPECT_TRUE(contains(render_verify_text(r), "result: SAME (4 notes)"));
+  EXPECT_EQ(r.notes[2].details["path"],
+            "quantization_config.config_groups.group_0.weights.observer_kwargs.averaging_constant");
+  EXPECT_EQ(r.notes[3].details["path"], "quantization_config.global_compression_ratio");
+  EXPECT_EQ(r.notes[4].details["path"], "quantization_config.version");
+  EXPECT_TRUE(contains(render_verify_text(r), "result: SAME (5 notes)"));
 }
 
 TEST(VerifyGolden, OtherFilesComparedAsBytesOrJson) {
@@ -510,6 +513,10 @@ TEST(VerifyCli, ExitCodes) {
 
   EXPECT_EQ(test::run_ctquant({"verify", expected}).exit_code, 2);
   EXPECT_EQ(test::run_ctquant({"verify", expected, expected, "--scale-ulp", "x"}).exit_code, 2);
+  // A negative count must not wrap around to "accept everything".
+  const auto negative = test::run_ctquant({"verify", expected, expected, "--scale-ulp", "-1"});
+  EXPECT_EQ(negative.exit_code, 2);
+  EXPECT_TRUE(contains(negative.err, "--scale-ulp")) << negative.err;
 
   const auto source = test::run_ctquant(
       {"verify", expected, (golden("llama-bf16") / "input").string(), "--against-source"});

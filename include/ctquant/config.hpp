@@ -29,7 +29,12 @@ nlohmann::json output_config(const std::optional<nlohmann::json>& input_config,
                              const nlohmann::json& block);
 
 // Serialises JSON as the reference does (sorted keys, 2-space indent, no
-// trailing newline).
+// trailing newline; non-ASCII characters escaped as \uXXXX, as Python's
+// json.dumps does by default).
+//
+// Strings must be valid UTF-8, as every string reaching these functions is:
+// ignore and targets entries are checked by ModuleMatcher, config.json by the
+// JSON parser. Otherwise nlohmann::json::type_error (316) is thrown.
 std::string dump_json(const nlohmann::json& value);
 
 }  // namespace ctquant

@@ -76,6 +76,9 @@ inline constexpr std::array<DTypeTraits, 22> kDTypeTraits = {{
     {DType::kF64, "F64", 64},
 }};
 
+// The table row of dtype (kDTypeTraits is in enum order), its header tag
+// ("BF16") and its width in bits (8 for F8_*, 4 for F4, 6 for F6_*).
+// Static storage; never throw.
 constexpr const DTypeTraits& traits(DType dtype) {
   return kDTypeTraits[static_cast<std::size_t>(dtype)];
 }
@@ -93,6 +96,8 @@ constexpr bool is_quantizable_float(DType dtype) {
 
 // ---- scalar conversions (exact, round-to-nearest-even, no flush-to-zero) ----
 
+// BF16 bits -> float: the upper half of an F32, so exact for every value
+// (NaN payloads and the sign of zero kept).
 constexpr float bf16_to_float(std::uint16_t bits) {
   return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
 }

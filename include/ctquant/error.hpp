@@ -15,13 +15,13 @@
 namespace ctquant {
 
 enum class ErrorKind {
-  kUsage,      // bad options or arguments (exit 2)
-  kBadInput,   // an input file breaks a rule of the format spec (exit 1)
-  kIo,         // the operating system refused a read or write (exit 1)
-  kNoSpace,    // the output filesystem is full or a size limit was hit (exit 1)
-  kLint,       // a lint finding of severity error stopped the run (exit 1)
-  kInterrupted,// SIGINT or SIGTERM arrived while writing (exit 1)
-  kDifferent,  // verify found differences (exit 3)
+  kUsage,        // bad options or arguments (exit 2)
+  kBadInput,     // an input file breaks a rule of the format spec (exit 1)
+  kIo,           // the operating system refused a read or write (exit 1)
+  kNoSpace,      // the output filesystem is full or a size limit was hit (exit 1)
+  kLint,         // a lint error (or, under --strict, a warning) stopped the run (exit 1)
+  kInterrupted,  // SIGINT, SIGTERM or SIGHUP arrived while writing (exit 1)
+  kDifferent,    // verify found differences (exit 3)
 };
 
 class Error : public std::runtime_error {

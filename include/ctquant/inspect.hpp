@@ -60,10 +60,19 @@ struct Inventory {
   std::vector<std::string> other_files;
 };
 
-// The inventory of an opened checkpoint (headers and config.json only).
+// The inventory of an opened checkpoint (headers and config.json only; no
+// tensor data is read). Throws nothing beyond std::bad_alloc: everything it
+// reads was validated when the checkpoint was opened.
 Inventory make_inventory(const Checkpoint& checkpoint);
 
+// The inventory as text for `ctquant inspect`: one line per tensor (name,
+// dtype, shape, bytes, shard), then the totals per dtype, the parameter
+// count, the architecture and any existing quantization_config.
 std::string render_inventory_text(const Inventory& inventory);
+// The inventory as JSON: {"root", "has_index", "shards": [{file, tensors,
+// file_bytes}], "tensors": [{name, dtype, shape, bytes, shard}], "by_dtype",
+// "elements", "tensor_bytes", "architectures", "model_type",
+// "quantization_config" (or null), "other_files"}.
 nlohmann::json inventory_json(const Inventory& inventory);
 
 // Bytes of the output quantize would write for plan: the shards, the index

@@ -27,7 +27,8 @@ class ModuleMatcher {
 
   // Compiles every entry up front. Throws Error{kUsage} listing every entry
   // whose pattern does not compile (with PCRE2's message and offset), and
-  // for an empty entry or an empty `re:` pattern.
+  // for an empty entry, an empty `re:` pattern or an entry that is not
+  // valid UTF-8 (it could not be written into config.json).
   ModuleMatcher(std::vector<std::string> entries, Role role);
   ~ModuleMatcher();
   ModuleMatcher(ModuleMatcher&&) noexcept;
