@@ -171,12 +171,27 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
                             ModuleMatcher::Role role, std::vector<Finding>& out) {
   const char* what = role == ModuleMatcher::Role::kIgnore ? "ignore" : "targets";
   const ModuleMatcher matcher(entries, role);
+  // The default lists ({"lm_head"}, {"Linear"}) were not written by the
+  // user: a draft without lm_head, or a file with nothing to quantize (L9),
+  // is not a mistake in them.
+  const bool default_list =
+      entries == (role == ModuleMatcher::Role::kIgnore ? kDefaultIgnore : kDefaultTargets);
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (i < matches.size() && !matches[i].empty()) continue;
     const std::string& entry = entries[i];
+    if (default_list && role == ModuleMatcher::Role::kTargets) continue;
     const std::vector<std::string> anywhere = ctx.modules_matching(matcher, i);
     Finding f;
     f.id = "L1";
+    if (default_list && anywhere.empty()) {
+      f.severity = Severity::kInfo;
+      f.message = fmt::format(
+          "the default ignore entry '{}' matched 0 modules: this checkpoint has no such module",
+          entry);
+      f.fix = "none needed";
+      out.push_back(std::move(f));
+      continue;
+    }
     if (!anywhere.empty()) {
       // It names real modules, but none the quantizer could take.
       f.severity = Severity::kInfo;
@@ -288,6 +303,13 @@ std::optional<std::pair<std::string, std::string>> fused_group_of(const std::str
     return std::make_pair(std::string("gate_up_proj"), parent_of(module));
   }
   return std::nullopt;
+}
+
+// The members vLLM fuses into a group of kind "qkv_proj" or "gate_up_proj".
+std::vector<const char*> fused_members(const std::string& kind) {
+  if (kind == "qkv_proj") return {"q_proj", "k_proj", "v_proj"};
+  if (kind == "gate_up_proj") return {"gate_proj", "up_proj"};
+  return {};
 }
 
 void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
@@ -454,6 +476,7 @@ void lint_marlin_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     std::vector<unsigned> working;
     std::uint64_t rows = 0, cols = 0;
     bool row = false;
+    std::set<std::string> fused_siblings;  // the rest of their fused groups
   };
   std::map<std::string, Shape> shapes;
   std::vector<std::string> order;
@@ -484,6 +507,15 @@ void lint_marlin_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     s.tensors.push_back(d.name);
     s.names.insert(last);
     if (parent_of(d.module).empty()) s.top_level = true;
+    // Keeping one member of a fused q/k/v or gate/up group in 16 bits splits
+    // the group (L3), so the fix takes the whole group.
+    if (const auto group = fused_group_of(d.module); group && group->first != "experts") {
+      for (const char* member : fused_members(group->first)) {
+        const std::string sibling =
+            group->second.empty() ? std::string(member) : group->second + "." + member;
+        if (member != last && ctx.weight_of(sibling) != nullptr) s.fused_siblings.insert(member);
+      }
+    }
   }
   for (const auto& key : order) {
     const Shape& s = shapes.at(key);
@@ -503,9 +535,14 @@ void lint_marlin_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
         s.row ? "row" : "column",
         s.row ? ", split along in_features" : ", split along out_features", tp, s.problem,
         working.empty() ? fmt::format("none of {}", join(tried, 8)) : join(working, 8));
+    std::set<std::string> entry_names = s.names;
+    entry_names.insert(s.fused_siblings.begin(), s.fused_siblings.end());
+    const std::vector<std::string> siblings(s.fused_siblings.begin(), s.fused_siblings.end());
     f.fix = fmt::format(
-        "keep {} in 16 bits: --ignore '{}'{}", s.tensors.size() == 1 ? "it" : "them",
-        last_component_entry(s.names, s.top_level),
+        "keep {}{} in 16 bits: --ignore '{}'{}", s.tensors.size() == 1 ? "it" : "them",
+        siblings.empty() ? std::string()
+                         : fmt::format(" with the rest of the fused group ({})", join(siblings, 8)),
+        last_component_entry(entry_names, s.top_level),
         working.empty() ? std::string()
                         : fmt::format(", or serve with --tp {}", join(working, 8, " or ")));
     out.push_back(std::move(f));
@@ -609,6 +646,24 @@ void lint_prefix_matches(const std::vector<std::string>& entries,
   }
 }
 
+// ---- L9: nothing to quantize ----
+void lint_nothing_quantized(const LintContext& ctx, std::vector<Finding>& out) {
+  const bool any = std::any_of(ctx.plan.decisions.begin(), ctx.plan.decisions.end(),
+                               [](const TensorDecision& d) { return d.fate == Fate::kQuantize; });
+  if (any) return;
+  Finding f;
+  f.id = "L9";
+  f.severity = Severity::kWarning;
+  f.message = fmt::format(
+      "no tensor would be quantized (of {}): OUTPUT would hold the input's tensors unchanged "
+      "under a pack-quantized quantization_config",
+      plural(ctx.plan.decisions.size(), "tensor"));
+  f.fix =
+      "check that INPUT is a model checkpoint with 2-D Linear weights and that --ignore / "
+      "--targets leave some of them (`ctquant inspect INPUT --plan` shows each tensor's rule)";
+  out.push_back(std::move(f));
+}
+
 }  // namespace
 
 std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
@@ -631,6 +686,7 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
                       findings, ctx);
   lint_prefix_matches(plan.options.targets, plan.target_matches, ModuleMatcher::Role::kTargets,
                       findings, ctx);
+  lint_nothing_quantized(ctx, findings);
   return findings;
 }
 

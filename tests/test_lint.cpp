@@ -1,4 +1,4 @@
-// Lint rules L1-L8 on hand-made checkpoints (headers at real model shapes,
+// Lint rules L1-L9 on hand-made checkpoints (headers at real model shapes,
 // sparse data), the blocking policy, and lint inside quantize and the CLI.
 #include <gtest/gtest.h>
 
@@ -167,6 +167,32 @@ TEST(LintL1, TargetEntryThatMatchesNothing) {
   EXPECT_EQ(r.plan.target_matches, std::vector<std::vector<std::string>>{{}});
 }
 
+// The default ignore list ({"lm_head"}) on a draft without lm_head: nothing
+// the user wrote is wrong, so the finding is info (it never stops --strict).
+// An explicit list holding lm_head still gets the warning.
+TEST(LintL1, DefaultLmHeadWithoutLmHeadIsInfo) {
+  const Linted r = lint_layout(dflash_layers(), kDFlashConfig, kDefaultIgnore);
+  const auto l1 = with_id(r.findings, "L1");
+  ASSERT_EQ(l1.size(), 1u);
+  EXPECT_EQ(l1[0].severity, Severity::kInfo);
+  EXPECT_EQ(l1[0].message,
+            "the default ignore entry 'lm_head' matched 0 modules: this checkpoint has no such "
+            "module");
+  const Linted explicit_list =
+      lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$", "lm_head"});
+  const auto l1_explicit = with_id(explicit_list.findings, "L1");
+  ASSERT_EQ(l1_explicit.size(), 1u);
+  EXPECT_EQ(l1_explicit[0].severity, Severity::kWarning);
+}
+
+// The default targets ({"Linear"}) are never reported by L1, even with
+// nothing to match; L9 reports an input with nothing to quantize.
+TEST(LintL1, DefaultTargetsAreNotReported) {
+  const Linted r = lint_layout({{"model.norm.weight", {2048}}}, kLlamaConfig, {});
+  EXPECT_TRUE(with_id(r.findings, "L1").empty());
+  ASSERT_EQ(with_id(r.findings, "L9").size(), 1u);
+}
+
 // ---- L2 ----
 
 TEST(LintL2, LiteralEntryInDFlashDraftGetsAnchoredRegex) {
@@ -324,18 +350,52 @@ TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
   EXPECT_EQ(l5[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.k_proj.weight"});
   EXPECT_TRUE(contains(l5[0].message, "out_features per shard 32 is not a multiple of 64"));
   EXPECT_TRUE(contains(l5[0].message, "TP degrees that work: 1, 2, 4"));
+  // k_proj is fused with q_proj and v_proj: the fix keeps the whole group.
   EXPECT_EQ(l5[0].fix,
-            "keep it in 16 bits: --ignore 're:.*\\.k_proj$', or serve with --tp 1 or 2 or 4");
+            "keep it with the rest of the fused group (q_proj, v_proj) in 16 bits: --ignore "
+            "'re:.*\\.(k_proj|q_proj|v_proj)$', or serve with --tp 1 or 2 or 4");
   EXPECT_EQ(l5[1].tensors, std::vector<std::string>{"model.layers.0.self_attn.v_proj.weight"});
   EXPECT_EQ(l5[2].tensors, std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
   EXPECT_TRUE(contains(l5[2].message, "(row-parallel, split along in_features)"));
   EXPECT_TRUE(contains(l5[2].message, "in_features per shard 704 is not a multiple of 128"));
 }
 
+// Following the L5 fix for a member of a fused group must not lead into an
+// L3 error (a split group).
+TEST(LintL5, FixForFusedMemberKeepsTheGroupWhole) {
+  const auto l5 =
+      with_id(lint_layout(llama_layer(), kLlamaConfig, {}, {"Linear"}, 8).findings, "L5");
+  ASSERT_GE(l5.size(), 2u);
+  const std::string fix = l5[1].fix;  // v_proj's
+  const std::string entry =
+      fix.substr(fix.find('\'') + 1, fix.find('\'', fix.find('\'') + 1) - fix.find('\'') - 1);
+  EXPECT_EQ(entry, "re:.*\\.(k_proj|q_proj|v_proj)$");
+  const Linted fixed = lint_layout(llama_layer(), kLlamaConfig, {entry}, {"Linear"}, 8);
+  EXPECT_TRUE(with_id(fixed.findings, "L3").empty());
+  const auto l5_after = with_id(fixed.findings, "L5");
+  ASSERT_EQ(l5_after.size(), 1u);
+  EXPECT_EQ(l5_after[0].tensors, std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
+  // down_proj is in no fused group: its fix names it alone.
+  EXPECT_TRUE(contains(l5_after[0].fix, "--ignore 're:.*\\.down_proj$'")) << l5_after[0].fix;
+}
+
 TEST(LintL5, IgnoredTensorsAreNotChecked) {
   const Linted r = lint_layout({{"model.layers.0.mlp.gate.weight", {60, 2048}}}, kLlamaConfig,
                                {"re:.*mlp\\.gate$"});
   EXPECT_TRUE(with_id(r.findings, "L5").empty());
+}
+
+// ---- L9 ----
+
+TEST(LintL9, NothingQuantizedIsWarning) {
+  // Every 2-D weight ignored: the output would be the input plus a config.
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"re:.*"});
+  const auto l9 = with_id(r.findings, "L9");
+  ASSERT_EQ(l9.size(), 1u);
+  EXPECT_EQ(l9[0].severity, Severity::kWarning);
+  EXPECT_TRUE(contains(l9[0].message, "no tensor would be quantized (of 9 tensors)"))
+      << l9[0].message;
+  EXPECT_TRUE(with_id(lint_layout(llama_layer(), kLlamaConfig, {}).findings, "L9").empty());
 }
 
 // ---- L6 ----

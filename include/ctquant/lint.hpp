@@ -3,13 +3,14 @@
 //
 // run_lint() looks at the checkpoint's headers and config.json and at the
 // plan (each tensor's fate, the modules each ignore and targets entry
-// matched) and returns findings. Each finding has an id (L1..L8), a
+// matched) and returns findings. Each finding has an id (L1..L9), a
 // severity, the tensors concerned, what was found and the fix. The reasons
 // behind the rules are section 7 of the format spec:
 //
 //   L1 warning  an ignore or targets entry matched no module (near misses
 //               listed); info when it matched only modules that are never
-//               quantized anyway (embeddings, norms, non-2-D tensors)
+//               quantized anyway (embeddings, norms, non-2-D tensors) and for
+//               the default ignore list's lm_head; default targets not checked
 //   L2 warning  a literal entry names a module of a checkpoint whose names
 //               vLLM prefixes at load time (no `model.` prefix, DFlash drafts)
 //   L3 error    a fused layer split between quantized and not (q/k/v_proj of
@@ -18,11 +19,13 @@
 //   L4 error    a DFlash draft whose qkv_proj (or q/k/v_proj) is quantized
 //   L5 warning  a quantized tensor whose per-shard shape Marlin cannot run
 //               (out_features % 64, in_features % 128, in_features % group
-//               size) at the chosen tensor-parallel degree
+//               size) at the chosen tensor-parallel degree; the fix covers
+//               its whole fused q/k/v or gate/up group
 //   L6 error    tie_word_embeddings is true and lm_head.weight is quantized
 //   L7 error    a 3-D .weight (stacked experts) that no ignore entry covers
 //   L8 info     an unanchored `re:` entry that matches some modules only by a
 //               prefix of their names (`re:.*gate` also takes `gate_proj`)
+//   L9 warning  no tensor would be quantized at all
 //
 // Whether findings stop `quantize` is decided by blocking_findings(): errors
 // unless allow_unloadable, warnings under strict; infos never.

@@ -55,7 +55,7 @@ struct TensorDecision {
   std::string module;  // name up to the last dot ("" when there is none)
   TensorLocation source;
   Fate fate = Fate::kCopy;
-  std::string rule;    // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
+  std::string rule;  // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
   std::optional<std::size_t> ignore_entry;  // the ignore entry that matched, if any
   bool selectable = false;  // passed rules 1-4 and 6: the ignore list and targets decided
   // An FP8 weight (fate kQuantize or kDequantize): its scale. The values it
@@ -77,18 +77,24 @@ struct PlannedTensor {
 };
 
 struct ShardPlan {
-  std::string file_name;     // same as the input shard
+  std::string file_name;  // same as the input shard
   std::size_t input_shard = 0;
   std::vector<PlannedTensor> tensors;  // sorted by name == data order
-  std::string header;        // bytes to write at offset 0 (length prefix, JSON, padding)
+  std::string header;                  // bytes to write at offset 0 (length prefix, JSON, padding)
   std::uint64_t data_start = 0;
   std::uint64_t file_size = 0;
 };
 
+// The ignore list and targets used when none are given (`ctquant quantize`
+// with no --ignore / --targets): keep lm_head in 16 bits, quantize every
+// Linear module.
+inline const std::vector<std::string> kDefaultIgnore{"lm_head"};
+inline const std::vector<std::string> kDefaultTargets{"Linear"};
+
 struct PlanOptions {
   QuantScheme scheme;
-  std::vector<std::string> ignore{"lm_head"};
-  std::vector<std::string> targets{"Linear"};
+  std::vector<std::string> ignore = kDefaultIgnore;
+  std::vector<std::string> targets = kDefaultTargets;
 };
 
 struct QuantizePlan {
