@@ -303,7 +303,9 @@ int main(int argc, char** argv) {
   add_plan_options(quantize, q.plan);
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
-  quantize->add_flag("--force", q.force, "Replace an existing OUTPUT once the new one is complete");
+  quantize->add_flag("--force", q.force,
+                     "Replace an existing OUTPUT once the new one is complete; only an empty "
+                     "directory or one of regular files with a .safetensors file");
   quantize->add_flag("--no-sync", q.no_sync,
                      "Do not fsync the output before renaming it into place (faster; after a "
                      "power loss OUTPUT may exist with lost data)");

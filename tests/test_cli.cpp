@@ -218,7 +218,7 @@ TEST(Cli, MissingInputExitsOne) {
 TEST(Cli, ExistingOutputExitsTwoAndForceReplacesIt) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
-  fs::create_directories(tmp / "out");
+  write_small_checkpoint(tmp / "out");
   write_file(tmp / "out" / "old.txt", "old");
   const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string()});
   EXPECT_EQ(r.exit_code, 2);

@@ -4,6 +4,7 @@
 // in INPUT, a full disk and a file size limit.
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cerrno>
@@ -49,6 +50,18 @@ void write_small_checkpoint(const fs::path& dir, bool with_nan = false) {
                            test::float_bytes(DType::kBF16, std::vector<float>(256, 1.0f))}});
   test::write_file(dir / "config.json", "{\"model_type\": \"llama\"}\n");
   test::write_file(dir / "tokenizer.json", "{\"version\": \"1.0\"}\n");
+}
+
+// A previous OUTPUT as --force finds it: a shard, config.json and a copied
+// file, all regular files.
+void write_previous_output(const fs::path& dir) {
+  fs::create_directories(dir);
+  test::write_safetensors(
+      dir / "model.safetensors",
+      {test::FakeTensor{
+          "old.weight", DType::kBF16, {2}, test::float_bytes(DType::kBF16, {1.0f, 2.0f})}});
+  test::write_file(dir / "config.json", "{\"model_type\": \"old\"}\n");
+  test::write_file(dir / "keep.txt", "old");
 }
 
 void expect_nothing_beside(const fs::path& output) {
@@ -124,22 +137,20 @@ TEST(OutputSafety, RefusesExistingOutputWithoutForce) {
 TEST(OutputSafety, ForceKeepsOldOutputWhenTheNewRunFails) {
   TempDir tmp;
   write_small_checkpoint(tmp / "ckpt", /*with_nan=*/true);
-  fs::create_directories(tmp / "out");
-  test::write_file(tmp / "out" / "keep.txt", "old");
+  write_previous_output(tmp / "out");
+  const auto before = test::snapshot_files(tmp / "out");
   const CommandResult r =
       test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "--force"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("element [1, 9] is nan"), std::string::npos) << r.err;
-  EXPECT_EQ(test::snapshot_files(tmp / "out"),
-            (std::map<std::string, std::string>{{"keep.txt", "old"}}));
+  EXPECT_EQ(test::snapshot_files(tmp / "out"), before);
   EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
 }
 
 TEST(OutputSafety, ForceReplacesOldOutputWhenTheNewRunSucceeds) {
   TempDir tmp;
   write_small_checkpoint(tmp / "ckpt");
-  fs::create_directories(tmp / "out");
-  test::write_file(tmp / "out" / "keep.txt", "old");
+  write_previous_output(tmp / "out");
   const CommandResult r =
       test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "--force"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -150,6 +161,209 @@ TEST(OutputSafety, ForceReplacesOldOutputWhenTheNewRunSucceeds) {
                               "model.layers.0.mlp.down_proj.weight_shape")
                 .size(),
             16u);
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+// ctquant's own earlier OUTPUT, run again with --force: replaced by the new
+// one, including a file added to it since.
+TEST(OutputSafety, ForceReplacesPreviousOutput) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const fs::path output = tmp / "out";
+  const CommandResult first = test::run_ctquant(
+      {"quantize", (tmp / "ckpt").string(), output.string(), "--ignore", "re:.*down_proj$"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  test::write_file(output / "notes.txt", "added later");
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), output.string(), "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(output / "notes.txt"));
+  EXPECT_EQ(
+      test::read_tensor(output / "model.safetensors", "model.layers.0.mlp.down_proj.weight_shape")
+          .size(),
+      16u);
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+TEST(OutputSafety, ForceReplacesEmptyDirectory) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  fs::create_directories(tmp / "out");
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::read_tensor(tmp / "out" / "model.safetensors", "model.norm.weight"),
+            test::read_tensor(tmp / "ckpt" / "model.safetensors", "model.norm.weight"));
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+// --force on an OUTPUT that does not look like a checkpoint directory: a
+// usage error naming OUTPUT, the reason (fragment) and the fix, raised before
+// INPUT is read (a missing INPUT gives the same error), through the binary
+// (exit 2) and the library (kUsage); OUTPUT keeps every file byte for byte.
+void expect_force_refused(const TempDir& tmp, const fs::path& output, const std::string& fragment) {
+  write_small_checkpoint(tmp / "ckpt");
+  const auto before = test::snapshot_files(output);
+  const std::vector<std::string> present = {
+      "OUTPUT " + output.string() + " does not look like a checkpoint directory: it " + fragment,
+      "--force replaces only an empty directory or one that holds nothing but regular files",
+      "remove it yourself, or choose another OUTPUT"};
+  for (const fs::path& input : {tmp / "ckpt", tmp / "absent"}) {
+    SCOPED_TRACE(input.string());
+    const CommandResult r =
+        test::run_ctquant({"quantize", input.string(), output.string(), "--force"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    test::expect_message(r.err, present);
+    EXPECT_EQ(test::snapshot_files(output), before);
+    EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+  }
+  QuantizeOptions options = test::test_options(tmp / "ckpt", output);
+  options.force = true;
+  try {
+    quantize(options);
+    ADD_FAILURE() << output << " was replaced";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    test::expect_message(e.what(), present);
+  }
+  EXPECT_EQ(test::snapshot_files(output), before);
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+// A home directory: a shard among other files, but also a subdirectory.
+TEST(OutputSafety, ForceRefusesDirectoryWithSubdirectory) {
+  TempDir tmp;
+  const fs::path home = tmp / "home";
+  write_previous_output(home);
+  fs::create_directories(home / "projects" / "src");
+  test::write_file(home / "projects" / "src" / "main.cpp", "int main() {}\n");
+  test::write_file(home / "zzz.txt", "last");
+  expect_force_refused(tmp, home, "holds the subdirectory 'projects'");
+  EXPECT_TRUE(fs::is_directory(home / "projects" / "src"));
+}
+
+// Regular files only, but none of them a .safetensors file.
+TEST(OutputSafety, ForceRefusesDirectoryWithoutSafetensors) {
+  TempDir tmp;
+  const fs::path docs = tmp / "docs";
+  fs::create_directories(docs);
+  test::write_file(docs / ".profile", "export PATH\n");
+  test::write_file(docs / "config.json", "{}\n");
+  test::write_file(docs / "notes.safetensors.txt", "not a shard");
+  expect_force_refused(tmp, docs, "holds no .safetensors file");
+}
+
+// A symbolic link among the files, even one to a regular file: removing the
+// directory would remove the link, and what it stands for is not known.
+TEST(OutputSafety, ForceRefusesSymlinkEntry) {
+  TempDir tmp;
+  const fs::path output = tmp / "out";
+  write_previous_output(output);
+  fs::create_directories(tmp / "shared");
+  test::write_file(tmp / "shared" / "tokenizer.json", "{\"version\": \"shared\"}\n");
+  fs::create_symlink(tmp / "shared" / "tokenizer.json", output / "tokenizer.json");
+  expect_force_refused(tmp, output, "holds the symbolic link 'tokenizer.json'");
+  EXPECT_EQ(fs::read_symlink(output / "tokenizer.json"), tmp / "shared" / "tokenizer.json");
+  EXPECT_EQ(test::read_file(tmp / "shared" / "tokenizer.json"), "{\"version\": \"shared\"}\n");
+}
+
+// A FIFO (or a device or socket) among the files.
+TEST(OutputSafety, ForceRefusesSpecialFileEntry) {
+  TempDir tmp;
+  const fs::path output = tmp / "out";
+  write_previous_output(output);
+  ASSERT_EQ(::mkfifo((output / "pipe").c_str(), 0600), 0) << std::strerror(errno);
+  expect_force_refused(tmp, output, "holds 'pipe', which is not a regular file");
+  EXPECT_TRUE(fs::is_fifo(output / "pipe"));
+}
+
+// The working directory of ctquant, or a directory above it, is never
+// replaced, with or without --force, even when it holds a checkpoint.
+TEST(OutputSafety, ForceRefusesCurrentDirectory) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const fs::path work = tmp / "work";
+  write_previous_output(work);
+  fs::create_directories(work / "run");
+  test::write_file(work / "run" / "model.safetensors", "a shard");
+  const auto before = test::snapshot_files(work);
+  struct Case {
+    fs::path cwd;
+    std::string output;
+    bool force;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {work / "run", ".", true, "OUTPUT . is the current working directory"},
+      {work / "run", ".", false, "OUTPUT . is the current working directory"},
+      {work / "run", "./", true, "OUTPUT ./ is the current working directory"},
+      {work / "run", (work / "run").string(), true, "is the current working directory"},
+      {work / "run", "../run", true, "is the current working directory"},
+      {work / "run", "..", true,
+       "OUTPUT .. contains the current working directory " + fs::canonical(work / "run").string()},
+      {work / "run", work.string(), true, "contains the current working directory"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.output + (c.force ? " --force" : ""));
+    std::vector<std::string> args = {"quantize", (tmp / "ckpt").string(), c.output};
+    if (c.force) args.push_back("--force");
+    test::RunOptions options;
+    options.cwd = c.cwd;
+    const CommandResult r = test::run_ctquant(args, options);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    test::expect_message(r.err, {c.fragment, "ctquant never replaces it: choose another OUTPUT"});
+    EXPECT_EQ(test::snapshot_files(work), before);
+    EXPECT_TRUE(test::temp_leftovers(work).empty());
+    EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+  }
+}
+
+// What --force would remove is checked again at the rename, under the
+// temporary name: an OUTPUT that changed, or appeared, while ctquant ran and
+// no longer qualifies is put back untouched and the new output discarded.
+TEST(OutputSafety, ForceRefusesOutputThatChangedDuringTheRun) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const fs::path output = tmp / "out";
+  write_previous_output(output);
+  {
+    StagedOutput staged(output, tmp / "ckpt", /*force=*/true);
+    test::write_file(staged.dir() / "model.safetensors", "new");
+    fs::create_directories(output / "projects");
+    test::write_file(output / "projects" / "plan.txt", "mine");
+    const auto before = test::snapshot_files(output);
+    try {
+      staged.commit();
+      ADD_FAILURE() << output << " was replaced";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      test::expect_message(e.what(), {"holds the subdirectory 'projects'",
+                                      "remove it yourself, or choose another OUTPUT"});
+    }
+    EXPECT_EQ(test::snapshot_files(output), before);
+  }
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+TEST(OutputSafety, ForceRefusesOutputThatAppearedDuringTheRun) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const fs::path output = tmp / "out";
+  {
+    StagedOutput staged(output, tmp / "ckpt", /*force=*/true);
+    test::write_file(staged.dir() / "model.safetensors", "new");
+    fs::create_directories(output);
+    test::write_file(output / "notes.txt", "mine");
+    try {
+      staged.commit();
+      ADD_FAILURE() << output << " was replaced";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      test::expect_message(e.what(), {"holds no .safetensors file"});
+    }
+    EXPECT_EQ(test::snapshot_files(output),
+              (std::map<std::string, std::string>{{"notes.txt", "mine"}}));
+  }
   EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
 }
 

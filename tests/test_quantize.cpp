@@ -879,9 +879,8 @@ TEST(QuantizeOutput, ExistingOutputWithoutForceIsUsageError) {
 TEST(QuantizeOutput, ForceReplacesExistingOutput) {
   TempDir tmp;
   write_checkpoint(tmp / "in", {weight("a.q_proj.weight", DType::kBF16, 8, 128)});
-  fs::create_directories(tmp / "out" / "sub");
+  write_checkpoint(tmp / "out", {weight("old.q_proj.weight", DType::kBF16, 8, 128)});
   write_file(tmp / "out" / "keep.txt", "old");
-  write_file(tmp / "out" / "sub" / "file", "old");
   QuantizeOptions options = test_options(tmp / "in", tmp / "out");
   options.force = true;
   quantize(options);
@@ -902,12 +901,13 @@ TEST(QuantizeOutput, ForceKeepsOldOutputWhenTheRunFails) {
   FakeTensor w = weight("a.q_proj.weight", DType::kBF16, 8, 128);
   set_element(w, 7, 127, std::numeric_limits<float>::quiet_NaN());
   write_checkpoint(tmp / "in", {w});
-  fs::create_directories(tmp / "out");
+  write_checkpoint(tmp / "out", {weight("old.q_proj.weight", DType::kBF16, 8, 128)});
   write_file(tmp / "out" / "keep.txt", "old");
+  const auto before = snapshot_files(tmp / "out");
   QuantizeOptions options = test_options(tmp / "in", tmp / "out");
   options.force = true;
   EXPECT_EQ(quantize_error(options).kind(), ErrorKind::kBadInput);
-  EXPECT_EQ(snapshot_files(tmp / "out"), (std::map<std::string, std::string>{{"keep.txt", "old"}}));
+  EXPECT_EQ(snapshot_files(tmp / "out"), before);
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }
 

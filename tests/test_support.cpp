@@ -365,6 +365,7 @@ CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOp
       const rlimit limit{options.file_size_limit, options.file_size_limit};
       if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
     }
+    if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) ::_exit(125);
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }

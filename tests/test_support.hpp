@@ -127,6 +127,9 @@ struct RunOptions {
   // RLIMIT_FSIZE of the child in bytes (set between fork and exec); 0 keeps
   // the parent's limit.
   std::uint64_t file_size_limit = 0;
+  // Working directory of the child (chdir between fork and exec); empty keeps
+  // the parent's.
+  std::filesystem::path cwd;
 };
 
 // The ctquant binary running in a child process, its stdout and stderr

@@ -16,12 +16,11 @@ inline constexpr const char* kTempDirMarker = ".ctquant-tmp-";
 
 class StagedOutput {
  public:
-  // Checks output against input and creates the temporary directory.
-  // Throws Error{kUsage} when OUTPUT equals INPUT, lies inside it or contains
-  // it, or exists and force is false; Error{kNoSpace} or Error{kIo} when
-  // the temporary directory cannot be created.
-  StagedOutput(const std::filesystem::path& output, const std::filesystem::path& input,
-               bool force);
+  // Checks output against input (see check_output_path) and creates the
+  // temporary directory. Throws Error{kUsage} when check_output_path does;
+  // Error{kNoSpace} or Error{kIo} when the temporary directory cannot be
+  // created.
+  StagedOutput(const std::filesystem::path& output, const std::filesystem::path& input, bool force);
   ~StagedOutput();
   StagedOutput(const StagedOutput&) = delete;
   StagedOutput& operator=(const StagedOutput&) = delete;
@@ -33,8 +32,10 @@ class StagedOutput {
   // appeared meanwhile). With force, an existing OUTPUT is swapped with the
   // new one in one atomic rename (renameat2 RENAME_EXCHANGE; on filesystems
   // without it, moved aside first) and removed only after the new one is in
-  // place. Throws Error{kUsage} when OUTPUT appeared and force is false,
-  // Error{kIo} when a rename fails.
+  // place, and only when, under the temporary name, it is still a directory
+  // force may replace (see check_output_path); otherwise it is put back.
+  // Throws Error{kUsage} when OUTPUT appeared and force is false, or changed
+  // into something force may not replace; Error{kIo} when a rename fails.
   void commit();
 
  private:
@@ -44,8 +45,16 @@ class StagedOutput {
   bool committed_ = false;
 };
 
-// Checks that output can be written for input (see StagedOutput) without
-// creating anything. Throws Error{kUsage}.
+// Checks that output can be written for input without creating anything or
+// reading input. Throws Error{kUsage} when OUTPUT
+//   - equals INPUT, lies inside it or contains it (symbolic links resolved);
+//   - is the current working directory or contains it (with or without force);
+//   - exists and force is false;
+//   - exists, force is true, and it is not a directory that force may
+//     replace: one (not a symbolic link) that is empty, or whose entries are
+//     all regular files (no subdirectories, symbolic links, devices, FIFOs or
+//     sockets), at least one of them a *.safetensors file. The message names
+//     the first offending entry in name order.
 void check_output_path(const std::filesystem::path& output, const std::filesystem::path& input,
                        bool force);
 

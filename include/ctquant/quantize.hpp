@@ -29,7 +29,7 @@ struct QuantizeOptions {
   std::filesystem::path output;  // directory to create (must not exist unless force)
   PlanOptions plan;              // scheme, ignore list, targets
   unsigned threads = 1;          // worker threads (>= 1)
-  bool force = false;            // replace an existing OUTPUT once the new one is complete
+  bool force = false;            // replace a checkpoint-like OUTPUT once the new one is complete
   bool follow_symlinks = false;  // read files that links in INPUT point to outside it
   bool dry_run = false;          // plan and lint only; write nothing
   bool fsync = true;             // flush files and directories before the rename
