@@ -15,11 +15,14 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/details/null_mutex.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "ctquant/error.hpp"
+#include "ctquant/escape.hpp"
 #include "ctquant/inspect.hpp"
 #include "ctquant/kernel.hpp"
 #include "ctquant/quantize.hpp"
@@ -72,8 +75,24 @@ const char* signal_name(int signal_number) {
   }
 }
 
+// Writes each formatted log line to stderr with escape_for_terminal applied:
+// log lines name tensors, modules and files taken from input files (lint
+// findings, their fixes, warnings), which must not drive the terminal.
+class EscapingStderrSink final : public spdlog::sinks::base_sink<spdlog::details::null_mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    const std::string text =
+        ctquant::escape_for_terminal(std::string_view(formatted.data(), formatted.size()));
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+  }
+  void flush_() override { std::fflush(stderr); }
+};
+
 std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
-  auto logger = spdlog::stderr_logger_st("ctquant");
+  auto logger = std::make_shared<spdlog::logger>("ctquant", std::make_shared<EscapingStderrSink>());
   logger->set_pattern("ctquant: %l: %v");
   logger->set_level(verbosity < 0   ? spdlog::level::err
                     : verbosity > 0 ? spdlog::level::debug
@@ -151,25 +170,28 @@ void add_verbosity_flags(CLI::App* app, int& verbosity) {
       "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
 }
 
-void print_stdout(const std::string& text) {
+void write_stdout(const std::string& text) {
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
 }
 
-// Prints an error on stderr, first erasing the progress line a terminal may show.
+// Prints a text report (inventory, plan, lint findings, verify report) on
+// stdout, escaped: the names in it come from input files and must not drive
+// the terminal.
+void print_text_report(const std::string& text) {
+  write_stdout(ctquant::escape_for_terminal(text));
+}
+
+// Prints a JSON report on stdout as it is: dump() writes every control
+// character as a \uXXXX escape and throws on text that is not UTF-8.
+void print_json_report(const nlohmann::json& report) { write_stdout(report.dump(2) + "\n"); }
+
+// Prints an error on stderr, first erasing the progress line a terminal may
+// show; the message is escaped, since it names files and tensors.
 void print_error(const std::string& message) {
-  // Control characters are escaped: names in messages come from input files
-  // and must not drive the terminal.
   std::string text = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
   text += "ctquant: error: ";
-  for (const char c : message) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7F) {
-      text += fmt::format("\\x{:02x}", u);
-    } else {
-      text += c;
-    }
-  }
+  text += ctquant::escape_for_terminal(message);
   text += '\n';
   std::fwrite(text.data(), 1, text.size(), stderr);
 }
@@ -205,7 +227,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
   if (args.dry_run) {
     options.on_plan = [](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
                          const std::vector<ctquant::Finding>&) {
-      print_stdout(ctquant::render_plan_text(checkpoint, plan));
+      print_text_report(ctquant::render_plan_text(checkpoint, plan));
     };
   }
 
@@ -258,8 +280,11 @@ int run_inspect(const InspectArgs& args, bool plan_requested) {
   if (options.plan) options.plan_options = to_plan_options(args.plan);
   options.lint.tp = args.plan.tp;
   const ctquant::InspectReport report = ctquant::inspect_checkpoint(args.input, options);
-  print_stdout(args.json ? ctquant::inspect_json(report).dump(2) + "\n"
-                         : ctquant::render_inspect_text(report));
+  if (args.json) {
+    print_json_report(ctquant::inspect_json(report));
+  } else {
+    print_text_report(ctquant::render_inspect_text(report));
+  }
   return 0;
 }
 
@@ -278,8 +303,11 @@ int run_verify(const VerifyArgs& args, int verbosity) {
   const ctquant::VerifyReport report =
       args.against_source ? ctquant::verify_against_source(args.output, args.reference, options)
                           : ctquant::verify_checkpoints(args.output, args.reference, options);
-  print_stdout(args.json ? ctquant::verify_json(report).dump(2) + "\n"
-                         : ctquant::render_verify_text(report));
+  if (args.json) {
+    print_json_report(ctquant::verify_json(report));
+  } else {
+    print_text_report(ctquant::render_verify_text(report));
+  }
   return report.same() ? 0 : ctquant::exit_status(ctquant::ErrorKind::kDifferent);
 }
 
