@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/config.hpp"
+#include "ctquant/error.hpp"
 
 namespace ctquant {
 
@@ -326,11 +327,21 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
 
 InspectReport inspect_checkpoint(const fs::path& input, const InspectOptions& options) {
   // Read-only: links out of the directory (a cache snapshot) are followed.
-  InspectReport report{
-      open_checkpoint(input, OpenOptions{.follow_links_outside = true}), {}, std::nullopt, {}};
+  InspectReport report{open_checkpoint(input, OpenOptions{.follow_links_outside = true}),
+                       {},
+                       std::nullopt,
+                       {},
+                       std::nullopt};
   report.inventory = make_inventory(report.checkpoint);
   if (options.plan) {
-    report.plan = make_plan(report.checkpoint, options.plan_options);
+    try {
+      report.plan = make_plan(report.checkpoint, options.plan_options);
+    } catch (const Error& e) {
+      // The inventory is still worth showing; usage errors are not reports.
+      if (e.kind() != ErrorKind::kBadInput) throw;
+      report.plan_error = e.what();
+      return report;
+    }
     report.findings = run_lint(report.checkpoint, *report.plan, options.lint);
   }
   return report;
@@ -344,13 +355,15 @@ std::string render_inspect_text(const InspectReport& report) {
     text += '\n';
     text += render_findings_text(report.findings);
   }
+  if (report.plan_error) text += fmt::format("\nplan: cannot be made: {}\n", *report.plan_error);
   return text;
 }
 
 json inspect_json(const InspectReport& report) {
   return json{{"inventory", inventory_json(report.inventory)},
               {"plan", report.plan ? plan_json(report.checkpoint, *report.plan) : json(nullptr)},
-              {"lint", report.plan ? findings_json(report.findings) : json(nullptr)}};
+              {"lint", report.plan ? findings_json(report.findings) : json(nullptr)},
+              {"plan_error", report.plan_error ? json(*report.plan_error) : json(nullptr)}};
 }
 
 }  // namespace ctquant

@@ -28,17 +28,6 @@ const char* severity_name(Severity severity) {
   return "?";
 }
 
-std::string regex_escape(const std::string& text) {
-  static constexpr std::string_view kSpecial = R"(\.^$*+?()[]{}|)";
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    if (kSpecial.find(c) != std::string_view::npos) out += '\\';
-    out += c;
-  }
-  return out;
-}
-
 bool is_dflash_draft(const Checkpoint& checkpoint) {
   if (!checkpoint.config) return false;
   const json& config = *checkpoint.config;
@@ -77,19 +66,6 @@ std::string parent_of(const std::string& module) {
 std::string param_of(const std::string& tensor) {
   const auto dot = tensor.rfind('.');
   return dot == std::string::npos ? tensor : tensor.substr(dot + 1);
-}
-
-// An ignore entry that takes every module whose last component is one of
-// names, both under the checkpoint's names and under vLLM's prefixed ones.
-std::string last_component_entry(const std::set<std::string>& names, bool any_top_level) {
-  std::string alternatives;
-  for (const auto& n : names) {
-    if (!alternatives.empty()) alternatives += '|';
-    alternatives += regex_escape(n);
-  }
-  if (names.size() > 1) alternatives = "(" + alternatives + ")";
-  return any_top_level ? fmt::format("re:(.*\\.)?{}$", alternatives)
-                       : fmt::format("re:.*\\.{}$", alternatives);
 }
 
 std::string join(const std::vector<std::string>& items, std::size_t max_items,

@@ -285,6 +285,10 @@ int run_inspect(const InspectArgs& args, bool plan_requested) {
   } else {
     print_text_report(ctquant::render_inspect_text(report));
   }
+  if (report.plan_error) {
+    print_error(*report.plan_error);
+    return ctquant::exit_status(ctquant::ErrorKind::kBadInput);
+  }
   return 0;
 }
 

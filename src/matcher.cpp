@@ -130,4 +130,26 @@ std::optional<std::size_t> ModuleMatcher::first_match(std::string_view module) c
   return std::nullopt;
 }
 
+std::string regex_escape(const std::string& text) {
+  static constexpr std::string_view kSpecial = R"(\.^$*+?()[]{}|)";
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (kSpecial.find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string last_component_entry(const std::set<std::string>& names, bool any_top_level) {
+  std::string alternatives;
+  for (const auto& n : names) {
+    if (!alternatives.empty()) alternatives += '|';
+    alternatives += regex_escape(n);
+  }
+  if (names.size() > 1) alternatives = "(" + alternatives + ")";
+  return any_top_level ? fmt::format("re:(.*\\.)?{}$", alternatives)
+                       : fmt::format("re:.*\\.{}$", alternatives);
+}
+
 }  // namespace ctquant

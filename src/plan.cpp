@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -51,8 +52,8 @@ bool is_embedding(const std::string& module) {
 
 void check_scheme(const QuantScheme& scheme) {
   if (scheme.num_bits < 2 || scheme.num_bits > 8) {
-    throw usage_error(fmt::format("scheme {}: num_bits {} is outside 2..8", scheme.name,
-                                  scheme.num_bits));
+    throw usage_error(
+        fmt::format("scheme {}: num_bits {} is outside 2..8", scheme.name, scheme.num_bits));
   }
 }
 
@@ -145,6 +146,9 @@ class Section2Rules {
       } else {
         const std::uint64_t g = options_.scheme.effective_group_size(t.shape[1]);
         if (t.shape[1] % g != 0) {
+          const auto dot = d.module.rfind('.');
+          group_size_names_.insert(dot == std::string::npos ? d.module : d.module.substr(dot + 1));
+          if (dot == std::string::npos) group_size_top_level_ = true;
           group_size_errors_.push_back(
               fmt::format("{}: tensor '{}' {} has in_features {}, not a multiple of the group "
                           "size {}",
@@ -158,6 +162,10 @@ class Section2Rules {
   }
 
   const std::vector<std::string>& group_size_errors() const { return group_size_errors_; }
+  // The ignore entry that keeps every tensor of group_size_errors() in 16 bits.
+  std::string group_size_fix() const {
+    return last_component_entry(group_size_names_, group_size_top_level_);
+  }
 
  private:
   const PlanOptions& options_;
@@ -165,6 +173,8 @@ class Section2Rules {
   const ModuleMatcher targets_;
   QuantizePlan& plan_;
   std::vector<std::string> group_size_errors_;
+  std::set<std::string> group_size_names_;  // last components of their modules
+  bool group_size_top_level_ = false;
 };
 
 // The input's own ignore list (compressed-tensors), matched with the same
@@ -371,9 +381,9 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     }
     if (!group_size_errors.empty()) {
       message += fmt::format(
-          "{} tensor(s) cannot be quantized with group size {}: ignore them (--ignore "
-          "'re:...$') or pick another --group-size",
-          group_size_errors.size(), options.scheme.group_size);
+          "{} tensor(s) cannot be quantized with group size {}: keep them in 16 bits (--ignore "
+          "'{}') or pick another --group-size",
+          group_size_errors.size(), options.scheme.group_size, rules.group_size_fix());
     }
     throw bad_input(message);
   }
@@ -441,9 +451,10 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
               [](const PlannedTensor& a, const PlannedTensor& b) { return a.name < b.name; });
     for (std::size_t i = 1; i < shard.tensors.size(); ++i) {
       if (shard.tensors[i].name == shard.tensors[i - 1].name) {
-        throw bad_input(fmt::format("{}: output tensor '{}' would be written twice (the input "
-                                    "already holds a tensor of that name)",
-                                    shard.file_name, shard.tensors[i].name));
+        throw bad_input(
+            fmt::format("{}: output tensor '{}' would be written twice (the input "
+                        "already holds a tensor of that name)",
+                        shard.file_name, shard.tensors[i].name));
       }
     }
     std::vector<TensorSpec> specs;
@@ -474,8 +485,8 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
   }
 
   if (checkpoint.has_index) {
-    plan.index = json{{"metadata", {{"total_size", plan.tensor_bytes_out}}},
-                      {"weight_map", weight_map}};
+    plan.index =
+        json{{"metadata", {{"total_size", plan.tensor_bytes_out}}}, {"weight_map", weight_map}};
   }
   plan.config = output_config(checkpoint.config,
                               quantization_config(options.scheme, options.ignore, options.targets));

@@ -194,6 +194,26 @@ TEST(InspectCli, DryRunStoppedByLintStillPrintsThePlan) {
   EXPECT_TRUE(contains(r.err, "L4 error"));
 }
 
+// A plan the input does not allow (in_features 256 of the draft's tensors is
+// not a multiple of group size 96): the inventory is still printed, then the
+// reason, and the exit status is 1.
+TEST(InspectCli, PlanThatCannotBeMadeStillPrintsTheInventory) {
+  const std::string input = dflash_input().string();
+  const auto text = test::run_ctquant({"inspect", input, "--group-size", "96"});
+  EXPECT_EQ(text.exit_code, 1) << text.err;
+  EXPECT_TRUE(contains(text.out, "tensors (26):")) << text.out;
+  EXPECT_TRUE(contains(text.out, "plan: cannot be made: ")) << text.out;
+  EXPECT_TRUE(contains(text.out, "not a multiple of the group size 96")) << text.out;
+  EXPECT_TRUE(contains(text.err, "ctquant: error: ")) << text.err;
+
+  const auto as_json = test::run_ctquant({"inspect", input, "--group-size", "96", "--json"});
+  EXPECT_EQ(as_json.exit_code, 1);
+  const json j = json::parse(as_json.out);
+  EXPECT_EQ(j["inventory"]["tensors"].size(), 26u);
+  EXPECT_TRUE(j["plan"].is_null());
+  EXPECT_TRUE(contains(j["plan_error"].get<std::string>(), "group size 96"));
+}
+
 TEST(InspectCli, InventoryPlanAndJson) {
   const std::string input = dflash_input().string();
   const auto plain = test::run_ctquant({"inspect", input});

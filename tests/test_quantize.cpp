@@ -525,7 +525,8 @@ std::vector<ErrorCase> error_cases() {
         "100, not a multiple of the group size 128",
         "model-00002-of-00002.safetensors: tensor 'c.k_proj.weight' [8, 100] has in_features 100",
         "model-00002-of-00002.safetensors: tensor 'd.up_proj.weight' [8, 64] has in_features 64",
-        "3 tensor(s) cannot be quantized with group size 128"},
+        "3 tensor(s) cannot be quantized with group size 128: keep them in 16 bits (--ignore "
+        "'re:.*\\.(k_proj|q_proj|up_proj)$') or pick another --group-size"},
        {"lm_head", "b.ok_proj"}});
   cases.push_back({"GroupSizeThirtyTwoAlsoChecked",
                    [](const fs::path& in) {

@@ -98,18 +98,23 @@ struct InspectOptions {
 struct InspectReport {
   Checkpoint checkpoint;
   Inventory inventory;
-  std::optional<QuantizePlan> plan;  // when options.plan
+  std::optional<QuantizePlan> plan;  // when options.plan and the plan could be made
   std::vector<Finding> findings;     // lint findings of the plan
+  // When options.plan but make_plan refused the input (Error{kBadInput}, e.g.
+  // in_features not a multiple of the group size): its message.
+  std::optional<std::string> plan_error;
 };
 
 // Opens input (see open_checkpoint) and builds the inventory and, when
-// options.plan, the plan and its lint findings. Throws what open_checkpoint,
-// make_plan and run_lint throw; lint findings are returned, never thrown.
+// options.plan, the plan and its lint findings. Throws what open_checkpoint
+// and run_lint throw, and make_plan's usage errors; make_plan's bad-input
+// errors go into plan_error; lint findings are returned, never thrown.
 InspectReport inspect_checkpoint(const std::filesystem::path& input, const InspectOptions& options);
 
 // Inventory, then plan and lint findings when planned.
 std::string render_inspect_text(const InspectReport& report);
-// {"inventory", "plan" (or null), "lint" (findings_json, or null)}.
+// {"inventory", "plan" (or null), "lint" (findings_json, or null),
+//  "plan_error" (a message, or null)}.
 nlohmann::json inspect_json(const InspectReport& report);
 
 // "963.3 KiB", "2.08 GiB", "512 B".

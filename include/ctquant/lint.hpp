@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/checkpoint.hpp"
+#include "ctquant/matcher.hpp"
 #include "ctquant/plan.hpp"
 
 namespace ctquant {
@@ -94,9 +95,5 @@ bool names_prefixed_at_load(const Checkpoint& checkpoint);
 
 // Whether config.json describes a DFlash draft.
 bool is_dflash_draft(const Checkpoint& checkpoint);
-
-// `text` with the regular-expression metacharacters escaped, for building
-// `re:` entries from module names ("layers.0.fc" -> "layers\.0\.fc").
-std::string regex_escape(const std::string& text);
 
 }  // namespace ctquant

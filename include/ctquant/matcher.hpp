@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,5 +55,15 @@ class ModuleMatcher {
 
 // The pattern text of an entry ("re:.*x$" -> ".*x$"), or nullopt for a literal.
 std::optional<std::string_view> regex_pattern(std::string_view entry);
+
+// `text` with the regular-expression metacharacters escaped, for building
+// `re:` entries from module names ("layers.0.fc" -> "layers\.0\.fc").
+std::string regex_escape(const std::string& text);
+
+// An ignore entry that takes every module whose last component is one of
+// names (non-empty), both under the checkpoint's names and under vLLM's
+// prefixed ones: "re:.*\.(k_proj|v_proj)$", or "re:(.*\.)?fc$" when one of
+// the modules is top-level (no dot in its name).
+std::string last_component_entry(const std::set<std::string>& names, bool any_top_level);
 
 }  // namespace ctquant
