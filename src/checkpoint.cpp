@@ -88,7 +88,17 @@ bool is_safetensors_name(const std::string& name) {
 // follow_links_outside. Directories, devices, FIFOs, sockets and dangling
 // links are ignored, except under the name of a config, index or shard: those
 // must not be skipped as if absent (a dangling link into a download cache).
-std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_links_outside) {
+// What a directory entry that is not a regular file is, for messages.
+std::string entry_kind(const fs::directory_entry& item) {
+  std::error_code ec;
+  const fs::file_status own = item.symlink_status(ec);
+  if (fs::is_symlink(own)) return "a symbolic link whose target is missing or not a regular file";
+  if (fs::is_directory(own)) return "a directory";
+  return "a special file (FIFO, socket or device)";
+}
+
+std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_links_outside,
+                                            std::vector<std::string>& skipped) {
   std::error_code ec;
   const fs::path root = fs::canonical(dir, ec);
   if (ec) throw io_error(fmt::format("{}: cannot resolve: {}", dir.string(), ec.message()));
@@ -101,8 +111,10 @@ std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_lin
     std::error_code type_ec;
     if (!item.is_regular_file(type_ec)) {  // follows links
       if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
-        problems.add(fmt::format("{}: {} is not a regular file (a dangling symbolic link?)",
-                                 dir.string(), name));
+        problems.add(fmt::format("{}: {} is not a regular file: it is {}", dir.string(), name,
+                                 entry_kind(item)));
+      } else {
+        skipped.push_back(fmt::format("{} ({})", name, entry_kind(item)));
       }
       continue;
     }
@@ -124,6 +136,7 @@ std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_lin
   if (ec) throw io_error(fmt::format("{}: cannot list directory: {}", dir.string(), ec.message()));
   problems.throw_if_any();
   std::sort(files.begin(), files.end());
+  std::sort(skipped.begin(), skipped.end());
   return files;
 }
 
@@ -148,7 +161,8 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     shard_names.push_back(input.filename().string());
   } else if (fs::is_directory(status)) {
     ckpt.root = input;
-    const std::vector<std::string> files = list_regular_files(input, options.follow_links_outside);
+    const std::vector<std::string> files =
+        list_regular_files(input, options.follow_links_outside, ckpt.skipped_entries);
     const auto listed = [&](const std::string& name) {
       return std::binary_search(files.begin(), files.end(), name);
     };

@@ -391,8 +391,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
+    std::string message = e.what();
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
+      message = fmt::format("unknown command '{}' (commands: quantize, inspect, verify)", argv[1]);
+    }
+    print_error(message + "\nRun with --help for more information.");
+    return ctquant::exit_status(ctquant::ErrorKind::kUsage);
   }
 
   try {

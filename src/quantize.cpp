@@ -104,6 +104,11 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
   }
+  if (log) {
+    for (const std::string& entry : checkpoint.skipped_entries) {
+      log->warn("{}: {}: not a regular file; not copied to OUTPUT", options.input.string(), entry);
+    }
+  }
   if (log && checkpoint.has_index) {
     // Copied like any other file (section 5), but probably not what the user meant.
     for (const std::string& name : checkpoint.other_files) {
@@ -139,7 +144,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   }
   if (options.dry_run) {
     summary.bytes_out = expected_output_bytes(checkpoint, summary.plan);
-    summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    summary.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return summary;
   }
 

@@ -162,7 +162,14 @@ Side open_side(const fs::path& path, const std::string& label) {
   } else {
     throw bad_input(fmt::format("{} {}: not a regular file or directory", label, path.string()));
   }
-  for (const auto& name : shard_names) side.shards.emplace_back(side.root / name, name);
+  for (const auto& name : shard_names) {
+    try {
+      side.shards.emplace_back(side.root / name, name);
+    } catch (const Error& e) {
+      // Say which of the two checkpoints holds the bad file.
+      throw Error(e.kind(), fmt::format("{} {}: {}", label, side.root.string(), e.what()));
+    }
+  }
   for (std::size_t s = 0; s < side.shards.size(); ++s) {
     for (const TensorEntry& t : side.shards[s].header().tensors) side.where[t.name].push_back(s);
   }

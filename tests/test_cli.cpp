@@ -117,7 +117,10 @@ TEST(Cli, UsageErrorsExitTwo) {
   const std::vector<Case> cases = {
       {{"quantize", in, out, "--bogus"}, "--bogus"},
       {{}, ""},
-      {{"frobnicate"}, "A subcommand is required"},
+      {{"frobnicate"},
+       "ctquant: error: unknown command 'frobnicate' (commands: quantize, "
+       "inspect, verify)"},
+      {{"quantize", in, out, "--threads", "0"}, "ctquant: error: --threads"},
       {{"quantize", in}, "OUTPUT"},
       {{"quantize", in, out, "--threads", "0"}, "--threads"},
       {{"quantize", in, out, "--threads", "many"}, "--threads"},

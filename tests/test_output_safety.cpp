@@ -422,6 +422,9 @@ TEST(OutputSafety, FollowsSymlinkInsideInput) {
   EXPECT_FALSE(fs::is_symlink(tmp / "out" / "tokenizer.json"));
   EXPECT_EQ(test::read_file(tmp / "out" / "tokenizer.json"), "{\"version\": \"1.0\"}\n");
   EXPECT_FALSE(fs::exists(tmp / "out" / "files"));  // subdirectories are not copied
+  EXPECT_NE(r.err.find("files (a directory): not a regular file; not copied to OUTPUT"),
+            std::string::npos)
+      << r.err;
 }
 
 // ---- full disk and file size limit ----

@@ -678,7 +678,8 @@ std::vector<ErrorCase> error_cases() {
                    },
                    {},
                    ErrorKind::kBadInput,
-                   {"config.json is not a regular file (a dangling symbolic link?)"},
+                   {"config.json is not a regular file: it is a symbolic link whose target is "
+                    "missing or not a regular file"},
                    {}});
   cases.push_back({"ShardIsADanglingLink",
                    [](const fs::path& in) {
@@ -699,7 +700,7 @@ std::vector<ErrorCase> error_cases() {
                    },
                    {},
                    ErrorKind::kBadInput,
-                   {"config.json is not a regular file"},
+                   {"config.json is not a regular file: it is a directory"},
                    {}});
   cases.push_back({"ConfigIsNotAnObject",
                    [](const fs::path& in) {

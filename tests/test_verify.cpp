@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ctquant/dtype.hpp"
 #include "ctquant/error.hpp"
 #include "ctquant/kernel.hpp"
@@ -491,6 +493,31 @@ TEST(VerifyAgainstSource, RefusesOutputWithoutQuantizationConfig) {
 }
 
 // ---- CLI ----
+
+// A broken shard on either side is an error (not a difference) that says
+// which checkpoint holds it.
+TEST(VerifyErrors, BrokenShardNamesItsSide) {
+  const fs::path expected = golden("llama-bf16") / "expected";
+  GoldenCopy broken("llama-bf16");
+  fs::resize_file(broken.path / "model.safetensors", 4);  // shorter than the 8-byte length
+  for (const bool broken_is_output : {true, false}) {
+    SCOPED_TRACE(broken_is_output ? "OUTPUT" : "GOLDEN");
+    try {
+      if (broken_is_output) {
+        verify_checkpoints(broken.path, expected, {});
+      } else {
+        verify_checkpoints(expected, broken.path, {});
+      }
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+      const std::string want =
+          fmt::format("{} {}: model.safetensors: ", broken_is_output ? "OUTPUT" : "GOLDEN",
+                      broken.path.string());
+      EXPECT_EQ(std::string(e.what()).rfind(want, 0), 0u) << e.what();
+    }
+  }
+}
 
 TEST(VerifyCli, ExitCodes) {
   const std::string expected = (golden("llama-bf16") / "expected").string();

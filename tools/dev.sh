@@ -35,10 +35,12 @@ install_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+# build [CMAKE OPTIONS]: configure, then build $BUILD_TARGET (default: everything).
+BUILD_TARGET=
 build() {
   install_packages "${PACKAGES[@]}"
   cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON -DCTQUANT_BUILD_BENCHMARKS=ON "$@" >/dev/null
-  cmake --build "$BUILD_DIR" -j "$(nproc)"
+  cmake --build "$BUILD_DIR" -j "$(nproc)" ${BUILD_TARGET:+--target "$BUILD_TARGET"}
 }
 
 case "${1:-}" in
@@ -46,7 +48,7 @@ case "${1:-}" in
     build
     ;;
   sample)
-    build
+    BUILD_TARGET=ctquant build  # the tool only: the tests and benchmarks are not needed here
     out="$(mktemp -d)/dflash-w4a16"
     "$BUILD_DIR/ctquant" quantize tests/golden/dflash-bf16-sharded/input "$out" \
       --ignore 're:.*qkv_proj$' --ignore 're:.*g_proj$'

@@ -39,6 +39,9 @@ struct Checkpoint {
   std::vector<SafetensorsFile> shards;  // sorted by file name
   std::optional<nlohmann::json> config;  // config.json, when present
   std::vector<std::string> other_files;  // regular files to copy unchanged, sorted
+  // Entries of the directory that are not read or copied (subdirectories,
+  // FIFOs, ...), each "name (what it is)", sorted.
+  std::vector<std::string> skipped_entries;
   std::unordered_map<std::string, TensorLocation> tensors;  // every tensor of every shard
 
   const TensorEntry& entry(const TensorLocation& at) const {
