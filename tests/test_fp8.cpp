@@ -153,6 +153,56 @@ TEST(Fp8Dequantize, PartialBlocksChunkedAndInPlace) {
   }
 }
 
+// Large blocks (at least 2048 elements in a call) go through a table of
+// each block's 256 values; small ones element by element. Both must give
+// the reference values, on partial edge blocks and chunks that start inside
+// a row block, and report the same first non-finite element.
+TEST(Fp8Dequantize, LargeBlocksTabledMatchElementByElement) {
+  constexpr std::uint64_t kRows = 70, kCols = 300, kBh = 64, kBw = 128;
+  constexpr std::uint64_t kGridRows = 2, kGridCols = 3;
+  for (DType dtype : {DType::kF8_E4M3, DType::kF8_E5M2}) {
+    const auto codes = random_codes(dtype, kRows * kCols, 11);
+    const auto grid = distinct_scales(kGridRows * kGridCols, 0.003f);
+    const auto want = reference_dequantize(dtype, codes, kRows, kCols, grid, kGridCols, kBh, kBw);
+    const auto scale_bytes = test::float_bytes(DType::kF32, grid);
+    const Fp8ScaleLayout layout{DType::kF32, kBh, kBw, kGridRows, kGridCols};
+    // 33-row chunks take the table (33 * 128 elements per block), 1-row
+    // chunks the element loop (128).
+    for (const std::uint64_t chunk : {std::uint64_t{33}, std::uint64_t{1}}) {
+      for (std::uint64_t row_begin = 0; row_begin < kRows; row_begin += chunk) {
+        const std::uint64_t n_rows = std::min(chunk, kRows - row_begin);
+        const std::uint64_t n = n_rows * kCols;
+        std::vector<std::byte> buffer(2 * n);
+        for (std::uint64_t i = 0; i < n; ++i) {
+          buffer[n + i] = std::byte{codes[row_begin * kCols + i]};
+        }
+        const std::uint64_t g0 = layout.grid_row_begin(row_begin);
+        const Fp8Rows rows{dtype,        row_begin,         n_rows,
+                           kCols,        buffer.data() + n, scale_bytes.data() + g0 * kGridCols * 4,
+                           buffer.data()};
+        ASSERT_FALSE(dequantize_fp8_rows(layout, rows));
+        for (std::uint64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(bf16_at(buffer, i), want[row_begin * kCols + i])
+              << dtype_tag(dtype) << " chunk " << chunk << " element " << row_begin * kCols + i;
+        }
+      }
+    }
+  }
+  // NaN codes at [40, 299] (in the partial last column block) and [41, 5]:
+  // the first in row-major order is reported.
+  auto codes = random_codes(DType::kF8_E4M3, kRows * kCols, 12);
+  codes[40 * kCols + 299] = 0x7F;
+  codes[41 * kCols + 5] = 0xFF;
+  const auto in = code_bytes(codes);
+  const auto scale_bytes =
+      test::float_bytes(DType::kF32, distinct_scales(kGridRows * kGridCols, 0.01f));
+  std::vector<std::byte> out(2 * kRows * kCols);
+  const Fp8ScaleLayout layout{DType::kF32, kBh, kBw, kGridRows, kGridCols};
+  EXPECT_EQ(dequantize_fp8_rows(layout, {DType::kF8_E4M3, 0, kRows, kCols, in.data(),
+                                         scale_bytes.data(), out.data()}),
+            40 * kCols + 299);
+}
+
 TEST(Fp8Dequantize, ReportsFirstNonFiniteElement) {
   const Fp8ScaleLayout layout{DType::kF32, 1, 4, 2, 1};
   const auto scales = test::float_bytes(DType::kF32, {1.0f, 1.0f});
