@@ -88,15 +88,6 @@ bool is_safetensors_name(const std::string& name) {
 // follow_links_outside. Directories, devices, FIFOs, sockets and dangling
 // links are ignored, except under the name of a config, index or shard: those
 // must not be skipped as if absent (a dangling link into a download cache).
-// What a directory entry that is not a regular file is, for messages.
-std::string entry_kind(const fs::directory_entry& item) {
-  std::error_code ec;
-  const fs::file_status own = item.symlink_status(ec);
-  if (fs::is_symlink(own)) return "a symbolic link whose target is missing or not a regular file";
-  if (fs::is_directory(own)) return "a directory";
-  return "a special file (FIFO, socket or device)";
-}
-
 std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_links_outside,
                                             std::vector<std::string>& skipped) {
   std::error_code ec;
@@ -112,9 +103,9 @@ std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_lin
     if (!item.is_regular_file(type_ec)) {  // follows links
       if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
         problems.add(fmt::format("{}: {} is not a regular file: it is {}", dir.string(), name,
-                                 entry_kind(item)));
+                                 directory_entry_kind(item)));
       } else {
-        skipped.push_back(fmt::format("{} ({})", name, entry_kind(item)));
+        skipped.push_back(fmt::format("{} ({})", name, directory_entry_kind(item)));
       }
       continue;
     }
@@ -141,6 +132,14 @@ std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_lin
 }
 
 }  // namespace
+
+std::string directory_entry_kind(const fs::directory_entry& item) {
+  std::error_code ec;
+  const fs::file_status own = item.symlink_status(ec);
+  if (fs::is_symlink(own)) return "a symbolic link whose target is missing or not a regular file";
+  if (fs::is_directory(own)) return "a directory";
+  return "a special file (FIFO, socket or device)";
+}
 
 Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   Checkpoint ckpt;

@@ -112,17 +112,36 @@ struct PlanArgs {
 // Larger group sizes than any tensor's in_features are refused by the plan
 // anyway; the bound keeps out-of-range numbers a usage error.
 constexpr long long kMaxGroupSizeOption = 1LL << 32;
+// Two floats are at most 2^32 units in the last place apart.
+constexpr long long kMaxScaleUlp = 1LL << 32;
+
+// A check that an option's text is a whole number in [min, max], written in
+// decimal, with a message that says so (CLI11 puts the option name first) (CLI11's own checks print
+// float ranges and wrap negative numbers into unsigned options).
+CLI::Validator whole_number(long long min, long long max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        const std::string digits = !text.empty() && text[0] == '-' ? text.substr(1) : text;
+        const bool well_formed =
+            !digits.empty() && digits.size() <= 18 &&
+            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const long long value = well_formed ? std::stoll(text) : 0;
+        if (well_formed && value >= min && value <= max) return {};
+        return fmt::format("{} is not a whole number from {} to {}", text, min, max);
+      },
+      "INT", "whole_number");
+}
 
 std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   std::vector<CLI::Option*> options;
   options.push_back(
       app->add_option("--scheme", args.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
           ->capture_default_str());
-  options.push_back(
-      app->add_option_function<long long>(
-             "--group-size", [&args](const long long& value) { args.group_size = value; },
-             "Columns per group (default: the scheme's, 128); -1 for channel-wise")
-          ->check(CLI::Range(std::numeric_limits<long long>::min(), kMaxGroupSizeOption)));
+  options.push_back(app->add_option_function<long long>(
+                           "--group-size",
+                           [&args](const long long& value) { args.group_size = value; },
+                           "Columns per group (default: the scheme's, 128); -1 for channel-wise")
+                        ->check(whole_number(-1, kMaxGroupSizeOption)));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
                                     "re:PATTERN matched like Python re.match; default lm_head")
@@ -376,8 +395,7 @@ int main(int argc, char** argv) {
   verify
       ->add_option("--scale-ulp", ver.scale_ulp,
                    "Accept scales that differ by up to N units in the last place")
-      ->check(CLI::NonNegativeNumber)
-      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 32))
+      ->check(whole_number(0, kMaxScaleUlp))
       ->capture_default_str();
   verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
   add_verbosity_flags(verify, verbosity);

@@ -4,9 +4,9 @@
 #include <pcre2.h>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "ctquant/error.hpp"
+#include "ctquant/escape.hpp"
 #include "utf8.hpp"
 
 namespace ctquant {
@@ -58,10 +58,7 @@ ModuleMatcher::ModuleMatcher(std::vector<std::string> entries, Role role)
     } else if (const auto bad = detail::first_invalid_utf8(entry); bad != std::string::npos) {
       // config.json is UTF-8 JSON, and Python module names are str.
       problems.push_back(
-          fmt::format("{} {}: not valid UTF-8 (byte {})", what,
-                      nlohmann::json(entry).dump(-1, ' ', /*ensure_ascii=*/true,
-                                                 nlohmann::json::error_handler_t::replace),
-                      bad));
+          fmt::format("{} '{}': not valid UTF-8 (byte {})", what, escape_for_terminal(entry), bad));
     } else if (pattern && pattern->empty()) {
       problems.push_back(
           fmt::format("{} '{}': empty pattern (it would match every module)", what, entry));

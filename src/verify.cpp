@@ -139,7 +139,14 @@ Side open_side(const fs::path& path, const std::string& label) {
     std::vector<std::string> files;
     for (const auto& item : fs::directory_iterator(path, ec)) {
       std::error_code type_ec;
-      if (item.is_regular_file(type_ec)) files.push_back(item.path().filename().string());
+      const std::string name = item.path().filename().string();
+      if (item.is_regular_file(type_ec)) {
+        files.push_back(name);
+      } else if (is_safetensors_name(name) || name == kIndexFileName || name == kConfigFileName) {
+        // As open_checkpoint: never read as if it were absent.
+        throw bad_input(fmt::format("{} {}: {} is not a regular file: it is {}", label,
+                                    path.string(), name, directory_entry_kind(item)));
+      }
     }
     if (ec) {
       throw io_error(
@@ -161,6 +168,9 @@ Side open_side(const fs::path& path, const std::string& label) {
     }
   } else {
     throw bad_input(fmt::format("{} {}: not a regular file or directory", label, path.string()));
+  }
+  if (shard_names.empty()) {
+    throw bad_input(fmt::format("{} {}: no .safetensors file", label, path.string()));
   }
   for (const auto& name : shard_names) {
     try {

@@ -126,7 +126,7 @@ TEST(Cli, UsageErrorsExitTwo) {
       {{"quantize", in, out, "--threads", "many"}, "--threads"},
       {{"quantize", in, out, "--scheme", "W3A16"}, "--scheme W3A16: unknown scheme"},
       {{"quantize", in, out, "--group-size", "0"}, "--group-size 0: expected a positive number"},
-      {{"quantize", in, out, "--group-size", "-2"}, "--group-size -2"},
+      {{"quantize", in, out, "--group-size", "-2"}, "--group-size: -2 is not a whole number"},
       {{"quantize", in, out, "--group-size", "100000000000000000000"}, "--group-size"},
       {{"quantize", in, out, "--ignore", "lm_head\xff"}, "not valid UTF-8"},
       {{"quantize", in, in}, "is the INPUT"},

@@ -519,6 +519,35 @@ TEST(VerifyErrors, BrokenShardNamesItsSide) {
   }
 }
 
+// A shard that is not a regular file is an error saying what it is, never a
+// missing file; a directory without any shard is an error too.
+TEST(VerifyErrors, NonRegularShardAndEmptyDirectoryAreErrors) {
+  const fs::path expected = golden("llama-bf16") / "expected";
+  test::TempDir tmp;
+  fs::create_directories(tmp / "dangling");
+  fs::create_symlink(tmp / "nowhere", tmp / "dangling" / "model.safetensors");
+  fs::create_directories(tmp / "empty");
+  struct Case {
+    fs::path output;
+    std::string fragment;
+  };
+  for (const Case& c :
+       {Case{tmp / "dangling",
+             "model.safetensors is not a regular file: it is a symbolic link whose target is "
+             "missing"},
+        Case{tmp / "empty", "no .safetensors file"}}) {
+    SCOPED_TRACE(c.output.string());
+    try {
+      verify_checkpoints(c.output, expected, {});
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+      EXPECT_TRUE(contains(e.what(), "OUTPUT " + c.output.string() + ": " + c.fragment))
+          << e.what();
+    }
+  }
+}
+
 TEST(VerifyCli, ExitCodes) {
   const std::string expected = (golden("llama-bf16") / "expected").string();
   const auto same = test::run_ctquant({"verify", expected, expected});
@@ -543,7 +572,11 @@ TEST(VerifyCli, ExitCodes) {
   // A negative count must not wrap around to "accept everything".
   const auto negative = test::run_ctquant({"verify", expected, expected, "--scale-ulp", "-1"});
   EXPECT_EQ(negative.exit_code, 2);
-  EXPECT_TRUE(contains(negative.err, "--scale-ulp")) << negative.err;
+  EXPECT_TRUE(contains(negative.err, "--scale-ulp: -1 is not a whole number from 0 to 4294967296"))
+      << negative.err;
+  const auto fraction = test::run_ctquant({"verify", expected, expected, "--scale-ulp", "1.5"});
+  EXPECT_EQ(fraction.exit_code, 2);
+  EXPECT_TRUE(contains(fraction.err, "--scale-ulp: 1.5 is not a whole number")) << fraction.err;
 
   const auto source = test::run_ctquant(
       {"verify", expected, (golden("llama-bf16") / "input").string(), "--against-source"});

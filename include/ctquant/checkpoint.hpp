@@ -32,11 +32,11 @@ struct TensorLocation {
 };
 
 struct Checkpoint {
-  std::filesystem::path root;    // the input directory (a file's parent for a single file)
-  bool single_file = false;      // INPUT was a .safetensors file, not a directory
-  bool has_index = false;        // model.safetensors.index.json was present
-  nlohmann::json index;          // its content, when has_index
-  std::vector<SafetensorsFile> shards;  // sorted by file name
+  std::filesystem::path root;            // the input directory (a file's parent for a single file)
+  bool single_file = false;              // INPUT was a .safetensors file, not a directory
+  bool has_index = false;                // model.safetensors.index.json was present
+  nlohmann::json index;                  // its content, when has_index
+  std::vector<SafetensorsFile> shards;   // sorted by file name
   std::optional<nlohmann::json> config;  // config.json, when present
   std::vector<std::string> other_files;  // regular files to copy unchanged, sorted
   // Entries of the directory that are not read or copied (subdirectories,
@@ -59,6 +59,11 @@ struct OpenOptions {
   // ctquant read or copy a file it was not given (docs/security.md).
   bool follow_links_outside = false;
 };
+
+// What a directory entry that is not a regular file is, for messages: "a
+// directory", "a symbolic link whose target is missing or not a regular
+// file" or "a special file (FIFO, socket or device)". Throws nothing.
+std::string directory_entry_kind(const std::filesystem::directory_entry& item);
 
 // Opens and validates the checkpoint at input. Only regular files are read:
 // in a directory, a symbolic link is followed when it resolves to a regular
