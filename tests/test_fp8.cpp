@@ -124,68 +124,59 @@ TEST(Fp8Dequantize, BlockOrientationOnSquareWeight) {
   EXPECT_EQ(bf16_to_float(bf16_at(out, 1 * 4 + 1)), 1.0f);
 }
 
-// Partial edge blocks on both axes, chunks that start inside a row block,
-// and the in-place buffer layout the executor uses.
-TEST(Fp8Dequantize, PartialBlocksChunkedAndInPlace) {
-  constexpr std::uint64_t kRows = 7, kCols = 11, kBh = 3, kBw = 4;
-  constexpr std::uint64_t kGridRows = 3, kGridCols = 3;
-  for (DType dtype : {DType::kF8_E4M3, DType::kF8_E5M2}) {
-    const auto codes = random_codes(dtype, kRows * kCols, 7);
-    const auto grid = distinct_scales(kGridRows * kGridCols, 0.01f);
-    const auto want = reference_dequantize(dtype, codes, kRows, kCols, grid, kGridCols, kBh, kBw);
-    const auto scale_bytes = test::float_bytes(DType::kF32, grid);
-    const Fp8ScaleLayout layout{DType::kF32, kBh, kBw, kGridRows, kGridCols};
-    for (std::uint64_t row_begin = 0; row_begin < kRows; row_begin += 2) {  // chunks of 2 rows
-      const std::uint64_t n_rows = std::min<std::uint64_t>(2, kRows - row_begin);
-      const std::uint64_t n = n_rows * kCols;
-      std::vector<std::byte> buffer(2 * n);
-      for (std::uint64_t i = 0; i < n; ++i) buffer[n + i] = std::byte{codes[row_begin * kCols + i]};
-      const std::uint64_t g0 = layout.grid_row_begin(row_begin);
-      const Fp8Rows rows{dtype,        row_begin,         n_rows,
-                         kCols,        buffer.data() + n, scale_bytes.data() + g0 * kGridCols * 4,
-                         buffer.data()};
-      ASSERT_FALSE(dequantize_fp8_rows(layout, rows));
-      for (std::uint64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(bf16_at(buffer, i), want[row_begin * kCols + i])
-            << dtype_tag(dtype) << " element " << row_begin * kCols + i;
-      }
+// A weight of codes [rows, cols] with an F32 scale grid of [bh, bw] blocks
+// (partial edge blocks allowed), dequantized in chunks of `chunk` rows in
+// the in-place buffer layout the executor uses (codes in the second half),
+// must give the reference value of every element.
+struct BlockCase {
+  std::uint64_t rows, cols, bh, bw;
+  std::uint32_t seed;
+  float scale_base;
+};
+
+void expect_chunked_matches_reference(const BlockCase& b, DType dtype, std::uint64_t chunk) {
+  const std::uint64_t grid_rows = (b.rows + b.bh - 1) / b.bh;
+  const std::uint64_t grid_cols = (b.cols + b.bw - 1) / b.bw;
+  const auto codes = random_codes(dtype, b.rows * b.cols, b.seed);
+  const auto grid = distinct_scales(grid_rows * grid_cols, b.scale_base);
+  const auto want = reference_dequantize(dtype, codes, b.rows, b.cols, grid, grid_cols, b.bh, b.bw);
+  const auto scale_bytes = test::float_bytes(DType::kF32, grid);
+  const Fp8ScaleLayout layout{DType::kF32, b.bh, b.bw, grid_rows, grid_cols};
+  for (std::uint64_t row_begin = 0; row_begin < b.rows; row_begin += chunk) {
+    const std::uint64_t n_rows = std::min(chunk, b.rows - row_begin);
+    const std::uint64_t n = n_rows * b.cols;
+    std::vector<std::byte> buffer(2 * n);
+    for (std::uint64_t i = 0; i < n; ++i) buffer[n + i] = std::byte{codes[row_begin * b.cols + i]};
+    const std::uint64_t g0 = layout.grid_row_begin(row_begin);
+    const Fp8Rows rows{dtype,        row_begin,         n_rows,
+                       b.cols,       buffer.data() + n, scale_bytes.data() + g0 * grid_cols * 4,
+                       buffer.data()};
+    ASSERT_FALSE(dequantize_fp8_rows(layout, rows));
+    for (std::uint64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bf16_at(buffer, i), want[row_begin * b.cols + i])
+          << dtype_tag(dtype) << " chunk " << chunk << " element " << row_begin * b.cols + i;
     }
+  }
+}
+
+// Partial edge blocks on both axes, chunks that start inside a row block.
+TEST(Fp8Dequantize, PartialBlocksChunkedAndInPlace) {
+  for (DType dtype : {DType::kF8_E4M3, DType::kF8_E5M2}) {
+    expect_chunked_matches_reference({7, 11, 3, 4, 7, 0.01f}, dtype, 2);
   }
 }
 
 // Large blocks (at least 2048 elements in a call) go through a table of
 // each block's 256 values; small ones element by element. Both must give
-// the reference values, on partial edge blocks and chunks that start inside
-// a row block, and report the same first non-finite element.
+// the reference values and report the same first non-finite element.
 TEST(Fp8Dequantize, LargeBlocksTabledMatchElementByElement) {
   constexpr std::uint64_t kRows = 70, kCols = 300, kBh = 64, kBw = 128;
   constexpr std::uint64_t kGridRows = 2, kGridCols = 3;
   for (DType dtype : {DType::kF8_E4M3, DType::kF8_E5M2}) {
-    const auto codes = random_codes(dtype, kRows * kCols, 11);
-    const auto grid = distinct_scales(kGridRows * kGridCols, 0.003f);
-    const auto want = reference_dequantize(dtype, codes, kRows, kCols, grid, kGridCols, kBh, kBw);
-    const auto scale_bytes = test::float_bytes(DType::kF32, grid);
-    const Fp8ScaleLayout layout{DType::kF32, kBh, kBw, kGridRows, kGridCols};
     // 33-row chunks take the table (33 * 128 elements per block), 1-row
     // chunks the element loop (128).
     for (const std::uint64_t chunk : {std::uint64_t{33}, std::uint64_t{1}}) {
-      for (std::uint64_t row_begin = 0; row_begin < kRows; row_begin += chunk) {
-        const std::uint64_t n_rows = std::min(chunk, kRows - row_begin);
-        const std::uint64_t n = n_rows * kCols;
-        std::vector<std::byte> buffer(2 * n);
-        for (std::uint64_t i = 0; i < n; ++i) {
-          buffer[n + i] = std::byte{codes[row_begin * kCols + i]};
-        }
-        const std::uint64_t g0 = layout.grid_row_begin(row_begin);
-        const Fp8Rows rows{dtype,        row_begin,         n_rows,
-                           kCols,        buffer.data() + n, scale_bytes.data() + g0 * kGridCols * 4,
-                           buffer.data()};
-        ASSERT_FALSE(dequantize_fp8_rows(layout, rows));
-        for (std::uint64_t i = 0; i < n; ++i) {
-          ASSERT_EQ(bf16_at(buffer, i), want[row_begin * kCols + i])
-              << dtype_tag(dtype) << " chunk " << chunk << " element " << row_begin * kCols + i;
-        }
-      }
+      expect_chunked_matches_reference({kRows, kCols, kBh, kBw, 11, 0.003f}, dtype, chunk);
     }
   }
   // NaN codes at [40, 299] (in the partial last column block) and [41, 5]:
