@@ -77,7 +77,18 @@ bool is_plain_file_name(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-bool is_safetensors_name(const std::string& name) {
+// What a directory entry that is not a regular file is, for messages.
+std::string directory_entry_kind(const fs::directory_entry& item) {
+  std::error_code ec;
+  const fs::file_status own = item.symlink_status(ec);
+  if (fs::is_symlink(own)) return "a symbolic link whose target is missing or not a regular file";
+  if (fs::is_directory(own)) return "a directory";
+  return "a special file (FIFO, socket or device)";
+}
+
+}  // namespace
+
+bool is_safetensors_name(std::string_view name) {
   return name.size() > 12 && name.ends_with(".safetensors");
 }
 
@@ -88,8 +99,8 @@ bool is_safetensors_name(const std::string& name) {
 // follow_links_outside. Directories, devices, FIFOs, sockets and dangling
 // links are ignored, except under the name of a config, index or shard: those
 // must not be skipped as if absent (a dangling link into a download cache).
-std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_links_outside,
-                                            std::vector<std::string>& skipped) {
+std::vector<std::string> list_checkpoint_files(const fs::path& dir, bool follow_links_outside,
+                                               std::vector<std::string>& skipped) {
   std::error_code ec;
   const fs::path root = fs::canonical(dir, ec);
   if (ec) throw io_error(fmt::format("{}: cannot resolve: {}", dir.string(), ec.message()));
@@ -131,16 +142,6 @@ std::vector<std::string> list_regular_files(const fs::path& dir, bool follow_lin
   return files;
 }
 
-}  // namespace
-
-std::string directory_entry_kind(const fs::directory_entry& item) {
-  std::error_code ec;
-  const fs::file_status own = item.symlink_status(ec);
-  if (fs::is_symlink(own)) return "a symbolic link whose target is missing or not a regular file";
-  if (fs::is_directory(own)) return "a directory";
-  return "a special file (FIFO, socket or device)";
-}
-
 Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   Checkpoint ckpt;
   std::error_code ec;
@@ -161,7 +162,7 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   } else if (fs::is_directory(status)) {
     ckpt.root = input;
     const std::vector<std::string> files =
-        list_regular_files(input, options.follow_links_outside, ckpt.skipped_entries);
+        list_checkpoint_files(input, options.follow_links_outside, ckpt.skipped_entries);
     const auto listed = [&](const std::string& name) {
       return std::binary_search(files.begin(), files.end(), name);
     };

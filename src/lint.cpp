@@ -146,16 +146,15 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
                             const std::vector<std::vector<std::string>>& matches,
                             ModuleMatcher::Role role, std::vector<Finding>& out) {
   const char* what = role == ModuleMatcher::Role::kIgnore ? "ignore" : "targets";
-  const ModuleMatcher matcher(entries, role);
   // The default lists ({"lm_head"}, {"Linear"}) were not written by the
   // user: a draft without lm_head, or a file with nothing to quantize (L9),
   // is not a mistake in them.
-  const bool default_list =
-      entries == (role == ModuleMatcher::Role::kIgnore ? kDefaultIgnore : kDefaultTargets);
+  if (role == ModuleMatcher::Role::kTargets && entries == kDefaultTargets) return;
+  const bool default_list = role == ModuleMatcher::Role::kIgnore && entries == kDefaultIgnore;
+  const ModuleMatcher matcher(entries, role);
   for (std::size_t i = 0; i < entries.size(); ++i) {
     if (i < matches.size() && !matches[i].empty()) continue;
     const std::string& entry = entries[i];
-    if (default_list && role == ModuleMatcher::Role::kTargets) continue;
     const std::vector<std::string> anywhere = ctx.modules_matching(matcher, i);
     Finding f;
     f.id = "L1";

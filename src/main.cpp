@@ -9,7 +9,6 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -116,8 +115,9 @@ constexpr long long kMaxGroupSizeOption = 1LL << 32;
 constexpr long long kMaxScaleUlp = 1LL << 32;
 
 // A check that an option's text is a whole number in [min, max], written in
-// decimal, with a message that says so (CLI11 puts the option name first) (CLI11's own checks print
-// float ranges and wrap negative numbers into unsigned options).
+// decimal, with a message that says so (CLI11 puts the option name before
+// it). CLI11's own checks print float ranges and wrap negative numbers into
+// unsigned options.
 CLI::Validator whole_number(long long min, long long max) {
   return CLI::Validator(
       [min, max](std::string& text) -> std::string {

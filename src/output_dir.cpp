@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/checkpoint.hpp"
 #include "ctquant/error.hpp"
 #include "ctquant/safetensors_writer.hpp"
 #include "input_file.hpp"
@@ -49,10 +50,6 @@ void fsync_dir(const fs::path& dir) {
     ::fsync(fd);
     ::close(fd);
   }
-}
-
-bool is_safetensors_name(const std::string& name) {
-  return name.size() > 12 && name.ends_with(".safetensors");
 }
 
 // Why --force may not replace the existing entry at path (completing "it ...",

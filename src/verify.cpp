@@ -105,10 +105,6 @@ std::string read_text(const fs::path& path, const std::string& label) {
   return text.str();
 }
 
-bool is_safetensors_name(const std::string& name) {
-  return name.size() > 12 && name.ends_with(".safetensors");
-}
-
 void parse_json_file(const fs::path& path, const std::string& label, std::optional<json>& out,
                      std::string& error) {
   try {
@@ -137,22 +133,14 @@ Side open_side(const fs::path& path, const std::string& label) {
   } else if (fs::is_directory(status)) {
     side.root = path;
     std::vector<std::string> files;
-    for (const auto& item : fs::directory_iterator(path, ec)) {
-      std::error_code type_ec;
-      const std::string name = item.path().filename().string();
-      if (item.is_regular_file(type_ec)) {
-        files.push_back(name);
-      } else if (is_safetensors_name(name) || name == kIndexFileName || name == kConfigFileName) {
-        // As open_checkpoint: never read as if it were absent.
-        throw bad_input(fmt::format("{} {}: {} is not a regular file: it is {}", label,
-                                    path.string(), name, directory_entry_kind(item)));
-      }
+    std::vector<std::string> skipped;  // not part of either checkpoint
+    try {
+      // Read-only: links out of the directory (a cache snapshot) are followed.
+      files = list_checkpoint_files(path, /*follow_links_outside=*/true, skipped);
+    } catch (const Error& e) {
+      // Its messages start with the directory: say which side it is.
+      throw Error(e.kind(), fmt::format("{} {}", label, e.what()));
     }
-    if (ec) {
-      throw io_error(
-          fmt::format("{} {}: cannot list directory: {}", label, path.string(), ec.message()));
-    }
-    std::sort(files.begin(), files.end());
     for (const auto& name : files) {
       if (is_safetensors_name(name)) {
         shard_names.push_back(name);

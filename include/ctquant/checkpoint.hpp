@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -60,10 +61,21 @@ struct OpenOptions {
   bool follow_links_outside = false;
 };
 
-// What a directory entry that is not a regular file is, for messages: "a
-// directory", "a symbolic link whose target is missing or not a regular
-// file" or "a special file (FIFO, socket or device)". Throws nothing.
-std::string directory_entry_kind(const std::filesystem::directory_entry& item);
+// True for a file name ending in ".safetensors" with at least one character
+// before it.
+bool is_safetensors_name(std::string_view name);
+
+// The regular files of the checkpoint directory dir, sorted by name. A
+// symbolic link is followed when it resolves to a regular file inside dir,
+// and when it resolves to one outside it only with follow_links_outside.
+// Other entries (subdirectories, devices, FIFOs, sockets, dangling links) are
+// appended to skipped as "name (what it is)", sorted, except that under the
+// name of a config.json, index or .safetensors file they are refused. Throws
+// Error{kBadInput} listing every refused entry, Error{kIo} when dir cannot be
+// listed.
+std::vector<std::string> list_checkpoint_files(const std::filesystem::path& dir,
+                                               bool follow_links_outside,
+                                               std::vector<std::string>& skipped);
 
 // Opens and validates the checkpoint at input. Only regular files are read:
 // in a directory, a symbolic link is followed when it resolves to a regular
