@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/safetensors.hpp"
-#include "ctquant/safetensors_writer.hpp"
+#include "ctquant/format/safetensors.hpp"
+#include "ctquant/format/safetensors_writer.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
 
 namespace ctquant::test {
 

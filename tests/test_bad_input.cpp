@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/error.hpp"
-#include "ctquant/matcher.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/plan/matcher.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"
 

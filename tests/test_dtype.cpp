@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/dtype.hpp"
+#include "ctquant/format/dtype.hpp"
 
 namespace ctquant {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/escape.hpp"
+#include "ctquant/util/escape.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

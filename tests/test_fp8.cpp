@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/fp8.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/source/fp8.hpp"
 #include "fp8_tables.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"

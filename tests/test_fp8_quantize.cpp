@@ -15,13 +15,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "ctquant/config.hpp"
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/fp8.hpp"
-#include "ctquant/kernel.hpp"
-#include "ctquant/plan.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/format/config.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/source/fp8.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/fp8.hpp"
-#include "ctquant/safetensors.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/source/fp8.hpp"
+#include "ctquant/format/safetensors.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/error.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

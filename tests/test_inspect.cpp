@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/checkpoint.hpp"
-#include "ctquant/inspect.hpp"
-#include "ctquant/plan.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/kernel.hpp"
+#include "ctquant/scheme/kernel.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {

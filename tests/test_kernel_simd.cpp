@@ -15,9 +15,9 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/kernel.hpp"
-#include "kernel_simd.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "scheme/kernel_simd.hpp"
 
 namespace ctquant {
 namespace {

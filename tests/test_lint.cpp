@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/checkpoint.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/lint.hpp"
-#include "ctquant/plan.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/lint/lint.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"
 

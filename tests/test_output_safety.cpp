@@ -18,9 +18,9 @@
 #include <thread>
 #include <vector>
 
-#include "ctquant/error.hpp"
-#include "ctquant/output_dir.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/exec/output_dir.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {

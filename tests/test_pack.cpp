@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "ctquant/pack.hpp"
+#include "ctquant/scheme/pack.hpp"
 
 namespace ctquant {
 namespace {

@@ -24,12 +24,12 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <nlohmann/json.hpp>
 
-#include "ctquant/checkpoint.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/kernel.hpp"
-#include "ctquant/pack.hpp"
-#include "ctquant/plan.hpp"
-#include "ctquant/quantize.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/pack.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/exec/quantize.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

@@ -17,11 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/error.hpp"
-#include "ctquant/kernel.hpp"
-#include "ctquant/plan.hpp"
-#include "ctquant/quantize.hpp"
-#include "ctquant/safetensors.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/format/safetensors.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

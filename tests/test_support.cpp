@@ -17,8 +17,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "ctquant/output_dir.hpp"
-#include "ctquant/safetensors_writer.hpp"
+#include "ctquant/exec/output_dir.hpp"
+#include "ctquant/format/safetensors_writer.hpp"
 
 namespace ctquant::test {
 

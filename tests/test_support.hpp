@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/quantize.hpp"
-#include "ctquant/safetensors.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/format/safetensors.hpp"
 
 namespace ctquant::test {
 

@@ -13,11 +13,11 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/kernel.hpp"
-#include "ctquant/quantize.hpp"
-#include "ctquant/verify.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/verify/verify.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"
 #include "verify_test_support.hpp"

@@ -17,12 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/kernel.hpp"
-#include "ctquant/quantize.hpp"
-#include "ctquant/safetensors.hpp"
-#include "ctquant/verify.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/format/safetensors.hpp"
+#include "ctquant/verify/verify.hpp"
 #include "fake_checkpoint.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/verify.hpp"
+#include "ctquant/verify/verify.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

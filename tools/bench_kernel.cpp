@@ -16,9 +16,9 @@
 #include <random>
 #include <vector>
 
-#include "ctquant/dtype.hpp"
-#include "ctquant/kernel.hpp"
-#include "kernel_simd.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "scheme/kernel_simd.hpp"
 
 namespace {
 

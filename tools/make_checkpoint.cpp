@@ -43,10 +43,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "ctquant/checked.hpp"
-#include "ctquant/dtype.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/safetensors_writer.hpp"
+#include "ctquant/util/checked.hpp"
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/format/safetensors_writer.hpp"
 
 namespace {
 

@@ -29,11 +29,11 @@
 #include <string_view>
 #include <vector>
 
-#include "ctquant/checkpoint.hpp"
-#include "ctquant/error.hpp"
-#include "ctquant/executor.hpp"
-#include "ctquant/plan.hpp"
-#include "ctquant/safetensors.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/exec/executor.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/format/safetensors.hpp"
 
 namespace {
 

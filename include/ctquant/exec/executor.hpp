@@ -1,0 +1,71 @@
+// Executes a QuantizePlan: streams tensor data from the input shards to the
+// output shards with a fixed memory budget.
+//
+// Each output shard is created with its planned size and its header is
+// written first. The work is then a list of jobs in plan order: byte ranges
+// of copied tensors (copy_file_range, no user-space buffer) and row chunks of
+// quantized weights (read into a per-thread buffer of about chunk_bytes,
+// quantized by quantize_block(), written with pwrite at the offsets the plan
+// fixed). A chunk of an FP8 weight is read into the second half of that
+// buffer with the scale rows it needs, dequantized in place to BF16 (section
+// 6 of the format spec), then quantized, or written as BF16 when the plan
+// keeps the module unquantized. Worker threads take jobs from a shared
+// counter, so the output bytes never depend on the thread count; the error
+// of the earliest failing job is the one reported. The writes go through one
+// queue and are made by one worker at a time, so that workers do not wait on
+// each other in the kernel's per-file lock; each worker has two output
+// buffers and quantizes its next chunk while the last one waits to be
+// written. Memory is about threads * 1.5 * chunk_bytes whatever the model
+// size.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant {
+
+struct Progress {
+  std::uint64_t bytes_done = 0;   // input tensor bytes consumed so far
+  std::uint64_t bytes_total = 0;  // input tensor bytes in all
+  std::uint64_t tensors_done = 0;
+  std::uint64_t tensors_total = 0;
+};
+
+struct ExecuteOptions {
+  unsigned threads = 1;
+  // Bytes of weight rows per quantization or dequantization job, as loaded
+  // (BF16 for an FP8 weight); at least one row.
+  std::uint64_t chunk_bytes = 4u << 20;
+  // Called from the calling thread about every progress_interval_ms while
+  // workers run, and once at the end. May be empty.
+  std::function<void(const Progress&)> on_progress;
+  unsigned progress_interval_ms = 200;
+  // When it becomes true the run stops and throws Error{kInterrupted}.
+  const std::atomic<bool>* cancel = nullptr;
+  bool fsync = true;  // flush every file and the directory before returning
+};
+
+// Where the time of execute_plan() went, for logs and benchmarks.
+struct ExecuteStats {
+  double seconds_stream = 0;        // jobs: reading, quantizing, writing (page cache)
+  double seconds_flush = 0;         // fsync of every file and the directory (0 without fsync)
+  std::uint64_t bytes_read = 0;     // input tensor bytes
+  std::uint64_t bytes_written = 0;  // output shard bytes
+};
+
+// Writes every file of the plan into out_dir, an existing empty directory:
+// the shards, the index, config.json and the copied files. Throws
+// Error{kBadInput} for a non-finite weight, or an FP8 weight whose
+// dequantized value is not finite (naming shard, tensor, row and column), Error{kNoSpace}/Error{kIo} for write failures, Error{kInterrupted}
+// on cancel. On error, files already written to out_dir are left for the
+// caller to remove.
+ExecuteStats execute_plan(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                          const std::filesystem::path& out_dir, const ExecuteOptions& options);
+
+}  // namespace ctquant

@@ -1,0 +1,74 @@
+// The `quantize` job end to end: open the checkpoint, plan, lint, write the
+// output atomically, report.
+//
+// Lint (lint.hpp) runs after planning and before anything is written:
+// findings that stop the run (errors unless allow_unloadable, warnings under
+// strict) make quantize() throw Error{kLint} listing them, with no OUTPUT
+// created; the other findings go to the logger at their severity.
+//
+// This is the one library call behind `ctquant quantize`; tests drive it
+// without a process. Options start from default_quantize_options().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include <spdlog/logger.h>
+
+#include "ctquant/exec/executor.hpp"
+#include "ctquant/lint/lint.hpp"
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant {
+
+struct QuantizeOptions {
+  std::filesystem::path input;   // checkpoint directory or .safetensors file
+  std::filesystem::path output;  // directory to create (must not exist unless force)
+  PlanOptions plan;              // scheme, ignore list, targets
+  unsigned threads = 1;          // worker threads (>= 1)
+  bool force = false;            // replace a checkpoint-like OUTPUT once the new one is complete
+  bool follow_symlinks = false;  // read files that links in INPUT point to outside it
+  bool dry_run = false;          // plan and lint only; write nothing
+  bool fsync = true;             // flush files and directories before the rename
+  std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job
+  // Lint (lint.hpp): which findings stop the run, and the TP degree L5 checks.
+  bool allow_unloadable = false;  // lint errors do not stop the run
+  bool strict = false;            // lint warnings stop the run too
+  unsigned tp = 1;                // tensor-parallel degree for the Marlin shape check (L5)
+  // Where log lines go (stderr in the CLI); null means nowhere.
+  std::shared_ptr<spdlog::logger> logger;
+  std::function<void(const Progress&)> on_progress;  // may be empty
+  // Called once the plan and its lint findings are ready, before lint can
+  // stop the run (the CLI prints the plan here under --dry-run). May be empty.
+  std::function<void(const Checkpoint&, const QuantizePlan&, const std::vector<Finding>&)> on_plan;
+  const std::atomic<bool>* cancel = nullptr;        // set by a signal handler
+};
+
+// Defaults: W4A16 (int4, symmetric, group 128), ignore ["lm_head"],
+// targets ["Linear"], one thread per core.
+QuantizeOptions default_quantize_options();
+
+struct QuantizeSummary {
+  std::size_t tensors_quantized = 0;
+  std::size_t tensors_copied = 0;
+  std::size_t tensors_dequantized = 0;  // FP8 weights written as BF16
+  std::size_t tensors_dropped = 0;      // FP8 scales and activation parameters not written
+  std::uint64_t bytes_in = 0;           // input files (shards, index, config, others)
+  std::uint64_t bytes_out = 0;          // output files
+  double seconds = 0;                   // wall time of the whole job
+  ExecuteStats execute;                 // where the writing's time went (zero for a dry run)
+  QuantizePlan plan;
+  std::vector<Finding> findings;  // every lint finding, blocking or not
+};
+
+// Runs the job. Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp
+// for the kinds; Error{kLint} when lint findings stop the run, also under
+// dry_run); on any error OUTPUT does not exist afterwards (or, with force,
+// still holds what it held before). With dry_run, bytes_out is the expected
+// output size and nothing is created.
+QuantizeSummary quantize(const QuantizeOptions& options);
+
+}  // namespace ctquant

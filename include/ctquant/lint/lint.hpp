@@ -1,0 +1,99 @@
+// Lint: checks of a quantization plan against what vLLM can load, run before
+// anything is written.
+//
+// run_lint() looks at the checkpoint's headers and config.json and at the
+// plan (each tensor's fate, the modules each ignore and targets entry
+// matched) and returns findings. Each finding has an id (L1..L9), a
+// severity, the tensors concerned, what was found and the fix. The reasons
+// behind the rules are section 7 of the format spec:
+//
+//   L1 warning  an ignore or targets entry matched no module (near misses
+//               listed); info when it matched only modules that are never
+//               quantized anyway (embeddings, norms, non-2-D tensors) and for
+//               the default ignore list's lm_head; default targets not checked
+//   L2 warning  a literal entry names a module of a checkpoint whose names
+//               vLLM prefixes at load time (no `model.` prefix, DFlash drafts)
+//   L3 error    a fused layer split between quantized and not (q/k/v_proj of
+//               one attention, gate/up_proj of one MLP, the experts of one
+//               MoE layer)
+//   L4 error    a DFlash draft whose qkv_proj (or q/k/v_proj) is quantized
+//   L5 warning  a quantized tensor whose per-shard shape Marlin cannot run
+//               (out_features % 64, in_features % 128, in_features % group
+//               size) at the chosen tensor-parallel degree; the fix covers
+//               its whole fused q/k/v or gate/up group
+//   L6 error    tie_word_embeddings is true and lm_head.weight is quantized
+//   L7 error    a 3-D .weight (stacked experts) that no ignore entry covers
+//   L8 info     an unanchored `re:` entry that matches some modules only by a
+//               prefix of their names (`re:.*gate` also takes `gate_proj`)
+//   L9 warning  no tensor would be quantized at all
+//
+// Whether findings stop `quantize` is decided by blocking_findings(): errors
+// unless allow_unloadable, warnings under strict; infos never.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/plan/matcher.hpp"
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant {
+
+enum class Severity { kInfo, kWarning, kError };
+
+// "info", "warning", "error".
+const char* severity_name(Severity severity);
+
+struct Finding {
+  std::string id;  // "L1" .. "L8"
+  Severity severity = Severity::kWarning;
+  std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
+  std::string message;               // what was found, naming entries, tensors and shapes
+  std::string fix;                   // what to change, usually an --ignore entry to add
+};
+
+struct LintOptions {
+  unsigned tp = 1;  // tensor-parallel degree the checkpoint will be served with (L5)
+};
+
+// Tensor-parallel degrees L5 tries when it lists the ones that work.
+inline constexpr unsigned kLintTpDegrees[] = {1, 2, 4, 8};
+
+// Runs every rule on a plan made from checkpoint. Pure: reads headers and
+// config.json only, writes nothing. Findings come rule by rule (L1 first),
+// each listing its tensors in input order. Throws Error{kUsage} only if
+// options.tp is 0.
+std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                              const LintOptions& options);
+
+// The findings that stop quantize: severity error unless allow_unloadable,
+// severity warning when strict. Pointers into findings.
+std::vector<const Finding*> blocking_findings(const std::vector<Finding>& findings, bool strict,
+                                              bool allow_unloadable);
+
+// One finding as text: "L5 warning: <message>\n  tensors: a, b\n  fix: <fix>"
+// (tensor lists longer than max_tensors are cut with "... and N more"; without
+// the severity word when with_severity is false, for log lines that carry it).
+std::string format_finding(const Finding& finding, std::size_t max_tensors = 8,
+                           bool with_severity = true);
+
+// All findings as text, one block per finding, or "lint: no findings\n".
+std::string render_findings_text(const std::vector<Finding>& findings);
+
+// [{"id", "severity", "tensors", "message", "fix"}, ...]
+nlohmann::json findings_json(const std::vector<Finding>& findings);
+
+// Whether vLLM prefixes this checkpoint's module names at load time: a DFlash
+// draft (architectures containing "DFlash", or a dflash_config), or a
+// checkpoint with `layers.` tensors and no `model.` prefix on any tensor
+// (section 7 of the format spec).
+bool names_prefixed_at_load(const Checkpoint& checkpoint);
+
+// Whether config.json describes a DFlash draft.
+bool is_dflash_draft(const Checkpoint& checkpoint);
+
+}  // namespace ctquant

@@ -1,0 +1,146 @@
+// The quantization plan: every output tensor's name, dtype, shape, byte size,
+// file and offset, decided before any tensor data is read.
+//
+// make_plan() is pure: it reads only headers (already validated by
+// open_checkpoint), config.json and the options. It classifies the input's
+// quantization (unquantized, block FP8 or compressed-tensors FP8, section 6;
+// anything else is refused), applies section 2 of the format spec to decide
+// each input tensor's fate and the rule that decided it (an FP8 weight is
+// judged as the BF16 weight it dequantizes to), computes
+// the output tensors of section 4 for each quantized module, lays out every
+// output shard (section 5: same file names, tensors sorted by name,
+// `{"format": "pt"}` metadata) and builds the output index and config.json.
+// Because the plan holds each output header, the executor writes headers
+// first and then streams data, and `--dry-run` costs nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/source/fp8.hpp"
+#include "ctquant/scheme/kernel.hpp"
+
+namespace ctquant {
+
+// Largest row, in bytes, of a weight to quantize (16M BF16 columns, far
+// above any real in_features): the executor keeps whole rows in memory.
+inline constexpr std::uint64_t kMaxWeightRowBytes = 32u << 20;
+
+// What happens to one input tensor.
+enum class Fate {
+  kCopy,        // written unchanged under the same name
+  kQuantize,    // replaced by weight_packed, weight_scale, weight_shape (+ weight_zero_point)
+  kDequantize,  // an FP8 weight not quantized: written as a BF16 .weight (section 6)
+  kDrop,        // not written: an FP8 weight's scale (consumed by its dequantization) or an
+                // activation / KV-cache parameter of an FP8 input (kActivationParams)
+};
+
+const char* fate_name(Fate fate);
+
+// Where an FP8 weight's scale is and how it covers the weight (section 6).
+struct Fp8Source {
+  TensorLocation scale;
+  Fp8ScaleLayout layout;
+};
+
+// The decision for one input tensor, in input order (shard by shard, data order).
+struct TensorDecision {
+  std::string name;
+  std::string module;  // name up to the last dot ("" when there is none)
+  TensorLocation source;
+  Fate fate = Fate::kCopy;
+  std::string rule;  // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
+  std::optional<std::size_t> ignore_entry;  // the ignore entry that matched, if any
+  bool selectable = false;  // passed rules 1-4 and 6: the ignore list and targets decided
+  // An FP8 weight (fate kQuantize or kDequantize): its scale. The values it
+  // yields are BF16, so its quantized outputs have BF16 scales.
+  std::optional<Fp8Source> fp8;
+};
+
+// What one output tensor holds.
+enum class OutputRole { kCopy, kPacked, kScale, kShape, kZeroPoint, kDequantized };
+
+struct PlannedTensor {
+  std::string name;
+  DType dtype{};
+  std::vector<std::uint64_t> shape;
+  std::uint64_t byte_size = 0;
+  std::uint64_t offset = 0;  // in the data buffer of its shard
+  OutputRole role = OutputRole::kCopy;
+  std::size_t decision = 0;  // index into QuantizePlan::decisions
+};
+
+struct ShardPlan {
+  std::string file_name;  // same as the input shard
+  std::size_t input_shard = 0;
+  std::vector<PlannedTensor> tensors;  // sorted by name == data order
+  std::string header;                  // bytes to write at offset 0 (length prefix, JSON, padding)
+  std::uint64_t data_start = 0;
+  std::uint64_t file_size = 0;
+};
+
+// The ignore list and targets used when none are given (`ctquant quantize`
+// with no --ignore / --targets): keep lm_head in 16 bits, quantize every
+// Linear module.
+inline const std::vector<std::string> kDefaultIgnore{"lm_head"};
+inline const std::vector<std::string> kDefaultTargets{"Linear"};
+
+struct PlanOptions {
+  QuantScheme scheme;
+  std::vector<std::string> ignore = kDefaultIgnore;
+  std::vector<std::string> targets = kDefaultTargets;
+};
+
+struct QuantizePlan {
+  PlanOptions options;
+  InputQuantization input_quantization;  // what the input's quantization_config says
+  std::vector<TensorDecision> decisions;
+  std::vector<ShardPlan> shards;
+  std::optional<nlohmann::json> index;  // output model.safetensors.index.json
+  nlohmann::json config;                // output config.json
+  std::vector<std::string> copied_files;
+  // For each ignore entry, the modules it matched among the modules whose
+  // .weight passed rules 1-4 and 6 of section 2 (the ones it could affect;
+  // an FP8 weight counts as the BF16 weight it dequantizes to).
+  std::vector<std::vector<std::string>> ignore_matches;
+  // For each targets entry, the modules it matched among the same modules
+  // (whether or not an ignore entry then took them out).
+  std::vector<std::vector<std::string>> target_matches;
+
+  std::size_t n_quantized = 0;         // input tensors quantized
+  std::size_t n_copied = 0;            // input tensors copied
+  std::size_t n_dequantized = 0;       // FP8 weights written as BF16
+  std::size_t n_dropped = 0;           // FP8 scales and activation parameters not written
+  std::uint64_t tensor_bytes_out = 0;  // sum of output tensor byte sizes
+  std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
+};
+
+// Builds the plan. Throws Error{kUsage} for invalid ignore/target entries or
+// scheme. Throws Error{kBadInput} for an input config whose
+// quantization_config ctquant does not convert (classify_input_quantization),
+// for an output header over kMaxHeaderBytes, and, listing every problem at
+// once: each selected tensor whose in_features is not a multiple of the group
+// size (section 2); each selected tensor with rows over kMaxWeightRowBytes;
+// each tensor whose name has a ':' component (torchao's tensor-subclass
+// layout, not a module parameter); each F8 tensor that is not a recognised
+// FP8 weight (wrong dtype variant, not a 2-D .weight, 3-D expert tensors, no
+// FP8 quantization_config, a module the input's ignore list says was never
+// FP8); each FP8 weight whose scale is missing or has the wrong dtype or
+// shape; each scale without its F8 weight.
+QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
+
+// Checks the options alone, before any file is read. Throws Error{kUsage}
+// for a scheme outside 2..8 bits and for invalid ignore and target entries
+// (every invalid entry of both lists in one message, see ModuleMatcher).
+void check_plan_options(const PlanOptions& options);
+
+// The module a tensor belongs to: the name up to its last dot.
+std::string module_of(const std::string& tensor_name);
+
+}  // namespace ctquant

@@ -1,0 +1,444 @@
+// ctquant command-line front end: CLI11 options -> one library call.
+//
+// Exit codes (docs/cli.md): 0 success, 1 failure (bad input, I/O, full disk,
+// interrupted), 2 usage error, 3 verification found differences.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/details/null_mutex.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ctquant/util/error.hpp"
+#include "ctquant/util/escape.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/verify/verify.hpp"
+
+namespace {
+
+std::atomic<bool> g_cancel{false};
+std::atomic<int> g_signal{0};
+
+extern "C" void on_signal(int signal_number) {
+  g_signal.store(signal_number);
+  g_cancel.store(true);
+}
+
+// SIGINT, SIGTERM and SIGHUP ask the run to stop: the library polls the
+// cancel flag between jobs and phases, removes the temporary directory and
+// throws Error{kInterrupted}. SA_RESETHAND: a second signal ends the process
+// at once (the temporary directory may then be left, recognisable by name).
+void install_signal_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  action.sa_flags = SA_RESETHAND | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  for (const int signal_number : {SIGINT, SIGTERM, SIGHUP}) {
+    // A signal the parent ignores stays ignored (nohup, `cmd &` in a script).
+    struct sigaction previous {};
+    if (sigaction(signal_number, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) {
+      continue;
+    }
+    sigaction(signal_number, &action, nullptr);
+  }
+  // A file size limit (RLIMIT_FSIZE) must surface as EFBIG, a clean "no
+  // space" error, not as a signal that kills the process mid-write; a closed
+  // stderr pipe must not kill it before it has cleaned up either.
+  std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGPIPE, SIG_IGN);
+}
+
+const char* signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "a signal";
+  }
+}
+
+// Writes each formatted log line to stderr with escape_for_terminal applied:
+// log lines name tensors, modules and files taken from input files (lint
+// findings, their fixes, warnings), which must not drive the terminal.
+class EscapingStderrSink final : public spdlog::sinks::base_sink<spdlog::details::null_mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t formatted;
+    formatter_->format(msg, formatted);
+    const std::string text =
+        ctquant::escape_for_terminal(std::string_view(formatted.data(), formatted.size()));
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+  }
+  void flush_() override { std::fflush(stderr); }
+};
+
+std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
+  auto logger = std::make_shared<spdlog::logger>("ctquant", std::make_shared<EscapingStderrSink>());
+  logger->set_pattern("ctquant: %l: %v");
+  logger->set_level(verbosity < 0   ? spdlog::level::err
+                    : verbosity > 0 ? spdlog::level::debug
+                                    : spdlog::level::info);
+  return logger;
+}
+
+// Options shared by quantize and inspect: what to plan.
+struct PlanArgs {
+  std::string scheme = "W4A16";
+  std::optional<long long> group_size;  // unset: the scheme's own
+  std::vector<std::string> ignore;
+  std::vector<std::string> targets;
+  unsigned tp = 1;
+};
+
+// Larger group sizes than any tensor's in_features are refused by the plan
+// anyway; the bound keeps out-of-range numbers a usage error.
+constexpr long long kMaxGroupSizeOption = 1LL << 32;
+// Two floats are at most 2^32 units in the last place apart.
+constexpr long long kMaxScaleUlp = 1LL << 32;
+
+// A check that an option's text is a whole number in [min, max], written in
+// decimal, with a message that says so (CLI11 puts the option name before
+// it). CLI11's own checks print float ranges and wrap negative numbers into
+// unsigned options.
+CLI::Validator whole_number(long long min, long long max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        const std::string digits = !text.empty() && text[0] == '-' ? text.substr(1) : text;
+        const bool well_formed =
+            !digits.empty() && digits.size() <= 18 &&
+            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const long long value = well_formed ? std::stoll(text) : 0;
+        if (well_formed && value >= min && value <= max) return {};
+        return fmt::format("{} is not a whole number from {} to {}", text, min, max);
+      },
+      "INT", "whole_number");
+}
+
+std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
+  std::vector<CLI::Option*> options;
+  options.push_back(
+      app->add_option("--scheme", args.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
+          ->capture_default_str());
+  options.push_back(app->add_option_function<long long>(
+                           "--group-size",
+                           [&args](const long long& value) { args.group_size = value; },
+                           "Columns per group (default: the scheme's, 128); -1 for channel-wise")
+                        ->check(whole_number(-1, kMaxGroupSizeOption)));
+  options.push_back(app->add_option("--ignore", args.ignore,
+                                    "Module to leave unquantized (repeatable): a name, or "
+                                    "re:PATTERN matched like Python re.match; default lm_head")
+                        ->allow_extra_args(false));
+  options.push_back(
+      app->add_option("--targets", args.targets,
+                      "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
+          ->allow_extra_args(false));
+  options.push_back(app->add_option("--tp", args.tp,
+                                    "Tensor-parallel degree the checkpoint will be served with, "
+                                    "for the Marlin shape check (lint L5)")
+                        ->check(CLI::Range(1u, 1024u))
+                        ->capture_default_str());
+  return options;
+}
+
+ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
+  ctquant::PlanOptions options;
+  const auto scheme = ctquant::scheme_by_name(args.scheme);
+  if (!scheme) {
+    throw ctquant::usage_error(
+        fmt::format("--scheme {}: unknown scheme (known: W4A16, W4A16_ASYM, W8A16)", args.scheme));
+  }
+  options.scheme = *scheme;
+  if (!args.group_size) {
+    // The scheme's own group size.
+  } else if (*args.group_size == -1) {
+    options.scheme.group_size = 0;  // channel-wise
+  } else if (*args.group_size > 0) {
+    options.scheme.group_size = static_cast<std::uint64_t>(*args.group_size);
+  } else {
+    throw ctquant::usage_error(fmt::format(
+        "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
+        *args.group_size));
+  }
+  if (!args.ignore.empty()) options.ignore = args.ignore;
+  if (!args.targets.empty()) options.targets = args.targets;
+  return options;
+}
+
+void add_verbosity_flags(CLI::App* app, int& verbosity) {
+  app->add_flag_function(
+      "-q,--quiet", [&](std::int64_t) { verbosity = -1; }, "Print errors only");
+  app->add_flag_function(
+      "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
+}
+
+void write_stdout(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+// Prints a text report (inventory, plan, lint findings, verify report) on
+// stdout, escaped: the names in it come from input files and must not drive
+// the terminal.
+void print_text_report(const std::string& text) {
+  write_stdout(ctquant::escape_for_terminal(text));
+}
+
+// Prints a JSON report on stdout as it is: dump() writes every control
+// character as a \uXXXX escape and throws on text that is not UTF-8.
+void print_json_report(const nlohmann::json& report) { write_stdout(report.dump(2) + "\n"); }
+
+// Prints an error on stderr, first erasing the progress line a terminal may
+// show; the message is escaped, since it names files and tensors.
+void print_error(const std::string& message) {
+  std::string text = ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "";
+  text += "ctquant: error: ";
+  text += ctquant::escape_for_terminal(message);
+  text += '\n';
+  std::fwrite(text.data(), 1, text.size(), stderr);
+}
+
+struct QuantizeArgs {
+  std::string input;
+  std::string output;
+  PlanArgs plan;
+  unsigned threads = 0;
+  bool force = false;
+  bool no_sync = false;
+  bool follow_symlinks = false;
+  bool dry_run = false;
+  bool allow_unloadable = false;
+  bool strict = false;
+};
+
+int run_quantize(const QuantizeArgs& args, int verbosity) {
+  ctquant::QuantizeOptions options = ctquant::default_quantize_options();
+  options.input = args.input;
+  options.output = args.output;
+  options.plan = to_plan_options(args.plan);
+  options.tp = args.plan.tp;
+  if (args.threads > 0) options.threads = args.threads;
+  options.force = args.force;
+  options.follow_symlinks = args.follow_symlinks;
+  options.fsync = !args.no_sync;
+  options.dry_run = args.dry_run;
+  options.allow_unloadable = args.allow_unloadable;
+  options.strict = args.strict;
+  options.logger = make_logger(verbosity);
+  options.cancel = &g_cancel;
+  if (args.dry_run) {
+    options.on_plan = [](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
+                         const std::vector<ctquant::Finding>&) {
+      print_text_report(ctquant::render_plan_text(checkpoint, plan));
+    };
+  }
+
+  const bool show_progress = verbosity >= 0 && ::isatty(STDERR_FILENO) == 1;
+  if (show_progress) {
+    options.on_progress = [](const ctquant::Progress& p) {
+      const double pct = p.bytes_total == 0 ? 100.0
+                                            : 100.0 * static_cast<double>(p.bytes_done) /
+                                                  static_cast<double>(p.bytes_total);
+      std::fprintf(stderr, "\r\033[Kctquant: %5.1f%%  %s of %s  %llu/%llu tensors", pct,
+                   ctquant::human_bytes(p.bytes_done).c_str(),
+                   ctquant::human_bytes(p.bytes_total).c_str(),
+                   static_cast<unsigned long long>(p.tensors_done),
+                   static_cast<unsigned long long>(p.tensors_total));
+      std::fflush(stderr);
+    };
+  }
+  const ctquant::QuantizeSummary summary = ctquant::quantize(options);
+  if (show_progress) std::fprintf(stderr, "\r\033[K");
+  if (verbosity >= 0) {
+    const double ratio = summary.bytes_out == 0 ? 0.0
+                                                : static_cast<double>(summary.bytes_in) /
+                                                      static_cast<double>(summary.bytes_out);
+    const std::string fp8 =
+        summary.tensors_dequantized + summary.tensors_dropped == 0
+            ? std::string()
+            : fmt::format(", {} FP8 written as BF16, {} scale/activation dropped",
+                          summary.tensors_dequantized, summary.tensors_dropped);
+    std::fprintf(stderr,
+                 "ctquant: %s %zu tensors quantized (%s), %zu copied%s; %s in, %s out, ratio "
+                 "%.2fx; %.2f s\n",
+                 args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
+                 options.plan.scheme.name.c_str(), summary.tensors_copied, fp8.c_str(),
+                 ctquant::human_bytes(summary.bytes_in).c_str(),
+                 ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
+  }
+  return 0;
+}
+
+struct InspectArgs {
+  std::string input;
+  PlanArgs plan;
+  bool show_plan = false;
+  bool json = false;
+};
+
+int run_inspect(const InspectArgs& args, bool plan_requested) {
+  ctquant::InspectOptions options;
+  options.plan = args.show_plan || plan_requested;
+  if (options.plan) options.plan_options = to_plan_options(args.plan);
+  options.lint.tp = args.plan.tp;
+  const ctquant::InspectReport report = ctquant::inspect_checkpoint(args.input, options);
+  if (args.json) {
+    print_json_report(ctquant::inspect_json(report));
+  } else {
+    print_text_report(ctquant::render_inspect_text(report));
+  }
+  if (report.plan_error) {
+    print_error(*report.plan_error);
+    return ctquant::exit_status(ctquant::ErrorKind::kBadInput);
+  }
+  return 0;
+}
+
+struct VerifyArgs {
+  std::string output;
+  std::string reference;
+  bool against_source = false;
+  std::uint64_t scale_ulp = 0;
+  bool json = false;
+};
+
+int run_verify(const VerifyArgs& args, int verbosity) {
+  ctquant::VerifyOptions options;
+  options.scale_ulp = args.scale_ulp;
+  options.logger = make_logger(verbosity);
+  const ctquant::VerifyReport report =
+      args.against_source ? ctquant::verify_against_source(args.output, args.reference, options)
+                          : ctquant::verify_checkpoints(args.output, args.reference, options);
+  if (args.json) {
+    print_json_report(ctquant::verify_json(report));
+  } else {
+    print_text_report(ctquant::render_verify_text(report));
+  }
+  return report.same() ? 0 : ctquant::exit_status(ctquant::ErrorKind::kDifferent);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  install_signal_handlers();
+  CLI::App app{
+      "ctquant: quantize safetensors checkpoints to compressed-tensors pack-quantized "
+      "W4A16 for vLLM"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("ctquant 0.1.0"));
+  int verbosity = 0;
+
+  QuantizeArgs q;
+  CLI::App* quantize = app.add_subcommand(
+      "quantize", "Quantize a checkpoint to a pack-quantized checkpoint (RTN, data-free)");
+  quantize->add_option("INPUT", q.input, "Checkpoint directory or a .safetensors file")->required();
+  quantize->add_option("OUTPUT", q.output, "Output directory (created; must not exist)")
+      ->required();
+  add_plan_options(quantize, q.plan);
+  quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
+      ->check(CLI::Range(1u, 1024u));
+  quantize->add_flag("--force", q.force,
+                     "Replace an existing OUTPUT once the new one is complete; only an empty "
+                     "directory or one of regular files with a .safetensors file");
+  quantize->add_flag("--no-sync", q.no_sync,
+                     "Do not fsync the output before renaming it into place (faster; after a "
+                     "power loss OUTPUT may exist with lost data)");
+  quantize->add_flag("--follow-symlinks", q.follow_symlinks,
+                     "Read files that symbolic links in INPUT point to outside it (a Hugging "
+                     "Face cache snapshot); refused by default");
+  quantize->add_flag("--dry-run", q.dry_run,
+                     "Plan and lint, print the plan on stdout; write nothing");
+  quantize->add_flag("--allow-unloadable", q.allow_unloadable,
+                     "Write even when lint finds errors (a checkpoint vLLM may refuse)");
+  quantize->add_flag("--strict", q.strict, "Lint warnings stop the run too");
+  add_verbosity_flags(quantize, verbosity);
+
+  InspectArgs in;
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "List a checkpoint's tensors; with quantize options, print the plan and lint");
+  inspect->add_option("INPUT", in.input, "Checkpoint directory or a .safetensors file")->required();
+  const std::vector<CLI::Option*> inspect_plan_options = add_plan_options(inspect, in.plan);
+  inspect->add_flag("--plan", in.show_plan,
+                    "Print the plan and lint findings for the default (or given) options");
+  inspect->add_flag("--json", in.json, "Print a JSON report instead of text");
+  add_verbosity_flags(inspect, verbosity);
+
+  VerifyArgs ver;
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Compare OUTPUT with a golden checkpoint (exit 0 same, 3 different), or with its source");
+  verify->add_option("OUTPUT", ver.output, "Checkpoint directory or .safetensors file to check")
+      ->required();
+  verify
+      ->add_option("GOLDEN", ver.reference,
+                   "Golden checkpoint; with --against-source, the INPUT it was made from")
+      ->required();
+  verify->add_flag("--against-source", ver.against_source,
+                   "Unpack, recompute and dequantize every packed weight from the source INPUT");
+  verify
+      ->add_option("--scale-ulp", ver.scale_ulp,
+                   "Accept scales that differ by up to N units in the last place")
+      ->check(whole_number(0, kMaxScaleUlp))
+      ->capture_default_str();
+  verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
+  add_verbosity_flags(verify, verbosity);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string message = e.what();
+    if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
+      message = fmt::format("unknown command '{}' (commands: quantize, inspect, verify)", argv[1]);
+    }
+    print_error(message + "\nRun with --help for more information.");
+    return ctquant::exit_status(ctquant::ErrorKind::kUsage);
+  }
+
+  try {
+    if (quantize->parsed()) return run_quantize(q, verbosity);
+    if (inspect->parsed()) {
+      const bool plan_requested =
+          std::any_of(inspect_plan_options.begin(), inspect_plan_options.end(),
+                      [](const CLI::Option* o) { return o->count() > 0; });
+      return run_inspect(in, plan_requested);
+    }
+    if (verify->parsed()) return run_verify(ver, verbosity);
+  } catch (const ctquant::Error& e) {
+    if (e.kind() == ctquant::ErrorKind::kInterrupted) {
+      print_error(
+          fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
+                      "removed",
+                      e.what(), signal_name(g_signal.load())));
+    } else {
+      print_error(e.what());
+    }
+    return ctquant::exit_status(e.kind());
+  } catch (const std::exception& e) {
+    print_error(e.what());
+    return 1;
+  }
+  return 0;
+}

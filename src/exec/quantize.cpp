@@ -1,0 +1,179 @@
+#include "ctquant/exec/quantize.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <system_error>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "ctquant/format/config.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/exec/output_dir.hpp"
+
+namespace ctquant {
+
+namespace fs = std::filesystem;
+
+QuantizeOptions default_quantize_options() {
+  QuantizeOptions options;
+  options.threads = std::max(1u, std::thread::hardware_concurrency());
+  return options;
+}
+
+namespace {
+
+// Size of a file for the summary; 0 if it cannot be read.
+std::uint64_t file_bytes(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
+std::uint64_t directory_bytes(const fs::path& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(dir, ec)) {
+    if (item.is_regular_file(ec)) total += file_bytes(item.path());
+  }
+  return total;
+}
+
+// A signal that arrives while the checkpoint is opened or planned stops the
+// run before anything is written.
+void check_cancel(const std::atomic<bool>* cancel) {
+  if (cancel != nullptr && cancel->load()) {
+    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+  }
+}
+
+// Logs the findings that do not stop the run at their severity; throws
+// Error{kLint} listing the ones that do.
+void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& options) {
+  const auto blocking = blocking_findings(findings, options.strict, options.allow_unloadable);
+  const auto& log = options.logger;
+  for (const Finding& f : findings) {
+    if (std::find(blocking.begin(), blocking.end(), &f) != blocking.end() || !log) continue;
+    const std::string text = format_finding(f, 8, /*with_severity=*/false);
+    switch (f.severity) {
+      case Severity::kError:
+        log->error("{} (allowed by --allow-unloadable)", text);
+        break;
+      case Severity::kWarning:
+        log->warn("{}", text);
+        break;
+      case Severity::kInfo:
+        log->info("{}", text);
+        break;
+    }
+  }
+  if (blocking.empty()) return;
+  std::string message = "lint stopped quantize; nothing was written:\n";
+  std::size_t errors = 0;
+  for (const Finding* f : blocking) {
+    message += format_finding(*f) + "\n";
+    if (f->severity == Severity::kError) ++errors;
+  }
+  message += fmt::format(
+      "{} finding(s) stop the run{}. Apply the fixes above{}{}.", blocking.size(),
+      options.strict ? " (--strict makes warnings stop it)" : "",
+      errors > 0 ? ", or pass --allow-unloadable to write a checkpoint vLLM may refuse" : "",
+      blocking.size() > errors ? (errors > 0 ? ", and drop --strict to let warnings pass"
+                                             : ", or drop --strict to let warnings pass")
+                               : "");
+  throw Error(ErrorKind::kLint, message);
+}
+
+}  // namespace
+
+QuantizeSummary quantize(const QuantizeOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto log = options.logger;
+  if (options.threads == 0) throw usage_error("--threads must be at least 1");
+  check_plan_options(options.plan);  // usage errors before any file is read
+
+  check_output_path(options.output, options.input, options.force);
+  check_cancel(options.cancel);
+  Checkpoint checkpoint =
+      open_checkpoint(options.input, OpenOptions{.follow_links_outside = options.follow_symlinks});
+  check_cancel(options.cancel);
+  if (log) {
+    log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
+              checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
+  }
+  if (log) {
+    for (const std::string& entry : checkpoint.skipped_entries) {
+      log->warn("{}: {}: not a regular file; not copied to OUTPUT", options.input.string(), entry);
+    }
+  }
+  if (log && checkpoint.has_index) {
+    // Copied like any other file (section 5), but probably not what the user meant.
+    for (const std::string& name : checkpoint.other_files) {
+      if (name.ends_with(".safetensors")) {
+        log->warn("{}: not listed in {}; copied unchanged, not quantized", name, kIndexFileName);
+      }
+    }
+  }
+  QuantizeSummary summary;
+  summary.plan = make_plan(checkpoint, options.plan);
+  check_cancel(options.cancel);
+  LintOptions lint;
+  lint.tp = options.tp;
+  summary.findings = run_lint(checkpoint, summary.plan, lint);
+  if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
+  enforce_lint(summary.findings, options);
+  summary.tensors_quantized = summary.plan.n_quantized;
+  summary.tensors_copied = summary.plan.n_copied;
+  summary.tensors_dequantized = summary.plan.n_dequantized;
+  summary.tensors_dropped = summary.plan.n_dropped;
+  if (log && summary.plan.input_quantization.is_fp8()) {
+    log->info(
+        "input is {}: FP8 weights are dequantized to BF16 exactly, then quantized or "
+        "written as BF16; {} scale and activation tensor(s) dropped",
+        summary.plan.input_quantization.describe(), summary.plan.n_dropped);
+  }
+  summary.bytes_in = checkpoint.total_file_bytes();
+  if (checkpoint.has_index) summary.bytes_in += file_bytes(checkpoint.root / kIndexFileName);
+  if (checkpoint.config) summary.bytes_in += file_bytes(checkpoint.root / kConfigFileName);
+  if (log && !checkpoint.config) {
+    log->warn("{}: no config.json; writing one that holds only quantization_config",
+              options.input.string());
+  }
+  if (options.dry_run) {
+    summary.bytes_out = expected_output_bytes(checkpoint, summary.plan);
+    summary.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return summary;
+  }
+
+  StagedOutput staged(options.output, options.input, options.force);
+  if (log) log->debug("writing into {}", staged.dir().string());
+  ExecuteOptions exec;
+  exec.threads = options.threads;
+  exec.chunk_bytes = options.chunk_bytes;
+  exec.on_progress = options.on_progress;
+  exec.cancel = options.cancel;
+  exec.fsync = options.fsync;
+  summary.execute = execute_plan(checkpoint, summary.plan, staged.dir(), exec);
+  if (log) {
+    const ExecuteStats& st = summary.execute;
+    log->debug(
+        "streamed {} bytes in, {} bytes out in {:.3f} s ({:.2f} GB/s of input) on {} "
+        "thread(s), kernel {}; flushed to disk in {:.3f} s",
+        st.bytes_read, st.bytes_written, st.seconds_stream,
+        st.seconds_stream > 0 ? static_cast<double>(st.bytes_read) / st.seconds_stream / 1e9 : 0.0,
+        options.threads, kernel_path_name(), st.seconds_flush);
+  }
+  summary.bytes_out = directory_bytes(staged.dir());
+  // The last moment a signal can stop the run: after the rename OUTPUT is
+  // complete and the run has succeeded.
+  check_cancel(options.cancel);
+  staged.commit();
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace ctquant

@@ -1,0 +1,369 @@
+#include "ctquant/report/inspect.hpp"
+
+#include <algorithm>
+#include <map>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "ctquant/format/config.hpp"
+#include "ctquant/util/error.hpp"
+
+namespace ctquant {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string human_bytes(std::uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+namespace {
+
+// 1234567 -> "1,234,567".
+std::string grouped(std::uint64_t n) {
+  std::string digits = std::to_string(n);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string plural(std::size_t n, const char* word) {
+  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
+}
+
+std::uint64_t file_bytes(const fs::path& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
+std::string scheme_text(const QuantScheme& s) {
+  return fmt::format(
+      "{} ({}-bit int, {}, {})", s.name, s.num_bits, s.symmetric ? "symmetric" : "asymmetric",
+      s.group_size == 0 ? std::string("channel-wise") : fmt::format("group size {}", s.group_size));
+}
+
+std::string quoted_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += (i > 0 ? ", '" : "'") + items[i] + "'";
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+Inventory make_inventory(const Checkpoint& checkpoint) {
+  Inventory inv;
+  inv.root = checkpoint.root.string();
+  inv.has_index = checkpoint.has_index;
+  inv.other_files = checkpoint.other_files;
+  std::map<DType, DTypeTotal> totals;
+  for (const SafetensorsFile& shard : checkpoint.shards) {
+    inv.shards.push_back(
+        InventoryShard{shard.label(), shard.header().tensors.size(), shard.file_size()});
+    for (const TensorEntry& t : shard.header().tensors) {
+      inv.tensors.push_back(
+          InventoryTensor{t.name, t.dtype, t.shape, t.byte_size(), shard.label()});
+      DTypeTotal& total = totals[t.dtype];
+      total.dtype = t.dtype;
+      ++total.tensors;
+      total.elements += t.numel();
+      total.bytes += t.byte_size();
+      inv.elements += t.numel();
+      inv.tensor_bytes += t.byte_size();
+    }
+  }
+  std::sort(inv.tensors.begin(), inv.tensors.end(),
+            [](const InventoryTensor& a, const InventoryTensor& b) { return a.name < b.name; });
+  for (const auto& [dtype, total] : totals) inv.by_dtype.push_back(total);
+  if (checkpoint.config) {
+    const json& config = *checkpoint.config;
+    const auto arch = config.find("architectures");
+    if (arch != config.end() && arch->is_array()) {
+      for (const auto& a : *arch) {
+        if (a.is_string()) inv.architectures.push_back(a.get<std::string>());
+      }
+    }
+    const auto type = config.find("model_type");
+    if (type != config.end() && type->is_string()) inv.model_type = type->get<std::string>();
+    const auto qc = config.find("quantization_config");
+    if (qc != config.end()) inv.quantization_config = *qc;
+  }
+  return inv;
+}
+
+std::string render_inventory_text(const Inventory& inv) {
+  std::string text =
+      fmt::format("checkpoint: {} ({}{})\n", inv.root, plural(inv.shards.size(), "shard"),
+                  inv.has_index ? ", with index" : "");
+  std::string arch;
+  for (const auto& a : inv.architectures) arch += (arch.empty() ? "" : ", ") + a;
+  text +=
+      fmt::format("architecture: {}{}\n", arch.empty() ? "(none in config.json)" : arch,
+                  inv.model_type.empty() ? "" : fmt::format(" (model_type {})", inv.model_type));
+  text += fmt::format("quantization_config: {}\n",
+                      inv.quantization_config ? inv.quantization_config->dump() : "none");
+  std::size_t name_w = 4;
+  std::size_t shape_w = 5;
+  for (const auto& t : inv.tensors) {
+    name_w = std::max(name_w, t.name.size());
+    shape_w = std::max(shape_w, shape_string(t.shape).size());
+  }
+  text += fmt::format("tensors ({}):\n", inv.tensors.size());
+  text += fmt::format("  {:<{}}  {:<11}  {:<{}}  {:>13}  {}\n", "NAME", name_w, "DTYPE", "SHAPE",
+                      shape_w, "BYTES", "SHARD");
+  for (const auto& t : inv.tensors) {
+    text +=
+        fmt::format("  {:<{}}  {:<11}  {:<{}}  {:>13}  {}\n", t.name, name_w, dtype_tag(t.dtype),
+                    shape_string(t.shape), shape_w, grouped(t.bytes), t.shard);
+  }
+  text += "by dtype:\n";
+  for (const auto& d : inv.by_dtype) {
+    text += fmt::format("  {:<11}  {:>6} tensors  {:>16} elements  {:>11}\n", dtype_tag(d.dtype),
+                        d.tensors, grouped(d.elements), human_bytes(d.bytes));
+  }
+  text += fmt::format("total: {}, {} parameters (stored elements), {} ({} bytes)\n",
+                      plural(inv.tensors.size(), "tensor"), grouped(inv.elements),
+                      human_bytes(inv.tensor_bytes), grouped(inv.tensor_bytes));
+  if (!inv.other_files.empty()) {
+    std::string files;
+    for (const auto& f : inv.other_files) files += (files.empty() ? "" : ", ") + f;
+    text += fmt::format("other files: {}\n", files);
+  }
+  return text;
+}
+
+json inventory_json(const Inventory& inv) {
+  json tensors = json::array();
+  for (const auto& t : inv.tensors) {
+    tensors.push_back(json{{"name", t.name},
+                           {"dtype", dtype_tag(t.dtype)},
+                           {"shape", t.shape},
+                           {"bytes", t.bytes},
+                           {"shard", t.shard}});
+  }
+  json by_dtype = json::object();
+  for (const auto& d : inv.by_dtype) {
+    by_dtype[std::string(dtype_tag(d.dtype))] =
+        json{{"tensors", d.tensors}, {"elements", d.elements}, {"bytes", d.bytes}};
+  }
+  json shards = json::array();
+  for (const auto& s : inv.shards) {
+    shards.push_back(json{{"file", s.file}, {"tensors", s.tensors}, {"file_bytes", s.file_bytes}});
+  }
+  return json{
+      {"root", inv.root},
+      {"has_index", inv.has_index},
+      {"shards", shards},
+      {"architectures", inv.architectures},
+      {"model_type", inv.model_type.empty() ? json(nullptr) : json(inv.model_type)},
+      {"quantization_config", inv.quantization_config ? *inv.quantization_config : json(nullptr)},
+      {"tensors", tensors},
+      {"by_dtype", by_dtype},
+      {"elements", inv.elements},
+      {"tensor_bytes", inv.tensor_bytes},
+      {"other_files", inv.other_files}};
+}
+
+std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan) {
+  std::uint64_t total = plan.shard_bytes_out;
+  if (plan.index) total += dump_json(*plan.index).size();
+  total += dump_json(plan.config).size();
+  for (const auto& name : plan.copied_files) total += file_bytes(checkpoint.root / name);
+  return total;
+}
+
+namespace {
+
+// Per fate name, the number of input tensors with that fate, in first-seen order.
+std::vector<std::pair<std::string, std::size_t>> fate_counts(const QuantizePlan& plan) {
+  std::vector<std::pair<std::string, std::size_t>> counts{{fate_name(Fate::kQuantize), 0}};
+  for (const TensorDecision& d : plan.decisions) {
+    const std::string name = fate_name(d.fate);
+    auto it =
+        std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
+    if (it == counts.end()) {
+      counts.emplace_back(name, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  return counts;
+}
+
+std::uint64_t input_bytes(const Checkpoint& checkpoint) {
+  std::uint64_t total = checkpoint.total_file_bytes();
+  if (checkpoint.has_index) total += file_bytes(checkpoint.root / kIndexFileName);
+  if (checkpoint.config) total += file_bytes(checkpoint.root / kConfigFileName);
+  return total;
+}
+
+}  // namespace
+
+std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
+  const PlanOptions& o = plan.options;
+  std::string text = fmt::format("plan: {}, targets {}, ignore {}\n", scheme_text(o.scheme),
+                                 quoted_list(o.targets), quoted_list(o.ignore));
+  std::string counts;
+  for (const auto& [name, n] : fate_counts(plan)) {
+    counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);
+  }
+  text += fmt::format("tensors ({}): {}\n", plan.decisions.size(), counts);
+  std::size_t fate_w = 4;
+  std::size_t name_w = 6;
+  std::size_t shape_w = 5;
+  for (const TensorDecision& d : plan.decisions) {
+    fate_w = std::max(fate_w, std::string(fate_name(d.fate)).size());
+    name_w = std::max(name_w, d.name.size());
+    shape_w = std::max(shape_w, shape_string(checkpoint.entry(d.source).shape).size());
+  }
+  text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", "FATE", fate_w, "TENSOR", name_w,
+                      "DTYPE", "SHAPE", shape_w, "RULE");
+  for (const TensorDecision& d : plan.decisions) {
+    const TensorEntry& t = checkpoint.entry(d.source);
+    text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", fate_name(d.fate), fate_w, d.name,
+                        name_w, dtype_tag(t.dtype), shape_string(t.shape), shape_w, d.rule);
+  }
+  text += "ignore entries (modules each matched among the 2-D weights ignore can affect):\n";
+  if (o.ignore.empty()) text += "  (none)\n";
+  for (std::size_t i = 0; i < o.ignore.size(); ++i) {
+    const auto& modules = plan.ignore_matches[i];
+    text += fmt::format("  {}: {}\n", o.ignore[i], plural(modules.size(), "module"));
+    for (const auto& m : modules) text += fmt::format("    {}\n", m);
+  }
+  text += "targets:\n";
+  for (std::size_t i = 0; i < o.targets.size(); ++i) {
+    const auto& modules =
+        i < plan.target_matches.size() ? plan.target_matches[i] : std::vector<std::string>();
+    text += fmt::format("  {}: {}\n", o.targets[i], plural(modules.size(), "module"));
+    if (o.targets[i] != "Linear") {
+      for (const auto& m : modules) text += fmt::format("    {}\n", m);
+    }
+  }
+  text += fmt::format("output: {}\n", plural(plan.shards.size(), "shard"));
+  for (const ShardPlan& s : plan.shards) {
+    text +=
+        fmt::format("  {}  {}  {} ({} bytes)\n", s.file_name, plural(s.tensors.size(), "tensor"),
+                    human_bytes(s.file_size), grouped(s.file_size));
+  }
+  std::string files = plan.index ? std::string(kIndexFileName) + ", " : std::string();
+  files += kConfigFileName;
+  for (const auto& f : plan.copied_files) files += ", " + f;
+  text += fmt::format("  {}\n", files);
+  const std::uint64_t out = expected_output_bytes(checkpoint, plan);
+  const std::uint64_t in = input_bytes(checkpoint);
+  text += fmt::format("expected output size: {} ({} bytes); input {}{}\n", human_bytes(out),
+                      grouped(out), human_bytes(in),
+                      out == 0 ? std::string()
+                               : fmt::format(", ratio {:.2f}x",
+                                             static_cast<double>(in) / static_cast<double>(out)));
+  return text;
+}
+
+json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
+  const PlanOptions& o = plan.options;
+  json tensors = json::array();
+  for (const TensorDecision& d : plan.decisions) {
+    const TensorEntry& t = checkpoint.entry(d.source);
+    tensors.push_back(
+        json{{"name", d.name},
+             {"module", d.module},
+             {"dtype", dtype_tag(t.dtype)},
+             {"shape", t.shape},
+             {"bytes", t.byte_size()},
+             {"shard", checkpoint.shards[d.source.shard].label()},
+             {"fate", fate_name(d.fate)},
+             {"rule", d.rule},
+             {"ignore_entry", d.ignore_entry ? json(o.ignore[*d.ignore_entry]) : json(nullptr)}});
+  }
+  json counts = json::object();
+  for (const auto& [name, n] : fate_counts(plan)) counts[name] = n;
+  json ignore = json::array();
+  for (std::size_t i = 0; i < o.ignore.size(); ++i) {
+    ignore.push_back(json{{"entry", o.ignore[i]}, {"modules", plan.ignore_matches[i]}});
+  }
+  json targets = json::array();
+  for (std::size_t i = 0; i < o.targets.size(); ++i) {
+    targets.push_back(json{{"entry", o.targets[i]},
+                           {"modules", i < plan.target_matches.size() ? json(plan.target_matches[i])
+                                                                      : json::array()}});
+  }
+  json outputs = json::array();
+  for (const ShardPlan& s : plan.shards) {
+    json shard_tensors = json::array();
+    for (const PlannedTensor& t : s.tensors) {
+      shard_tensors.push_back(json{{"name", t.name},
+                                   {"dtype", dtype_tag(t.dtype)},
+                                   {"shape", t.shape},
+                                   {"bytes", t.byte_size}});
+    }
+    outputs.push_back(
+        json{{"file", s.file_name}, {"bytes", s.file_size}, {"tensors", shard_tensors}});
+  }
+  const QuantScheme& s = o.scheme;
+  return json{{"scheme",
+               {{"name", s.name},
+                {"num_bits", s.num_bits},
+                {"symmetric", s.symmetric},
+                {"group_size", s.group_size == 0 ? json(nullptr) : json(s.group_size)}}},
+              {"tensors", tensors},
+              {"counts", counts},
+              {"ignore", ignore},
+              {"targets", targets},
+              {"outputs", outputs},
+              {"copied_files", plan.copied_files},
+              {"expected_output_bytes", expected_output_bytes(checkpoint, plan)},
+              {"input_bytes", input_bytes(checkpoint)}};
+}
+
+InspectReport inspect_checkpoint(const fs::path& input, const InspectOptions& options) {
+  // Read-only: links out of the directory (a cache snapshot) are followed.
+  InspectReport report{open_checkpoint(input, OpenOptions{.follow_links_outside = true}),
+                       {},
+                       std::nullopt,
+                       {},
+                       std::nullopt};
+  report.inventory = make_inventory(report.checkpoint);
+  if (options.plan) {
+    try {
+      report.plan = make_plan(report.checkpoint, options.plan_options);
+    } catch (const Error& e) {
+      // The inventory is still worth showing; usage errors are not reports.
+      if (e.kind() != ErrorKind::kBadInput) throw;
+      report.plan_error = e.what();
+      return report;
+    }
+    report.findings = run_lint(report.checkpoint, *report.plan, options.lint);
+  }
+  return report;
+}
+
+std::string render_inspect_text(const InspectReport& report) {
+  std::string text = render_inventory_text(report.inventory);
+  if (report.plan) {
+    text += '\n';
+    text += render_plan_text(report.checkpoint, *report.plan);
+    text += '\n';
+    text += render_findings_text(report.findings);
+  }
+  if (report.plan_error) text += fmt::format("\nplan: cannot be made: {}\n", *report.plan_error);
+  return text;
+}
+
+json inspect_json(const InspectReport& report) {
+  return json{{"inventory", inventory_json(report.inventory)},
+              {"plan", report.plan ? plan_json(report.checkpoint, *report.plan) : json(nullptr)},
+              {"lint", report.plan ? findings_json(report.findings) : json(nullptr)},
+              {"plan_error", report.plan_error ? json(*report.plan_error) : json(nullptr)}};
+}
+
+}  // namespace ctquant

@@ -1,0 +1,303 @@
+#include "ctquant/source/checkpoint.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "ctquant/util/error.hpp"
+#include "util/input_file.hpp"
+
+namespace ctquant {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const TensorEntry* Checkpoint::find(const std::string& name) const {
+  const auto it = tensors.find(name);
+  return it == tensors.end() ? nullptr : &entry(it->second);
+}
+
+std::uint64_t Checkpoint::total_tensor_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& shard : shards) total += shard.header().data_size;
+  return total;
+}
+
+std::uint64_t Checkpoint::total_file_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& shard : shards) total += shard.file_size();
+  for (const auto& name : other_files) {
+    std::error_code ec;
+    const auto size = fs::file_size(root / name, ec);
+    if (!ec) total += size;
+  }
+  return total;
+}
+
+namespace {
+
+// Problems of one phase, reported together (a user fixes them in one go).
+class Problems {
+ public:
+  void add(std::string message) { messages_.push_back(std::move(message)); }
+  bool empty() const { return messages_.empty(); }
+  // Throws Error{kBadInput} listing the problems (the first kMaxListed).
+  void throw_if_any() const {
+    if (messages_.empty()) return;
+    constexpr std::size_t kMaxListed = 20;
+    std::string text;
+    for (std::size_t i = 0; i < messages_.size() && i < kMaxListed; ++i) {
+      if (i > 0) text += '\n';
+      text += messages_[i];
+    }
+    if (messages_.size() > kMaxListed) {
+      text += fmt::format("\n... and {} more problem(s) of the same kind",
+                          messages_.size() - kMaxListed);
+    }
+    throw bad_input(text);
+  }
+
+ private:
+  std::vector<std::string> messages_;
+};
+
+json read_json_file(const fs::path& path, const std::string& label, bool reject_duplicate_keys) {
+  const std::string text = detail::read_input_file(path, label, detail::kMaxJsonFileBytes);
+  return detail::parse_json_file_text(text, label, reject_duplicate_keys);
+}
+
+// Index weight_map file names must be plain names of files in the
+// checkpoint directory: no directory part, no "..", not absolute.
+bool is_plain_file_name(const std::string& name) {
+  const fs::path p(name);
+  return !name.empty() && !p.is_absolute() && !p.has_parent_path() && name != "." && name != ".." &&
+         name.find('\0') == std::string::npos;
+}
+
+// What a directory entry that is not a regular file is, for messages.
+std::string directory_entry_kind(const fs::directory_entry& item) {
+  std::error_code ec;
+  const fs::file_status own = item.symlink_status(ec);
+  if (fs::is_symlink(own)) return "a symbolic link whose target is missing or not a regular file";
+  if (fs::is_directory(own)) return "a directory";
+  return "a special file (FIFO, socket or device)";
+}
+
+}  // namespace
+
+bool is_safetensors_name(std::string_view name) {
+  return name.size() > 12 && name.ends_with(".safetensors");
+}
+
+// The regular files of a checkpoint directory, sorted. A symbolic link is
+// followed when it resolves to a regular file inside the directory; one that
+// resolves to a regular file outside it is refused (a downloaded checkpoint
+// must not make ctquant read or copy, say, ~/.ssh/id_rsa) unless
+// follow_links_outside. Directories, devices, FIFOs, sockets and dangling
+// links are ignored, except under the name of a config, index or shard: those
+// must not be skipped as if absent (a dangling link into a download cache).
+std::vector<std::string> list_checkpoint_files(const fs::path& dir, bool follow_links_outside,
+                                               std::vector<std::string>& skipped) {
+  std::error_code ec;
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) throw io_error(fmt::format("{}: cannot resolve: {}", dir.string(), ec.message()));
+  std::vector<std::string> files;
+  Problems problems;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const fs::directory_entry& item = *it;
+    const std::string name = item.path().filename().string();
+    std::error_code type_ec;
+    if (!item.is_regular_file(type_ec)) {  // follows links
+      if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {
+        problems.add(fmt::format("{}: {} is not a regular file: it is {}", dir.string(), name,
+                                 directory_entry_kind(item)));
+      } else {
+        skipped.push_back(fmt::format("{} ({})", name, directory_entry_kind(item)));
+      }
+      continue;
+    }
+    if (item.is_symlink(type_ec) && !follow_links_outside) {
+      std::error_code link_ec;
+      const fs::path target = fs::canonical(item.path(), link_ec);
+      if (link_ec || !detail::path_is_within(target, root)) {
+        problems.add(fmt::format(
+            "{}: is a symbolic link to {}, outside the checkpoint directory {}; ctquant reads "
+            "only files inside INPUT unless --follow-symlinks is given (a Hugging Face cache "
+            "snapshot links into its blob store: pass --follow-symlinks, or copy it with cp -rL)",
+            name, link_ec ? fs::read_symlink(item.path(), link_ec).string() : target.string(),
+            dir.string()));
+        continue;
+      }
+    }
+    files.push_back(name);
+  }
+  if (ec) throw io_error(fmt::format("{}: cannot list directory: {}", dir.string(), ec.message()));
+  problems.throw_if_any();
+  std::sort(files.begin(), files.end());
+  std::sort(skipped.begin(), skipped.end());
+  return files;
+}
+
+Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
+  Checkpoint ckpt;
+  std::error_code ec;
+  const auto status = fs::status(input, ec);
+  if (ec || !fs::exists(status)) {
+    throw io_error(fmt::format("{}: no such file or directory", input.string()));
+  }
+
+  std::vector<std::string> shard_names;
+  if (fs::is_regular_file(status)) {
+    if (!is_safetensors_name(input.filename().string())) {
+      throw bad_input(fmt::format("{}: expected a checkpoint directory or a .safetensors file",
+                                  input.string()));
+    }
+    ckpt.single_file = true;
+    ckpt.root = input.parent_path().empty() ? fs::path(".") : input.parent_path();
+    shard_names.push_back(input.filename().string());
+  } else if (fs::is_directory(status)) {
+    ckpt.root = input;
+    const std::vector<std::string> files =
+        list_checkpoint_files(input, options.follow_links_outside, ckpt.skipped_entries);
+    const auto listed = [&](const std::string& name) {
+      return std::binary_search(files.begin(), files.end(), name);
+    };
+    std::vector<std::string> safetensors_files;
+    for (const std::string& name : files) {
+      if (is_safetensors_name(name)) safetensors_files.push_back(name);
+    }
+
+    if (listed(kIndexFileName)) {
+      ckpt.has_index = true;
+      const std::string label = kIndexFileName;
+      ckpt.index = read_json_file(input / kIndexFileName, label, /*reject_duplicate_keys=*/true);
+      if (!ckpt.index.is_object() || !ckpt.index.contains("weight_map") ||
+          !ckpt.index["weight_map"].is_object()) {
+        throw bad_input(fmt::format("{}: expected an object with a \"weight_map\" object", label));
+      }
+      std::set<std::string> names;
+      Problems problems;
+      // Missing shard files, each with the number of tensors mapped to it and
+      // the first of them: reported together, one line per file.
+      std::map<std::string, std::pair<std::size_t, std::string>> missing;
+      for (auto it = ckpt.index["weight_map"].begin(); it != ckpt.index["weight_map"].end(); ++it) {
+        if (!it->is_string()) {
+          problems.add(fmt::format("{}: weight_map entry '{}' is {}, expected a file name", label,
+                                   it.key(), it->type_name()));
+          continue;
+        }
+        const std::string& file = it->get_ref<const std::string&>();
+        if (!is_plain_file_name(file)) {
+          problems.add(
+              fmt::format("{}: weight_map entry '{}' names file '{}', which is not a plain "
+                          "file name inside the checkpoint directory (no directory part, "
+                          "no '..', not absolute)",
+                          label, it.key(), file));
+        } else if (!listed(file)) {
+          auto& [count, first_tensor] = missing[file];
+          if (count++ == 0) first_tensor = it.key();
+        } else {
+          names.insert(file);
+        }
+      }
+      for (const auto& [file, what] : missing) {
+        problems.add(fmt::format(
+            "{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
+            "exist in {}",
+            label, file, what.first, what.second, input.string()));
+      }
+      problems.throw_if_any();
+      if (names.empty()) throw bad_input(fmt::format("{}: weight_map is empty", label));
+      shard_names.assign(names.begin(), names.end());
+    } else if (safetensors_files.size() == 1) {
+      shard_names = safetensors_files;
+    } else if (safetensors_files.empty()) {
+      throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
+    } else {
+      throw bad_input(
+          fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
+                      "the checkpoint (to quantize one file alone, give that file as "
+                      "INPUT)",
+                      input.string(), safetensors_files.size(), kIndexFileName));
+    }
+
+    for (const std::string& name : files) {
+      const bool is_shard =
+          std::find(shard_names.begin(), shard_names.end(), name) != shard_names.end();
+      if (!is_shard && name != kIndexFileName && name != kConfigFileName) {
+        ckpt.other_files.push_back(name);
+      }
+    }
+    if (listed(kConfigFileName)) {
+      // Python's json keeps the last of repeated keys; so does this, as the
+      // output config.json is the input's with quantization_config set.
+      ckpt.config = read_json_file(input / kConfigFileName, kConfigFileName,
+                                   /*reject_duplicate_keys=*/false);
+      if (!ckpt.config->is_object()) {
+        throw bad_input(fmt::format("{}: is a JSON {}, expected an object", kConfigFileName,
+                                    ckpt.config->type_name()));
+      }
+    }
+  } else {
+    throw bad_input(fmt::format("{}: not a regular file or directory", input.string()));
+  }
+
+  // Every shard's header, each problem reported.
+  {
+    Problems problems;
+    for (const std::string& name : shard_names) {
+      try {
+        ckpt.shards.emplace_back(ckpt.root / name, name);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kBadInput) throw;
+        problems.add(e.what());
+      }
+    }
+    problems.throw_if_any();
+  }
+
+  Problems problems;
+  for (std::size_t s = 0; s < ckpt.shards.size(); ++s) {
+    const auto& header = ckpt.shards[s].header();
+    for (std::size_t e = 0; e < header.tensors.size(); ++e) {
+      const std::string& name = header.tensors[e].name;
+      const auto [it, inserted] = ckpt.tensors.emplace(name, TensorLocation{s, e});
+      if (!inserted) {
+        problems.add(
+            fmt::format("{}: tensor '{}' is also in {} (a tensor may be in one shard "
+                        "only)",
+                        ckpt.shards[s].label(), name, ckpt.shards[it->second.shard].label()));
+      }
+    }
+  }
+  problems.throw_if_any();
+  if (ckpt.has_index) {
+    const json& weight_map = ckpt.index["weight_map"];
+    for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+      const auto found = ckpt.tensors.find(it.key());
+      const std::string& file = it->get_ref<const std::string&>();
+      if (found == ckpt.tensors.end() || ckpt.shards[found->second.shard].label() != file) {
+        problems.add(
+            fmt::format("{}: weight_map lists tensor '{}' in '{}', but that file does "
+                        "not hold it",
+                        kIndexFileName, it.key(), file));
+      }
+    }
+    for (const SafetensorsFile& shard : ckpt.shards) {
+      for (const TensorEntry& t : shard.header().tensors) {
+        if (!weight_map.contains(t.name)) {
+          problems.add(fmt::format("{}: tensor '{}' is not listed in {}'s weight_map",
+                                   shard.label(), t.name, kIndexFileName));
+        }
+      }
+    }
+  }
+  problems.throw_if_any();
+  return ckpt;
+}
+
+}  // namespace ctquant
