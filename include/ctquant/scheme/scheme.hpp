@@ -1,0 +1,197 @@
+// Output schemes: what a quantized module becomes, one registry row per
+// compressed-tensors format family.
+//
+// A *scheme* is compressed-tensors' QuantizationScheme reduced to what
+// decides bytes and config: the weights' QuantizationArgs (QuantArgs) and
+// the input activations block written to config.json (dynamic only; ctquant
+// never writes activation scales). A *family* (SchemeFamily) is everything
+// ctquant knows about one output format: the format string compressed-tensors
+// infers for the scheme, the tensors written per module, the kernels that
+// compute them, the decoder verify uses, and the shape rule of the vLLM
+// kernel that serves it. kSchemeFamilies lists the rows in compressed-tensors'
+// format priority (compressed-tensors `compressors/format.py`,
+// `COMPRESSION_FORMAT_PRIORITY`; shared/spec/schemes.md section 1.1), so the
+// first row whose `writes` accepts a scheme is the format the reference
+// would infer. The presets (W4A16, FP8_DYNAMIC, NVFP4A16, ...) are a
+// separate table (kPresets) of QuantizationScheme values, as in
+// compressed-tensors `quantization/quant_scheme.py`.
+//
+// The planner, executor, lint, verify, inspect and CLI consult these tables
+// and never switch on a family. A new family is one file under src/scheme/
+// defining its row, plus its line in kSchemeFamilies.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/format/dtype.hpp"
+
+namespace ctquant {
+
+// compressed-tensors QuantizationArgs of the weights (`quant_args.py`), the
+// fields that decide bytes or are written to config.json.
+struct QuantArgs {
+  enum class Type : std::uint8_t { kInt, kFloat };
+  enum class Strategy : std::uint8_t { kTensor, kChannel, kGroup, kBlock, kTensorGroup };
+
+  Type type = Type::kInt;
+  int num_bits = 4;
+  bool symmetric = true;
+  Strategy strategy = Strategy::kGroup;
+  std::uint64_t group_size = 128;            // kGroup and kTensorGroup: columns per group
+  std::array<std::uint64_t, 2> block{0, 0};  // kBlock: [rows, cols] of a block
+  // kF8_E4M3 (NVFP4) or kU8 (MX exponents); nullopt: scales in the weight's
+  // dtype (every other format, schemes.md section 3.5).
+  std::optional<DType> scale_dtype;
+  std::string observer = "memoryless_minmax";
+
+  // Columns one scale covers along in_features for a weight of n_cols
+  // columns: the group size, the block width, or n_cols (tensor, channel).
+  std::uint64_t scale_cols(std::uint64_t n_cols) const;
+  // Rows one scale covers: the block height, R for tensor, else 1.
+  std::uint64_t scale_rows(std::uint64_t n_rows) const;
+
+  bool operator==(const QuantArgs&) const = default;
+};
+
+const char* strategy_name(QuantArgs::Strategy strategy);  // "tensor", "channel", ...
+
+// One output tensor of a quantized module [R, C].
+//
+// kRows tensors are filled chunk by chunk: rows [r0, r1) of the weight (r0 a
+// multiple of the family's row_alignment, r1 too or R) produce the bytes
+// [bytes_before(r0), bytes_before(r1)) of the tensor, where
+// bytes_before(r) = ceil(r / rows_per_unit) * bytes_per_unit. Rows of codes
+// and per-row scales have rows_per_unit 1; a block scale grid 128 (one grid
+// row per 128 weight rows); asymmetric int4 zero points, packed along dim 0,
+// 8 (one int32 row per 8 weight rows).
+// kWhole tensors (weight_shape, a global scale) are written once, from
+// SchemeFamily::whole_tensor.
+struct OutputTensorSpec {
+  enum class Fill : std::uint8_t { kRows, kWhole };
+  std::string suffix;  // parameter name: "weight_packed", "weight_scale", ...
+  DType dtype = DType::kU8;
+  std::vector<std::uint64_t> shape;
+  Fill fill = Fill::kRows;
+  std::uint64_t rows_per_unit = 1;
+  std::uint64_t bytes_per_unit = 0;
+  // For messages: bits of one logical element (4 for packed FP4 or int4
+  // codes, 8 for FP8 codes, the dtype's width for scales) and elements per
+  // unit, so verify can turn a byte offset into [row, column].
+  int element_bits = 8;
+  std::uint64_t elements_per_unit = 0;
+  // What the tensor holds, for verify's comparisons: codes are compared as
+  // integers, scales in ulps of their dtype (when a float dtype).
+  enum class Kind : std::uint8_t { kCodes, kScale, kZeroPoint, kGlobalScale, kShape } kind =
+      Kind::kCodes;
+
+  std::uint64_t byte_size() const;
+  std::uint64_t bytes_before(std::uint64_t weight_row) const {
+    return (weight_row + rows_per_unit - 1) / rows_per_unit * bytes_per_unit;
+  }
+};
+
+// The memory a kernel reads and writes for one chunk of rows of a weight.
+struct KernelIo {
+  DType dtype = DType::kBF16;  // of the weight: BF16, F16 or F32
+  std::uint64_t n_rows = 0;    // rows in this chunk
+  std::uint64_t n_cols = 0;    // columns of the weight (whole rows only)
+  std::uint64_t row_begin = 0; // the chunk's first row within the weight
+  const std::byte* weight = nullptr;  // n_rows * n_cols elements of dtype, row-major
+  // For families with needs_tensor_amax: max |w| over the module (or the
+  // fused set it shares a global scale with), exactly as stored in dtype.
+  float tensor_amax = 0.0f;
+  // One pointer per kRows output tensor, in the order outputs() lists them:
+  // where the bytes for rows [row_begin, row_begin + n_rows) go.
+  std::array<std::byte*, 4> out{};
+  // scratch_bytes(args, n_rows, n_cols) bytes of scratch memory.
+  std::span<std::byte> scratch;
+};
+
+// Kernels do not allocate or throw. They return the index (row * n_cols +
+// col, within the chunk) of the first NaN or infinity, in which case the
+// outputs are unspecified, or nullopt when every element was finite.
+using KernelFn = std::optional<std::uint64_t> (*)(const QuantArgs& args, const KernelIo& io);
+
+// The inverse, for verify: the values the stored outputs of rows [row_begin,
+// row_begin + n_rows) stand for, as float (codes times scales, in the order
+// the reference's decompressor applies them). `in` points at the chunk's
+// bytes of each kRows output, as KernelIo::out does; whole tensors are in
+// `whole` (a global scale), in outputs() order among the kWhole tensors.
+struct DequantIo {
+  DType dtype = DType::kBF16;  // of the original weight (the scale dtype of W-scaled formats)
+  std::uint64_t n_rows = 0;
+  std::uint64_t n_cols = 0;
+  std::uint64_t row_begin = 0;
+  std::array<const std::byte*, 4> in{};
+  std::array<const std::byte*, 2> whole{};
+  float* values = nullptr;  // n_rows * n_cols
+};
+using DequantFn = void (*)(const QuantArgs& args, const DequantIo& io);
+
+// A compressed-tensors preset scheme (`quantization/quant_scheme.py`): its
+// name as `--scheme` takes it, the weights' args and the input activations
+// block config.json gets ("" for null; JSON text otherwise: always dynamic,
+// since model_free_ptq cannot calibrate activations, schemes.md section 10).
+struct Preset {
+  std::string_view name;
+  QuantArgs weights;
+  std::string_view input_activations;
+};
+
+// How a layer is split across tensor-parallel ranks, for the vLLM shape rules.
+enum class Parallel : std::uint8_t { kColumn, kRow, kReplicated };
+
+struct SchemeFamily {
+  std::string_view id;       // short name used in messages and docs: "int-packed", "nvfp4"
+  std::string_view format;   // compressed-tensors format written: "pack-quantized", ...
+  std::string_view summary;  // one line for --help and docs/cli.md
+  std::span<const Preset> presets;  // the presets whose format is this family's
+
+  // Format inference, schemes.md section 1.1: true when compressed-tensors
+  // would compress these weight args (with or without input activations)
+  // into this family's format. Rows are tried in kSchemeFamilies order.
+  bool (*writes)(const QuantArgs& args, bool has_input_activations);
+  // Whether ctquant implements these args (a family may write a format for
+  // args it does not cover, e.g. a bit width); "" when it does, otherwise
+  // why not.
+  std::string (*supports)(const QuantArgs& args);
+  // Why a weight [rows, cols] cannot be quantized with args, as the
+  // reference refuses it (group size not dividing in_features, FP8 block
+  // with in_features not a multiple of 128, ...); "" when it can.
+  std::string (*refuse)(const QuantArgs& args, std::uint64_t rows, std::uint64_t cols);
+  // The tensors written for module M (`M.<suffix>`), `M.weight` replaced.
+  std::vector<OutputTensorSpec> (*outputs)(const QuantArgs& args, DType weight_dtype,
+                                           std::uint64_t rows, std::uint64_t cols);
+  // The bytes of kWhole output `index` (in outputs() order) of a weight
+  // [rows, cols] whose amax (or fused set amax) is tensor_amax.
+  std::vector<std::byte> (*whole_tensor)(const QuantArgs& args, DType weight_dtype,
+                                         std::uint64_t rows, std::uint64_t cols,
+                                         float tensor_amax, std::size_t index);
+  // Row chunks start at multiples of this (1, 8 for packed zero points, the
+  // block height for block scales).
+  std::uint64_t (*row_alignment)(const QuantArgs& args);
+  // A pre-pass computes max |w| over each module before its rows are
+  // quantized (NVFP4 global scales, per-tensor FP8 scales).
+  bool (*needs_tensor_amax)(const QuantArgs& args);
+  // Scratch memory a kernel call needs for a chunk.
+  std::uint64_t (*scratch_bytes)(const QuantArgs& args, std::uint64_t n_rows, std::uint64_t n_cols);
+  KernelFn quantize_ref;  // the scalar reference: reads like the spec
+  KernelFn quantize;      // the fast path: same bytes for every input
+  DequantFn dequantize;
+  // vLLM's kernel shape rule for one tensor-parallel shard [rows, cols] of a
+  // layer split as `parallel`: "" when vLLM runs it, otherwise what fails.
+  std::string (*vllm_shape_rule)(const QuantArgs& args, std::uint64_t rows, std::uint64_t cols,
+                                 Parallel parallel);
+  std::string_view vllm_source;  // the vLLM file(s) the rule was read from
+};
+
+}  // namespace ctquant
