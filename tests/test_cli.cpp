@@ -307,5 +307,57 @@ TEST(Cli, SchemesAndChannelWise) {
   }
 }
 
+// --scheme-for adds groups tried before --scheme; the config keys them by
+// preset; bad specs and flags that do not apply are usage errors.
+TEST(Cli, SchemeForAndQuantizationConfig) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const std::string in = (tmp / "in").string();
+  const CommandResult r = run_ctquant({"quantize", in, (tmp / "out").string(), "-q",
+                                       "--scheme-for", "re:.*self_attn\\..*=W8A16"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["config_groups"]["W8A16"]["targets"], json({"re:.*self_attn\\..*"}));
+  EXPECT_EQ(qc["config_groups"]["W4A16"]["targets"], json({"Linear"}));
+  EXPECT_EQ(qc["format"], "pack-quantized");
+  const SafetensorsHeader h = read_header(tmp / "out" / "model.safetensors", "model.safetensors");
+  // W8A16 packs 4 codes per int32, W4A16 8.
+  const TensorEntry* q = h.find("model.layers.0.self_attn.q_proj.weight_packed");
+  const TensorEntry* down = h.find("model.layers.0.mlp.down_proj.weight_packed");
+  ASSERT_TRUE(q != nullptr && down != nullptr);
+  EXPECT_EQ(q->shape[1] * 4, read_header(tmp / "in" / "model.safetensors", "in")
+                                 .find("model.layers.0.self_attn.q_proj.weight")
+                                 ->shape[1]);
+
+  write_file(tmp / "qc.json", R"({"config_groups": {"W8A16": ["re:.*mlp.*"]}, "ignore": ["lm_head"]})");
+  for (const auto& [args, fragment] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--scheme-for", "W8A16"}, "expected PATTERN=PRESET"},
+           {{"--scheme-for", "re:.*=W5A16"}, "unknown scheme 'W5A16'"},
+           {{"--quantization-config", (tmp / "qc.json").string(), "--scheme", "W8A16"},
+            "--scheme does not apply with --quantization-config"},
+           {{"--quantization-config", (tmp / "qc.json").string(), "--group-size", "64"},
+            "--group-size does not apply"},
+           {{"--scheme", "W4A16", "--group-size", "32", "--scheme-for", "a=W8A16"}, ""}}) {
+    std::vector<std::string> full{"quantize", in, (tmp / "bad").string(), "--dry-run", "-q"};
+    full.insert(full.end(), args.begin(), args.end());
+    const CommandResult bad = run_ctquant(full);
+    if (fragment.empty()) {
+      EXPECT_NE(bad.exit_code, 2) << bad.err;
+      continue;
+    }
+    EXPECT_EQ(bad.exit_code, 2) << fragment << bad.err;
+    EXPECT_TRUE(contains(bad.err, fragment)) << bad.err;
+    EXPECT_FALSE(fs::exists(tmp / "bad"));
+  }
+  const CommandResult cfg = run_ctquant({"quantize", in, (tmp / "cfg").string(), "-q",
+                                         "--quantization-config", (tmp / "qc.json").string(),
+                                         "--ignore", "model.embed_tokens"});
+  ASSERT_EQ(cfg.exit_code, 0) << cfg.err;
+  const json qc2 = read_json(tmp / "cfg" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc2["ignore"], json({"lm_head", "model.embed_tokens"}));
+  EXPECT_EQ(qc2["config_groups"]["W8A16"]["targets"], json({"re:.*mlp.*"}));
+}
+
 }  // namespace
 }  // namespace ctquant::test

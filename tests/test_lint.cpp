@@ -10,6 +10,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/lint/lint.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
@@ -604,6 +605,60 @@ TEST(QuantizeLintCli, StrictAndTensorParallelFlags) {
   std::vector<std::string> tp2 = base;
   tp2.insert(tp2.end(), {"--tp", "2", "--strict", "--dry-run"});
   EXPECT_EQ(test::run_ctquant(tp2).exit_code, 0);
+}
+
+// Plans and lints a layout with the given scheme groups.
+Linted lint_groups(const std::vector<FakeSpec>& specs, std::vector<SchemeGroup> groups) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), specs, kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  PlanOptions options;
+  options.groups = std::move(groups);
+  options.ignore = {};
+  Linted out;
+  out.plan = make_plan(checkpoint, options);
+  out.findings = run_lint(checkpoint, out.plan, LintOptions{1});
+  return out;
+}
+
+SchemeGroup group_for(const std::string& preset, std::vector<std::string> targets) {
+  SchemeGroup g = preset_group(preset);
+  g.targets = std::move(targets);
+  return g;
+}
+
+
+// ---- L11 ----
+
+// Two regex groups overlap on q_proj: ctquant gives it to the first group
+// given (W8A16), vLLM to the first in name order (W4A16_ASYM).
+TEST(LintL11, OverlappingRegexGroupsResolveDifferentlyInVllm) {
+  const Linted r = lint_groups(llama_layer(), {group_for("W8A16", {"re:.*self_attn\\..*"}),
+                                               group_for("W4A16_ASYM", {"re:.*q_proj$"}),
+                                               group_for("W4A16", {"Linear"})});
+  const auto l11 = with_id(r.findings, "L11");
+  ASSERT_EQ(l11.size(), 1u);
+  EXPECT_EQ(l11[0].severity, Severity::kError);
+  EXPECT_EQ(l11[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight"});
+  EXPECT_TRUE(contains(l11[0].message, "quantized with group 'W8A16' would be read by vLLM as "
+                                       "group 'W4A16_ASYM'"));
+}
+
+// A Linear group given first takes everything here; vLLM prefers any
+// pattern that matches over the class name, so the MLP would go to W8A16.
+TEST(LintL11, LinearGroupBeforePatternGroupIsError) {
+  const Linted r = lint_groups(llama_layer(), {group_for("W4A16", {"Linear"}),
+                                               group_for("W8A16", {"re:.*mlp\\..*"})});
+  const auto l11 = with_id(r.findings, "L11");
+  ASSERT_EQ(l11.size(), 1u);
+  EXPECT_EQ(l11[0].tensors.size(), 3u);
+  EXPECT_TRUE(contains(l11[0].message, "3 modules quantized with group 'W4A16' would be read by "
+                                       "vLLM as group 'W8A16'"));
+  // The other order is what vLLM does: no finding.
+  const Linted ok = lint_groups(llama_layer(), {group_for("W8A16", {"re:.*mlp\\..*"}),
+                                                group_for("W4A16", {"Linear"})});
+  EXPECT_TRUE(with_id(ok.findings, "L11").empty());
+  EXPECT_EQ(ok.plan.group_modules, (std::vector<std::size_t>{3, 4}));
 }
 
 }  // namespace

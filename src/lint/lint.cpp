@@ -564,6 +564,70 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
   }
 }
 
+// ---- L11: modules vLLM would give to another scheme group ----
+
+// The group vLLM gives a module (compressed_tensors.py find_matched_target,
+// vllm/model_executor/layers/quantization/compressed_tensors/utils.py):
+// targets are keyed by their text across the groups in config.json's order
+// (sorted by name; a target repeated in a later group is that group's), and
+// a module takes the first target that names it or whose `re:` pattern
+// matches it, else the first class-name target ("Linear" takes every
+// linear layer).
+std::optional<std::size_t> vllm_group_of(const PlanOptions& options, const std::string& module) {
+  std::vector<std::size_t> by_name(options.groups.size());
+  for (std::size_t g = 0; g < by_name.size(); ++g) by_name[g] = g;
+  std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) {
+    return options.groups[a].name < options.groups[b].name;
+  });
+  std::vector<std::string> order;  // target texts, first seen first
+  std::map<std::string, std::size_t> group_of_target;
+  for (const std::size_t g : by_name) {
+    for (const std::string& t : options.groups[g].targets) {
+      if (!group_of_target.contains(t)) order.push_back(t);
+      group_of_target[t] = g;
+    }
+  }
+  for (const std::string& t : order) {
+    if (t == "Linear") continue;
+    const ModuleMatcher m({t}, ModuleMatcher::Role::kTargets);
+    if (m.entry_matches(0, module)) return group_of_target.at(t);
+  }
+  if (group_of_target.contains("Linear")) return group_of_target.at("Linear");
+  return std::nullopt;
+}
+
+void lint_group_assignment(const LintContext& ctx, std::vector<Finding>& out) {
+  const PlanOptions& o = ctx.plan.options;
+  if (o.groups.size() < 2) return;
+  std::map<std::pair<std::size_t, std::optional<std::size_t>>, Finding> by_pair;
+  std::vector<std::pair<std::size_t, std::optional<std::size_t>>> order;
+  for (const LintWeight& w : ctx.weights) {
+    if (!w.quantized) continue;
+    const std::size_t used = static_cast<std::size_t>(w.group - o.groups.data());
+    const std::optional<std::size_t> vllm = vllm_group_of(o, w.module);
+    if (vllm == used) continue;
+    const auto key = std::make_pair(used, vllm);
+    auto [it, inserted] = by_pair.try_emplace(key);
+    if (inserted) order.push_back(key);
+    it->second.tensors.push_back(w.tensor);
+  }
+  for (const auto& key : order) {
+    Finding& f = by_pair.at(key);
+    f.id = "L11";
+    f.severity = Severity::kError;
+    f.message = fmt::format(
+        "{} quantized with group '{}' would be read by vLLM as {}: vLLM takes the first target "
+        "that names or matches a module (groups in name order) before a class name such as "
+        "Linear, so overlapping targets resolve differently",
+        plural(f.tensors.size(), "module"), o.groups[key.first].name,
+        key.second ? fmt::format("group '{}'", o.groups[*key.second].name)
+                   : std::string("no group (unquantized)"));
+    f.fix = "make the groups' targets disjoint: narrow the patterns, or give the group that "
+            "takes the rest explicit targets instead of Linear";
+    out.push_back(std::move(f));
+  }
+}
+
 // ---- L10: a scheme no vLLM kernel runs ----
 void lint_kernel_args(const LintContext& ctx, std::vector<Finding>& out) {
   for (std::size_t g = 0; g < ctx.plan.options.groups.size(); ++g) {
@@ -732,6 +796,7 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
                         ModuleMatcher::Role::kTargets, findings, ctx);
   }
   lint_kernel_args(ctx, findings);
+  lint_group_assignment(ctx, findings);
   lint_nothing_quantized(ctx, findings);
   return findings;
 }

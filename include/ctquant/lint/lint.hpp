@@ -33,6 +33,8 @@
 //   L10 error   a scheme group whose arguments no vLLM kernel runs
 //               (SchemeFamily::vllm_args_rule: a bit width, or a group size
 //               Marlin does not take)
+//   L11 error   a module vLLM's target matching would give to another scheme
+//               group than the one ctquant quantized it with
 //
 // Whether findings stop `quantize` is decided by blocking_findings(): errors
 // unless allow_unloadable, warnings under strict; infos never.
@@ -56,7 +58,7 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L10"
+  std::string id;  // "L1" .. "L11"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes
