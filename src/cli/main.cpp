@@ -316,8 +316,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.on_plan = [&](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
                         const std::vector<ctquant::Finding>&) {
     if (args.dry_run && !args.json) {
-      print_text_report(ctquant::render_recipe_origins(resolved.effective) +
-                        ctquant::render_plan_text(checkpoint, plan));
+      print_text_report(ctquant::render_plan_text(checkpoint, plan) +
+                        ctquant::render_recipe_origins(resolved.effective));
     }
     if (want_report) plan_report = ctquant::report_plan_json(checkpoint, plan);
   };
@@ -403,11 +403,13 @@ int run_inspect(const InspectArgs& args, bool plan_requested,
   const ctquant::InspectReport report = ctquant::inspect_checkpoint(args.input, options);
   if (args.json) {
     nlohmann::json doc = ctquant::with_envelope(ctquant::inspect_json(report), "inspect", argv);
+    // The plan with each tensor's scheme and output shard, as quantize reports it.
+    if (report.plan) doc["plan"] = ctquant::report_plan_json(report.checkpoint, *report.plan);
     doc["recipe"] = resolved ? ctquant::effective_recipe_json(resolved->effective) : nlohmann::json();
     print_json_report(doc);
   } else {
     std::string text = ctquant::render_inspect_text(report);
-    if (resolved) text = ctquant::render_recipe_origins(resolved->effective) + text;
+    if (resolved) text += ctquant::render_recipe_origins(resolved->effective);
     print_text_report(text);
   }
   if (report.plan_error) {

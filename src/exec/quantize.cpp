@@ -178,6 +178,12 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
             [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
   summary.phases.manifest = lap();
   if (log) {
+    std::uint64_t hashed = 0;
+    for (const ManifestEntry& f : summary.output_files) hashed += f.size;
+    log->debug("hashed {} output files ({} bytes) for the manifest in {:.3f} s",
+               summary.output_files.size(), hashed, summary.phases.manifest);
+  }
+  if (log) {
     const ExecuteStats& st = summary.execute;
     log->debug(
         "streamed {} bytes in, {} bytes out in {:.3f} s ({:.2f} GB/s of input) on {} "

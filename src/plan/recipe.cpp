@@ -580,11 +580,15 @@ std::string upper(std::string text) {
   return text;
 }
 
+// A JSON string for messages; bytes that are not UTF-8 (refused later by
+// the planner, naming them) become U+FFFD here instead of throwing.
+std::string quoted(const std::string& text) {
+  return json(text).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::string list_text(const std::vector<std::string>& items) {
   std::string text = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    text += (i > 0 ? ", " : "") + json(items[i]).dump();
-  }
+  for (std::size_t i = 0; i < items.size(); ++i) text += (i > 0 ? ", " : "") + quoted(items[i]);
   return text + "]";
 }
 
@@ -675,8 +679,9 @@ QuantScheme preset_scheme(const std::string& name, const std::string& where) {
   const auto scheme = scheme_by_name(upper(name));
   if (!scheme) {
     throw usage_error(fmt::format(
-        "{}: scheme '{}' is not one ctquant writes (ctquant quantize --help lists them)", where,
-        name));
+        "{} {}: unknown scheme, or one ctquant does not write (ctquant quantize --help lists "
+        "the schemes)",
+        where, name));
   }
   return *scheme;
 }

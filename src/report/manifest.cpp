@@ -147,6 +147,13 @@ json manifest_json(const std::vector<ManifestEntry>& files) {
   return json{{"manifest_version", kManifestVersion}, {"algorithm", "sha256"}, {"files", list}};
 }
 
+std::uint64_t manifest_bytes(std::vector<ManifestEntry> files) {
+  std::sort(files.begin(), files.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+  for (ManifestEntry& f : files) f.sha256.assign(64, '0');
+  return manifest_json(files).dump(2).size() + 1;  // the final newline
+}
+
 ManifestEntry write_manifest(const fs::path& dir, const std::vector<ManifestEntry>& files,
                              bool fsync) {
   const std::string text = manifest_json(files).dump(2) + "\n";

@@ -76,7 +76,7 @@ std::string render_inventory_text(const Inventory& inventory);
 nlohmann::json inventory_json(const Inventory& inventory);
 
 // Bytes of the output quantize would write for plan: the shards, the index
-// and config.json as serialised, and the copied files.
+// and config.json as serialised, the copied files and the manifest.
 std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan);
 
 // The plan as text: scheme, one line per input tensor (fate, name, dtype,

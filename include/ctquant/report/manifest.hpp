@@ -53,6 +53,10 @@ std::vector<ManifestEntry> hash_directory_files(const std::filesystem::path& dir
 // The manifest document for files (sorted by the caller).
 nlohmann::json manifest_json(const std::vector<ManifestEntry>& files);
 
+// The size of the manifest of files (names and sizes; digests are always 64
+// hex digits, so they need not be known yet), for the expected output size.
+std::uint64_t manifest_bytes(std::vector<ManifestEntry> files);
+
 // Writes manifest_json(files) to dir/kManifestFileName (created, not
 // replaced) and, when fsync, flushes it and dir. Returns the manifest's own
 // entry (its name, size and SHA-256). Throws Error{kIo} or Error{kNoSpace}.
