@@ -70,6 +70,7 @@ else
     tar -C "$root" -czf "$ROOT_CACHE.tmp" . && mv "$ROOT_CACHE.tmp" "$ROOT_CACHE"
   fi
 fi
+chmod 755 "$root"  # apt's _apt user reads below it
 cat >"$root/etc/apt/sources.list" <<EOF
 deb $MIRROR bookworm main
 deb $MIRROR bookworm-updates main
@@ -90,7 +91,7 @@ unshare --mount --propagation private -- bash -euc '
   in_root apt-get install -y -q --no-install-recommends /tmp/ctquant.deb >/tmp/ctquant-deb-apt.log 2>&1 \
     || { tail -30 /tmp/ctquant-deb-apt.log >&2; exit 1; }
   got=$(in_root ctquant --version)
-  echo "check-deb: in a fresh Debian 12 root: $(in_root command -v ctquant): $got"
+  echo "check-deb: in a fresh Debian 12 root: $(in_root sh -c "command -v ctquant"): $got"
   [ "$got" = "ctquant $version" ] || { echo "check-deb: expected ctquant $version" >&2; exit 1; }
   in_root ctquant quantize /tmp/sample /tmp/out --progress none -q
   in_root ctquant verify /tmp/out --manifest >/dev/null
