@@ -206,6 +206,7 @@ class Executor {
       auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name);
       file->reserve(shard.file_size);
       file->write_at(0, std::as_bytes(std::span(shard.header)));
+      report_written(*file, 0, shard.header.size());
       // weight_shape tensors are 16 bytes each: write them now.
       for (const PlannedTensor& t : shard.tensors) {
         if (t.role != OutputRole::kShape) continue;
@@ -213,6 +214,7 @@ class Executor {
         const std::int64_t shape[2] = {static_cast<std::int64_t>(w.shape[0]),
                                        static_cast<std::int64_t>(w.shape[1])};
         file->write_at(shard.data_start + t.offset, std::as_bytes(std::span(shape)));
+        report_written(*file, shard.data_start + t.offset, sizeof shape);
       }
       outputs_.push_back(std::move(file));
     }
@@ -302,6 +304,8 @@ class Executor {
           for (std::size_t p = 0; p < request.n_pieces; ++p) {
             request.file->write_at(request.pieces[p].offset, request.pieces[p].bytes);
             wrote(*request.file, request.pieces[p].bytes.size());
+            report_written(*request.file, request.pieces[p].offset,
+                           request.pieces[p].bytes.size());
           }
           job_written(request.job);
         } catch (...) {
@@ -327,6 +331,7 @@ class Executor {
         try {
           slice.file->copy_from(slice.in_fd, slice.in_offset, slice.out_offset, n);
           wrote(*slice.file, n);
+          report_written(*slice.file, slice.out_offset, n);
           if (last) job_written(slice.job);
         } catch (...) {
           record_error(slice.job, std::current_exception());
@@ -336,6 +341,11 @@ class Executor {
       return true;
     }
     return false;
+  }
+
+  // Tells options_.on_written that [offset, offset + length) of file is written.
+  void report_written(const OutputFile& file, std::uint64_t offset, std::uint64_t length) const {
+    if (options_.on_written) options_.on_written(file.path(), offset, length);
   }
 
   // Called by the write-token holder after each write: when the output is to be
@@ -697,6 +707,7 @@ class Executor {
     check_cancel();
     auto file = std::make_unique<OutputFile>(out_dir_ / name);
     file->write_at(0, std::as_bytes(std::span(text)));
+    report_written(*file, 0, text.size());
     outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
@@ -718,6 +729,7 @@ class Executor {
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
         file->copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
+        report_written(*file, pos, std::min(kCopyJobBytes, size - pos));
       }
       outputs_.push_back(std::move(file));  // flushed after the shards
     }

@@ -176,7 +176,8 @@ json inventory_json(const Inventory& inv) {
       {"other_files", inv.other_files}};
 }
 
-std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan) {
+std::vector<ManifestEntry> expected_output_files(const Checkpoint& checkpoint,
+                                                 const QuantizePlan& plan) {
   std::vector<ManifestEntry> files;
   for (const ShardPlan& shard : plan.shards) files.push_back({shard.file_name, shard.file_size, {}});
   if (plan.index) files.push_back({kIndexFileName, dump_json(*plan.index).size(), {}});
@@ -184,6 +185,11 @@ std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const Quantize
   for (const auto& name : plan.copied_files) {
     files.push_back({name, file_bytes(checkpoint.root / name), {}});
   }
+  return files;
+}
+
+std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan) {
+  const std::vector<ManifestEntry> files = expected_output_files(checkpoint, plan);
   std::uint64_t total = 0;
   for (const ManifestEntry& f : files) total += f.size;
   return total + manifest_bytes(files);

@@ -1,11 +1,13 @@
 #include "ctquant/report/manifest.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -123,7 +125,8 @@ bool is_lfs_pointer(const fs::path& path, const std::string& label) {
 
 }  // namespace
 
-std::vector<ManifestEntry> hash_directory_files(const fs::path& dir, unsigned threads) {
+std::vector<ManifestEntry> hash_directory_files(const fs::path& dir, unsigned threads,
+                                                const std::atomic<bool>* cancel) {
   const Listing listing = list_directory(dir);
   if (!listing.other.empty()) {
     const auto& [name, kind] = *listing.other.begin();
@@ -133,9 +136,175 @@ std::vector<ManifestEntry> hash_directory_files(const fs::path& dir, unsigned th
   std::vector<ManifestEntry> entries(listing.regular.size());
   for_each_index(entries.size(), threads, [&](std::size_t i) {
     const std::string& name = listing.regular[i];
-    const FileDigest digest = sha256_file(dir / name, (dir / name).string());
+    const FileDigest digest = sha256_file(dir / name, (dir / name).string(), cancel);
     entries[i] = ManifestEntry{name, digest.size, digest.sha256};
   });
+  return entries;
+}
+
+// ---- hashing while writing ----
+
+struct WrittenFilesHasher::State {
+  struct File {
+    std::string name;
+    std::uint64_t size = 0;
+    std::map<std::uint64_t, std::uint64_t> pending;  // written ranges past `ready`: begin -> end
+    std::uint64_t ready = 0;   // bytes [0, ready) are written (guarded by mutex)
+    std::uint64_t hashed = 0;  // bytes [0, hashed) are hashed (hashing thread only)
+    Sha256 sha;
+    detail::UniqueFd fd;
+  };
+
+  fs::path dir;
+  const std::atomic<bool>* cancel = nullptr;
+  std::vector<File> files;
+  std::map<std::string, std::size_t> by_name;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finishing = false;  // every file is complete: hash to the end, then exit
+  bool stop = false;       // give up (destructor without finish)
+  std::exception_ptr error;
+  std::thread thread;
+
+  bool cancelled() const { return cancel != nullptr && cancel->load(); }
+
+  // With mutex held: a file with written bytes not yet hashed, or nullptr.
+  File* next_work() {
+    for (File& f : files) {
+      if (f.hashed < f.ready) return &f;
+    }
+    return nullptr;
+  }
+
+  void hash_range(File& f, std::uint64_t end, std::vector<std::byte>& buffer) {
+    if (f.fd.get() < 0) {
+      const fs::path path = dir / f.name;
+      f.fd = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (f.fd.get() < 0) {
+        throw io_error(fmt::format("{}: cannot open to hash: {}", path.string(),
+                                   std::strerror(errno)));
+      }
+    }
+    while (f.hashed < end) {
+      if (cancelled()) {
+        throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+      }
+      const std::size_t want =
+          static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), end - f.hashed));
+      const ssize_t n = ::pread(f.fd.get(), buffer.data(), want, static_cast<off_t>(f.hashed));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw io_error(fmt::format("{}: cannot read back at byte {} to hash: {}",
+                                   (dir / f.name).string(), f.hashed,
+                                   n == 0 ? "unexpected end of file" : std::strerror(errno)));
+      }
+      f.sha.update(std::span(buffer.data(), static_cast<std::size_t>(n)));
+      f.hashed += static_cast<std::uint64_t>(n);
+    }
+  }
+
+  void run() {
+    std::vector<std::byte> buffer(4u << 20);
+    std::unique_lock lock(mutex);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || finishing || next_work() != nullptr; });
+      if (stop) return;
+      File* f = next_work();
+      if (f == nullptr) {
+        if (finishing) return;
+        continue;
+      }
+      const std::uint64_t end = f->ready;
+      lock.unlock();
+      try {
+        hash_range(*f, end, buffer);
+      } catch (...) {
+        lock.lock();
+        error = std::current_exception();
+        return;
+      }
+      lock.lock();
+    }
+  }
+};
+
+WrittenFilesHasher::WrittenFilesHasher(fs::path dir, const std::vector<ManifestEntry>& expected,
+                                       const std::atomic<bool>* cancel)
+    : state_(std::make_unique<State>()) {
+  state_->dir = std::move(dir);
+  state_->cancel = cancel;
+  state_->files.resize(expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    state_->files[i].name = expected[i].name;
+    state_->files[i].size = expected[i].size;
+    state_->by_name.emplace(expected[i].name, i);
+  }
+  state_->thread = std::thread([s = state_.get()] { s->run(); });
+}
+
+WrittenFilesHasher::~WrittenFilesHasher() {
+  {
+    const std::lock_guard lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+void WrittenFilesHasher::written(const fs::path& file, std::uint64_t offset,
+                                 std::uint64_t length) {
+  if (length == 0) return;
+  State& s = *state_;
+  const auto it = s.by_name.find(file.filename().string());
+  if (it == s.by_name.end()) return;
+  bool advanced = false;
+  {
+    const std::lock_guard lock(s.mutex);
+    State::File& f = s.files[it->second];
+    std::uint64_t& end = f.pending[offset];
+    end = std::max(end, offset + length);
+    // Move the written prefix over every range that now touches it.
+    for (auto r = f.pending.begin(); r != f.pending.end() && r->first <= f.ready;
+         r = f.pending.erase(r)) {
+      if (r->second > f.ready) {
+        f.ready = r->second;
+        advanced = true;
+      }
+    }
+  }
+  if (advanced) s.cv.notify_one();
+}
+
+std::vector<ManifestEntry> WrittenFilesHasher::finish() {
+  State& s = *state_;
+  {
+    const std::lock_guard lock(s.mutex);
+    s.finishing = true;
+    // The files are complete now: whatever was not reported is written too.
+    for (State::File& f : s.files) {
+      f.ready = f.size;
+      f.pending.clear();
+    }
+  }
+  s.cv.notify_all();
+  s.thread.join();
+  if (s.error) std::rethrow_exception(s.error);
+  if (s.cancelled()) {
+    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+  }
+  std::vector<ManifestEntry> entries;
+  for (State::File& f : s.files) {
+    // The file must end where the plan said it would.
+    struct stat st {};
+    if (f.fd.get() >= 0 && ::fstat(f.fd.get(), &st) == 0 &&
+        static_cast<std::uint64_t>(st.st_size) != f.size) {
+      throw io_error(fmt::format("{}: {} bytes, expected {}", (s.dir / f.name).string(),
+                                 st.st_size, f.size));
+    }
+    entries.push_back(ManifestEntry{f.name, f.hashed, f.sha.hex_digest()});
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
   return entries;
 }
 

@@ -18,9 +18,11 @@
 // newline.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,9 +48,44 @@ struct ManifestEntry {
 // `threads` files at a time (the order of the result does not depend on it).
 // Throws Error{kIo} when dir cannot be listed or a file cannot be read,
 // Error{kBadInput} for an entry that is not a regular file (an output
-// directory holds only regular files).
+// directory holds only regular files), Error{kInterrupted} when *cancel
+// becomes true (may be null).
 std::vector<ManifestEntry> hash_directory_files(const std::filesystem::path& dir,
-                                                unsigned threads);
+                                                unsigned threads,
+                                                const std::atomic<bool>* cancel = nullptr);
+
+// Hashes files while they are written, so that the manifest costs little
+// more than the writing: the writer reports each byte range it has written
+// (ExecuteOptions::on_written), and a background thread hashes each file's
+// longest written prefix, read back from the page cache, as it grows (the
+// executor writes each shard roughly front to back). finish(), called once
+// the files are complete, hashes whatever is left and returns the digests:
+// a range that was never reported costs time, never correctness. Each byte
+// must be written once (the executor's files are).
+class WrittenFilesHasher {
+ public:
+  // The files to hash, by name inside dir, with their final sizes (names
+  // and sizes of `expected`; digests ignored). cancel may be null.
+  WrittenFilesHasher(std::filesystem::path dir, const std::vector<ManifestEntry>& expected,
+                     const std::atomic<bool>* cancel);
+  // Stops and joins the thread (after an error, finish() is not called).
+  ~WrittenFilesHasher();
+  WrittenFilesHasher(const WrittenFilesHasher&) = delete;
+  WrittenFilesHasher& operator=(const WrittenFilesHasher&) = delete;
+
+  // [offset, offset + length) of file (a path whose name is one of the
+  // expected files; others are ignored) is written. Thread-safe.
+  void written(const std::filesystem::path& file, std::uint64_t offset, std::uint64_t length);
+
+  // Hashes the rest of every file and returns the digests, sorted by name.
+  // Throws Error{kIo} when a file cannot be read or is shorter than
+  // expected, Error{kInterrupted} on cancel.
+  std::vector<ManifestEntry> finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // The manifest document for files (sorted by the caller).
 nlohmann::json manifest_json(const std::vector<ManifestEntry>& files);
