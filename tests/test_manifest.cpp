@@ -48,6 +48,47 @@ TEST(Sha256, KnownDigests) {
   EXPECT_EQ(d.sha256, sha256sum(dir.path())["f"]);
 }
 
+TEST(WrittenFilesHasher, OutOfOrderAndUnreportedRangesGiveTheFileDigests) {
+  test::TempDir dir;
+  std::string a(5'000'000, '\0');
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<char>(i * 7 + i / 4096);
+  const std::string b = "small file";
+  test::write_file(dir / "a.bin", a);
+  test::write_file(dir / "b.json", b);
+  test::write_file(dir / "c.txt", "");
+  WrittenFilesHasher hasher(dir.path(), {{"a.bin", a.size(), {}}, {"b.json", b.size(), {}},
+                                         {"c.txt", 0, {}}},
+                            nullptr);
+  // Ranges of a.bin reported out of order, one overlapping, one never (the
+  // last 1000 bytes); b.json whole; unknown files ignored.
+  hasher.written(dir / "a.bin", 3'000'000, 1'000'000);
+  hasher.written(dir / "a.bin", 0, 1'000'000);
+  hasher.written(dir / "x.bin", 0, 10);
+  hasher.written(dir / "a.bin", 1'000'000, 2'500'000);
+  hasher.written(dir / "a.bin", 4'000'000, 999'000);
+  hasher.written(dir / "b.json", 0, b.size());
+  const std::vector<ManifestEntry> got = hasher.finish();
+  ASSERT_EQ(got.size(), 3u);
+  const auto digests = sha256sum(dir.path());
+  for (const ManifestEntry& e : got) {
+    EXPECT_EQ(e.sha256, digests.at(e.name)) << e.name;
+  }
+  EXPECT_EQ(got[0].size, a.size());
+}
+
+TEST(WrittenFilesHasher, FileShorterThanPlannedIsAnError) {
+  test::TempDir dir;
+  test::write_file(dir / "a.bin", "12345");
+  WrittenFilesHasher hasher(dir.path(), {{"a.bin", 10, {}}}, nullptr);
+  try {
+    hasher.finish();
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    expect_message(e.what(), {"a.bin", "unexpected end of file"});
+  }
+}
+
 class ManifestTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -125,23 +125,6 @@ bool is_lfs_pointer(const fs::path& path, const std::string& label) {
 
 }  // namespace
 
-std::vector<ManifestEntry> hash_directory_files(const fs::path& dir, unsigned threads,
-                                                const std::atomic<bool>* cancel) {
-  const Listing listing = list_directory(dir);
-  if (!listing.other.empty()) {
-    const auto& [name, kind] = *listing.other.begin();
-    throw bad_input(fmt::format("{}: {} is {}; an output directory holds only regular files",
-                                dir.string(), name, kind));
-  }
-  std::vector<ManifestEntry> entries(listing.regular.size());
-  for_each_index(entries.size(), threads, [&](std::size_t i) {
-    const std::string& name = listing.regular[i];
-    const FileDigest digest = sha256_file(dir / name, (dir / name).string(), cancel);
-    entries[i] = ManifestEntry{name, digest.size, digest.sha256};
-  });
-  return entries;
-}
-
 // ---- hashing while writing ----
 
 struct WrittenFilesHasher::State {

@@ -81,7 +81,7 @@ struct QuantizeSummary {
 };
 
 // Runs the job. OUTPUT gets a manifest (report/manifest.hpp) of its files,
-// hashed in one pass after they are written, threads files at a time.
+// hashed while they are written (WrittenFilesHasher).
 // Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp
 // for the kinds; Error{kLint} when lint findings stop the run, also under
 // dry_run); on any error OUTPUT does not exist afterwards (or, with force,

@@ -44,16 +44,6 @@ struct ManifestEntry {
   std::string sha256;  // 64 lowercase hex digits, as sha256sum prints
 };
 
-// Hashes every regular file of dir except kManifestFileName, sorted by name,
-// `threads` files at a time (the order of the result does not depend on it).
-// Throws Error{kIo} when dir cannot be listed or a file cannot be read,
-// Error{kBadInput} for an entry that is not a regular file (an output
-// directory holds only regular files), Error{kInterrupted} when *cancel
-// becomes true (may be null).
-std::vector<ManifestEntry> hash_directory_files(const std::filesystem::path& dir,
-                                                unsigned threads,
-                                                const std::atomic<bool>* cancel = nullptr);
-
 // Hashes files while they are written, so that the manifest costs little
 // more than the writing: the writer reports each byte range it has written
 // (ExecuteOptions::on_written), and a background thread hashes each file's
