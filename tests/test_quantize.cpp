@@ -891,7 +891,9 @@ TEST(QuantizeOutput, ForceReplacesExistingOutput) {
   quantize(options);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : snapshot_files(tmp / "out")) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors", "model.safetensors.index.json"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "ctquant-manifest.json",
+                                             "model.safetensors",
+                                             "model.safetensors.index.json"}));
   // Nothing but in/ and out/ remains: no temporary or set-aside directory.
   std::vector<std::string> entries;
   for (const auto& item : fs::directory_iterator(tmp.path())) {
@@ -991,8 +993,9 @@ TEST(QuantizeOutput, SingleFileInput) {
   EXPECT_EQ(summary.tensors_copied, 1u);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : snapshot_files(tmp / "out")) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors.index.json",
-                                      "weights.safetensors"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "ctquant-manifest.json",
+                                             "model.safetensors.index.json",
+                                             "weights.safetensors"}));
   const json config = read_json(tmp / "out" / "config.json");
   EXPECT_EQ(config.size(), 1u);
   EXPECT_EQ(config.at("quantization_config").at("format"), "pack-quantized");

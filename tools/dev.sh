@@ -8,6 +8,7 @@
 #                         and UndefinedBehaviorSanitizer (in build-asan/)
 #   tools/dev.sh fuzz [S] fuzz the reader for S seconds (tools/fuzz.sh)
 #   tools/dev.sh build    only install and build
+#   tools/dev.sh deps     only install the packages the build needs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   googletest libgtest-dev libpcre2-dev libbenchmark-dev
+  libyaml-cpp-dev libssl-dev help2man
 )
 BUILD_DIR=${CTQUANT_BUILD_DIR:-build}
 # The sanitizer and fuzzing build (tools/dev.sh sanitize, tools/fuzz.sh).
@@ -46,6 +48,9 @@ build() {
 case "${1:-}" in
   build)
     build
+    ;;
+  deps)
+    install_packages "${PACKAGES[@]}"
     ;;
   sample)
     BUILD_TARGET=ctquant build  # the tool only: the tests and benchmarks are not needed here
@@ -79,7 +84,7 @@ case "${1:-}" in
     cmake --build "$SANITIZE_BUILD_DIR" -j "$(nproc)" --target "${2:?target}"
     ;;
   *)
-    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build" >&2
+    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build|deps" >&2
     exit 2
     ;;
 esac

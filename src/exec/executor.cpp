@@ -92,7 +92,10 @@ class Executor {
         options_(options),
         queue_(
             options.fsync, [this](std::size_t job) { job_written(job); },
-            [this](std::size_t job, std::exception_ptr e) { record_error(job, e); }, failed_) {}
+            [this](std::size_t job, std::exception_ptr e) { record_error(job, e); }, failed_,
+            [this](const OutputFile& file, std::uint64_t offset, std::uint64_t length) {
+              report_written(file, offset, length);
+            }) {}
 
   ExecuteStats run() {
     using Clock = std::chrono::steady_clock;
@@ -260,6 +263,7 @@ class Executor {
       auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name);
       file->reserve(shard.file_size);
       file->write_at(0, std::as_bytes(std::span(shard.header)));
+      report_written(*file, 0, shard.header.size());
       outputs_.push_back(std::move(file));
     }
   }
@@ -287,7 +291,9 @@ class Executor {
             m->family->whole_tensor(*m->args, m->module->dtype, m->rows.rows(), m->rows.cols(),
                                     m->set_amax, whole_index++);
         const PlannedTensor& t = *m->tensors[o];
-        outputs_[m->shard]->write_at(plan_.shards[m->shard].data_start + t.offset, bytes);
+        const std::uint64_t at = plan_.shards[m->shard].data_start + t.offset;
+        outputs_[m->shard]->write_at(at, bytes);
+        report_written(*outputs_[m->shard], at, bytes.size());
       }
     }
   }
@@ -569,6 +575,11 @@ class Executor {
     if (options_.on_progress) options_.on_progress(progress());
   }
 
+  // Tells options_.on_written that [offset, offset + length) of file is written.
+  void report_written(const OutputFile& file, std::uint64_t offset, std::uint64_t length) const {
+    if (options_.on_written) options_.on_written(file.path(), offset, length);
+  }
+
   bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
   static Error interrupted() {
     return Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
@@ -585,6 +596,7 @@ class Executor {
     check_cancel();
     auto file = std::make_unique<OutputFile>(out_dir_ / name);
     file->write_at(0, std::as_bytes(std::span(text)));
+    report_written(*file, 0, text.size());
     outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
@@ -606,6 +618,7 @@ class Executor {
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
         file->copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
+        report_written(*file, pos, std::min(kCopyJobBytes, size - pos));
       }
       outputs_.push_back(std::move(file));  // flushed after the shards
     }

@@ -166,6 +166,14 @@ json quant_args_json(const QuantArgs& args) {
   };
 }
 
+namespace {
+// A JSON whole number greater than zero: signed or unsigned, as JSON files and
+// YAML recipes give them.
+bool is_positive_whole(const json& v) {
+  return v.is_number_integer() && v.get<std::int64_t>() > 0;
+}
+}  // namespace
+
 QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
   const auto fail = [&](const std::string& what) {
     return usage_error(fmt::format("{}: {}", where, what));
@@ -195,7 +203,7 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
     }
   }
   if (const json* v = get("num_bits")) {
-    if (!v->is_number_unsigned() || v->get<std::uint64_t>() < 1 || v->get<std::uint64_t>() > 8) {
+    if (!is_positive_whole(*v) || v->get<std::int64_t>() > 8) {
       throw fail(fmt::format("num_bits {} is not a whole number from 1 to 8", v->dump()));
     }
     args.num_bits = v->get<int>();
@@ -222,7 +230,7 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
   if (const json* v = get("group_size")) {
     if (v->is_number_integer() && v->get<std::int64_t>() == -1) {
       group_size.reset();  // compressed-tensors: -1 means channel-wise
-    } else if (!v->is_number_unsigned() || v->get<std::uint64_t>() == 0) {
+    } else if (!is_positive_whole(*v)) {
       throw fail(fmt::format("group_size {} is not a positive whole number", v->dump()));
     } else {
       group_size = v->get<std::uint64_t>();
@@ -256,9 +264,8 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
     args.strategy = QuantArgs::Strategy::kBlock;
     args.group_size = 0;
     const json* b = get("block_structure");
-    if (b == nullptr || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_unsigned() ||
-        !(*b)[1].is_number_unsigned() || (*b)[0].get<std::uint64_t>() == 0 ||
-        (*b)[1].get<std::uint64_t>() == 0) {
+    if (b == nullptr || !b->is_array() || b->size() != 2 || !is_positive_whole((*b)[0]) ||
+        !is_positive_whole((*b)[1])) {
       throw fail("strategy \"block\" needs block_structure [rows, cols] of positive numbers");
     }
     args.block = {(*b)[0].get<std::uint64_t>(), (*b)[1].get<std::uint64_t>()};

@@ -49,6 +49,14 @@ struct ExecuteOptions {
   // When it becomes true the run stops and throws Error{kInterrupted}.
   const std::atomic<bool>* cancel = nullptr;
   bool fsync = true;  // flush every file and the directory before returning
+  // Called after each write into out_dir returns, with the file and the byte
+  // range [offset, offset + length) now in it, one call at a time (the
+  // writes are serialised), from whichever thread wrote. Every byte of every
+  // output file is reported once. May be empty. Lets a caller hash the files
+  // while they are written (report/manifest.hpp, WrittenFilesHasher).
+  std::function<void(const std::filesystem::path& file, std::uint64_t offset,
+                     std::uint64_t length)>
+      on_written;
 };
 
 // Where the time of execute_plan() went, for logs and benchmarks.

@@ -37,8 +37,6 @@ struct QuantScheme {
   }
 };
 
-// The built-in schemes by name (W4A16, W4A16_ASYM, W8A16), or nullopt.
-std::optional<QuantScheme> scheme_by_name(const std::string& name);
 
 // One block of n_rows full rows of a weight [R, n_cols].
 //
