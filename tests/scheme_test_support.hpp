@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <span>
@@ -55,7 +56,10 @@ struct FamilyOutput {
 // alignment), kRows tensors filled chunk by chunk at bytes_before(r0),
 // kWhole tensors from whole_tensor. Output buffers start as `fill`, so a
 // byte a kernel leaves unwritten shows up.
-inline FamilyOutput run_family(const SchemeFamily& family, KernelFn kernel, const QuantArgs& args,
+using AnyKernel = std::function<std::optional<std::uint64_t>(const QuantArgs&, const KernelIo&)>;
+
+inline FamilyOutput run_family(const SchemeFamily& family, const AnyKernel& kernel,
+                               const QuantArgs& args,
                                DType dtype, std::uint64_t rows, std::uint64_t cols,
                                std::span<const std::byte> weight, std::uint64_t chunk_rows = 0,
                                std::byte fill = std::byte{0xCD}) {

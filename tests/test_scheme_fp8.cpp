@@ -233,7 +233,8 @@ TEST_P(Fp8Golden, EveryModuleMatchesExpectedTensorByTensor) {
 INSTANTIATE_TEST_SUITE_P(Cases, Fp8Golden,
                          ::testing::Values("llama-bf16-fp8-dynamic", "llama-f16-fp8-dynamic",
                                            "odd-bf16-fp8-block", "llama-bf16-mixed-fp8-w4",
-                                           "llama-bf16-fp8-tensor", "llama-bf16-fp8-weights-only"),
+                                           "llama-bf16-fp8-tensor", "llama-bf16-fp8-weights-only",
+                                           "llama-f32-fp8-dynamic", "llama-f16-mixed-int8-fp8-block"),
                          golden_case_test_name);
 
 // The modules each case quantizes with these rows, so a case cannot pass by
@@ -245,6 +246,14 @@ TEST(Fp8Golden, CasesCoverTheirModules) {
   const std::vector<GoldenModule> weights_only = golden_modules("llama-bf16-fp8-weights-only", kRows);
   ASSERT_EQ(weights_only.size(), 7u);
   for (const GoldenModule& m : weights_only) EXPECT_EQ(m.family, &kNaiveQuantizedFamily) << m.module;
+  int int8_modules = 0;
+  int fp8_modules = 0;
+  for (const GoldenModule& m : golden_modules("llama-f16-mixed-int8-fp8-block", kRows)) {
+    int8_modules += m.family == &kIntQuantizedFamily && m.args.strategy == S::kTensor;
+    fp8_modules += m.family == &kFloatQuantizedFamily && m.args.strategy == S::kBlock;
+  }
+  EXPECT_EQ(int8_modules, 4);
+  EXPECT_EQ(fp8_modules, 3);
   for (const GoldenModule& m : golden_modules("llama-bf16-fp8-tensor", kRows)) {
     EXPECT_EQ(m.family, &kFloatQuantizedFamily) << m.module;
     EXPECT_EQ(m.args.strategy, S::kTensor);
