@@ -22,6 +22,7 @@
 
 #include "ctquant/format/dtype.hpp"
 #include "ctquant/format/safetensors.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "test_support.hpp"
 
@@ -148,30 +149,6 @@ inline std::string first_difference(std::span<const std::byte> actual,
   return {};
 }
 
-// compressed-tensors QuantizationArgs JSON of a fixture's config group,
-// the fields the fixtures use, as the test reads them.
-inline QuantArgs case_weights_args(const nlohmann::json& w) {
-  QuantArgs a;
-  a.type = w.at("type") == "float" ? QuantArgs::Type::kFloat : QuantArgs::Type::kInt;
-  a.num_bits = w.at("num_bits").get<int>();
-  a.symmetric = w.value("symmetric", true);
-  const std::string strategy = w.at("strategy").get<std::string>();
-  a.group_size = 0;
-  if (strategy == "channel") {
-    a.strategy = QuantArgs::Strategy::kChannel;
-  } else if (strategy == "tensor") {
-    a.strategy = QuantArgs::Strategy::kTensor;
-  } else if (strategy == "block") {
-    a.strategy = QuantArgs::Strategy::kBlock;
-    a.block = {w.at("block_structure")[0].get<std::uint64_t>(),
-               w.at("block_structure")[1].get<std::uint64_t>()};
-  } else {
-    a.strategy = QuantArgs::Strategy::kGroup;
-    a.group_size = w.at("group_size").get<std::uint64_t>();
-  }
-  return a;
-}
-
 // One quantized module of a golden case and the row that writes it.
 struct GoldenModule {
   std::string module;
@@ -201,7 +178,7 @@ inline std::vector<GoldenModule> golden_modules(const std::string& name,
   if (the_case.at("scheme") == "config") {
     for (const auto& [key, g] : the_case.at("config").at("config_groups").items()) {
       Group group{g.at("targets").get<std::vector<std::string>>(),
-                  case_weights_args(g.at("weights")), nullptr};
+                  quant_args_from_json(g.at("weights"), name + ": " + key), nullptr};
       const bool has_ia = g.contains("input_activations") && !g.at("input_activations").is_null();
       for (const SchemeFamily* f : families) {
         if (f->writes(group.args, has_ia)) {

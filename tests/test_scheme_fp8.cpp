@@ -14,7 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/scheme/activations.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/plan/quant_config.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
+#include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/error.hpp"
 #include "ctquant/scheme/fp8.hpp"
 #include "ctquant/scheme/int8.hpp"
 #include "scheme_test_support.hpp"
@@ -424,19 +428,82 @@ TEST(Fp8Refuse, BlockNeedsInFeaturesMultipleOf128) {
   expect_message(kFloatQuantizedFamily.refuse(fp8_args(S::kChannel), 0, 320), {"no elements"});
 }
 
+// The problems vLLM's rule finds for a shard, joined, for messages.
+std::string shape_problems(const SchemeFamily& family, const QuantArgs& args, std::uint64_t rows,
+                           std::uint64_t cols, Parallel parallel) {
+  std::string out;
+  for (const ShapeProblem& p : family.vllm_shape_rule(args, rows, cols, parallel)) {
+    EXPECT_TRUE(p.unloadable) << p.what;
+    out += p.what + ";";
+  }
+  return out;
+}
+
 // vLLM fp8_utils.py validate_fp8_block_shape, per shard.
 TEST(Fp8VllmRule, BlockShardsMustHoldWholeBlocks) {
   const QuantArgs block = fp8_args(S::kBlock);
-  EXPECT_EQ(kFloatQuantizedFamily.vllm_shape_rule(block, 4096, 4096, Parallel::kColumn), "");
-  expect_message(kFloatQuantizedFamily.vllm_shape_rule(block, 320, 4096, Parallel::kColumn),
-                 {"out_features per shard 320", "128"});
-  EXPECT_EQ(kFloatQuantizedFamily.vllm_shape_rule(block, 320, 4096, Parallel::kRow), "");
-  expect_message(kFloatQuantizedFamily.vllm_shape_rule(block, 4096, 960, Parallel::kRow),
-                 {"in_features per shard 960"});
-  EXPECT_EQ(kFloatQuantizedFamily.vllm_shape_rule(fp8_args(S::kChannel), 100, 100, Parallel::kRow), "");
+  EXPECT_EQ(shape_problems(kFloatQuantizedFamily, block, 4096, 4096, Parallel::kColumn), "");
+  expect_message(shape_problems(kFloatQuantizedFamily, block, 320, 4096, Parallel::kColumn),
+                 {"out_features 320 per shard", "128"});
+  EXPECT_EQ(shape_problems(kFloatQuantizedFamily, block, 320, 4096, Parallel::kRow), "");
+  expect_message(shape_problems(kFloatQuantizedFamily, block, 4096, 960, Parallel::kRow),
+                 {"in_features 960 per shard"});
+  EXPECT_EQ(shape_problems(kFloatQuantizedFamily, fp8_args(S::kChannel), 100, 100, Parallel::kRow),
+            "");
+  EXPECT_EQ(kFloatQuantizedFamily.vllm_args_rule(fp8_args(S::kTensor)), "");
   EXPECT_NE(kFloatQuantizedFamily.vllm_source.find("fp8_utils.py"), std::string_view::npos);
   EXPECT_NE(kNaiveQuantizedFamily.vllm_source.find("compressed_tensors_w8a16_fp8.py"),
             std::string_view::npos);
+}
+
+// The registry tries the rows in compressed-tensors' format priority.
+TEST(Fp8Registry, FormatInferenceAndPresetLookup) {
+  const QuantArgs channel = fp8_args(S::kChannel);
+  EXPECT_EQ(family_for(channel, true), &kFloatQuantizedFamily);
+  EXPECT_EQ(family_for(channel, false), &kNaiveQuantizedFamily);
+  QuantArgs int8 = channel;
+  int8.type = QuantArgs::Type::kInt;
+  EXPECT_EQ(family_for(int8, true), &kIntQuantizedFamily);
+  EXPECT_EQ(family_by_format("float-quantized"), &kFloatQuantizedFamily);
+  EXPECT_EQ(family_by_format("naive-quantized"), &kNaiveQuantizedFamily);
+  EXPECT_EQ(find_preset("fp8_dynamic"), &preset(kFloatQuantizedFamily, "FP8_DYNAMIC"));
+  EXPECT_EQ(find_preset("FP8_BLOCK"), &preset(kFloatQuantizedFamily, "FP8_BLOCK"));
+  EXPECT_EQ(find_preset("FP8"), nullptr);
+  EXPECT_NE(preset_names().find("FP8_DYNAMIC, FP8_BLOCK"), std::string::npos);
+}
+
+// Each preset's config group is model_free_ptq's as a JSON value (schemes.md
+// 4.1, 4.2): the registry's quant_args_json of the weights and the
+// activations as the config reader serialises them.
+TEST(Fp8Presets, ConfigGroupsEqualTheLibrarys) {
+  struct Case {
+    const char* preset;
+    const char* golden;
+  };
+  for (const Case c : {Case{"FP8_DYNAMIC", "llama-bf16-fp8-dynamic"},
+                       Case{"FP8_BLOCK", "odd-bf16-fp8-block"}}) {
+    const json group = read_json(golden_dir() / c.golden / "expected" / "config.json")
+                           .at("quantization_config").at("config_groups").at(c.preset);
+    const Preset& p = preset(kFloatQuantizedFamily, c.preset);
+    EXPECT_EQ(quant_args_json(p.weights), group.at("weights")) << c.preset;
+    const json activations = json::parse(p.input_activations);
+    EXPECT_EQ(activations, group.at("input_activations")) << c.preset;
+    EXPECT_EQ(activation_args_json(activations, c.preset), activations) << c.preset;
+    EXPECT_EQ(group.at("format"), kFloatQuantizedFamily.format);
+  }
+  // Custom groups of the fixtures read back to the same weights objects.
+  for (const char* name : {"llama-bf16-fp8-tensor", "llama-bf16-fp8-weights-only",
+                           "llama-bf16-mixed-fp8-w4", "llama-f16-mixed-int8-fp8-block"}) {
+    const json groups = read_json(golden_dir() / name / "expected" / "config.json")
+                            .at("quantization_config").at("config_groups");
+    for (const auto& [key, group] : groups.items()) {
+      const QuantArgs args = quant_args_from_json(group.at("weights"), key);
+      EXPECT_EQ(quant_args_json(args), group.at("weights")) << name << " " << key;
+      const SchemeFamily* family = family_for(args, !group.at("input_activations").is_null());
+      ASSERT_NE(family, nullptr);
+      EXPECT_EQ(group.at("format"), family->format) << name << " " << key;
+    }
+  }
 }
 
 // ---- presets model_free_ptq refuses ----
@@ -448,21 +515,26 @@ TEST(RefusedPresets, Fp8StaticActivationsAreRefusedWithTheLibrarysReason) {
                  {"static", "Model Free PTQ cannot calibrate activations", "FP8_DYNAMIC"});
   EXPECT_EQ(refused_preset("FP8_DYNAMIC"), nullptr);
   EXPECT_EQ(refused_preset("W4A16"), nullptr);
-  // The FP8 preset's input activations (compressed-tensors quant_scheme.py)
-  // fail the check model_free_ptq applies to every group.
+  expect_message(std::string(refused_preset("NVFP4")->reason), {"\"local\"", "NVFP4A16"});
+  // --scheme FP8 and a config group keyed FP8 say why.
+  try {
+    preset_group("FP8");
+    ADD_FAILURE() << "FP8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    expect_message(e.what(), {"scheme 'FP8' is not written", "cannot calibrate", "FP8_DYNAMIC"});
+  }
+  try {
+    plan_options_from_config(json::parse(R"({"config_groups": {"FP8": ["Linear"]}})"), "q.json");
+    ADD_FAILURE() << "FP8 was accepted";
+  } catch (const Error& e) {
+    expect_message(e.what(), {"q.json: config_groups.FP8", "not written", "cannot calibrate"});
+  }
+  // The FP8 preset's own input activations (compressed-tensors
+  // quant_scheme.py) are refused by the config reader too.
   const json fp8_inputs = {{"num_bits", 8},     {"type", "float"}, {"strategy", "tensor"},
                            {"symmetric", true}, {"dynamic", false}, {"observer", "static_minmax"}};
-  expect_message(model_free_activation_refusal(fp8_inputs, "input_activations"),
-                 {"input_activations", "\"dynamic\": false", "cannot calibrate"});
-  expect_message(model_free_activation_refusal(json{{"dynamic", "local"}}, "input_activations"),
-                 {"\"local\""});
-  expect_message(model_free_activation_refusal(json{{"num_bits", 8}}, "output_activations"),
-                 {"output_activations", "missing"});
-  EXPECT_EQ(model_free_activation_refusal(json(nullptr), "input_activations"), "");
-  EXPECT_EQ(model_free_activation_refusal(
-                json::parse(preset(kFloatQuantizedFamily, "FP8_BLOCK").input_activations),
-                "input_activations"),
-            "");
+  EXPECT_THROW(activation_args_json(fp8_inputs, "FP8.input_activations"), Error);
 }
 
 }  // namespace

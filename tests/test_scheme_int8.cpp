@@ -12,7 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/scheme/activations.hpp"
+#include "ctquant/plan/quant_config.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/fp8.hpp"
 #include "ctquant/scheme/int8.hpp"
 #include "scheme_test_support.hpp"
@@ -233,8 +235,12 @@ TEST(Int8Presets, W8A8AndInt8) {
               read_json(golden_dir() / "llama-bf16-w8a8" / "expected" / "config.json")
                   .at("quantization_config").at("config_groups").at("W8A8")
                   .at("input_activations"));
-    EXPECT_EQ(model_free_activation_refusal(json::parse(p.input_activations), "input_activations"),
-              "");
+    EXPECT_EQ(activation_args_json(json::parse(p.input_activations), "W8A8"),
+              json::parse(p.input_activations));
+    EXPECT_EQ(quant_args_json(p.weights),
+              read_json(golden_dir() / "llama-bf16-w8a8" / "expected" / "config.json")
+                  .at("quantization_config").at("config_groups").at("W8A8").at("weights"));
+    EXPECT_EQ(find_preset(p.name), &p);
   }
   EXPECT_EQ(kRow.presets[0].name, "W8A8");
   EXPECT_EQ(kRow.presets[1].name, "INT8");
@@ -282,7 +288,8 @@ TEST(Int8Supports, RefusesWhatVllmCannotServeOnGpus) {
   EXPECT_EQ(refused_preset("W8A8"), nullptr);
   expect_message(std::string(refused_preset("UNQUANTIZED")->reason), {"no weight quantization"});
   EXPECT_EQ(kRow.refuse(int8_args(S::kChannel), 3, 5), "");
-  EXPECT_EQ(kRow.vllm_shape_rule(int8_args(S::kChannel), 3, 5, Parallel::kRow), "");
+  EXPECT_TRUE(kRow.vllm_shape_rule(int8_args(S::kChannel), 3, 5, Parallel::kRow).empty());
+  EXPECT_EQ(kRow.vllm_args_rule(int8_args(S::kTensor)), "");
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ QuantArgs fp8_weights(S strategy) {
 // compressed-tensors `quantization/quant_scheme.py` FP8_DYNAMIC and
 // FP8_BLOCK; their input_activations as model_dump writes them (schemes.md
 // 4.1, 4.2). The FP8 preset (static per-tensor activations) is refused by
-// model_free_ptq: see scheme/activations.hpp.
+// model_free_ptq: see scheme/refused_presets.hpp.
 const Preset kFloatQuantizedPresets[] = {
     {"FP8_DYNAMIC", fp8_weights(S::kChannel),
      R"({"actorder": null, "block_structure": null, "dynamic": true, "group_size": null, )"
@@ -103,17 +103,14 @@ std::string supports(const QuantArgs& args) {
 }
 
 std::string refuse(const QuantArgs& args, std::uint64_t rows, std::uint64_t cols) {
-  if (rows == 0 || cols == 0) {
-    return fmt::format("weight [{}, {}] has no elements: it has no maximum to scale by", rows,
-                       cols);
-  }
+  if (rows == 0 || cols == 0) return "has no elements: there is no maximum to scale by";
   // schemes.md 4.2: the block statistics pad the weight to whole blocks;
   // when K is padded, the FP8 weight cut back to [N, K] is a column slice
   // (non-contiguous) and safetensors' save_file raises "You are trying to
   // save a non contiguous tensor" after validation. N may be ragged.
   if (args.strategy == S::kBlock && cols % args.block[1] != 0) {
     return fmt::format(
-        "in_features {} is not a multiple of the FP8 block width {}: model_free_ptq fails "
+        "has in_features {}, not a multiple of the FP8 block width {}: model_free_ptq fails "
         "to save such a weight (its FP8 codes, cut back from the padded blocks, are a "
         "non-contiguous tensor that safetensors refuses)",
         cols, args.block[1]);
@@ -247,26 +244,35 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
   }
 }
 
+// Every args `supports` takes has a vLLM kernel: CompressedTensorsW8A8Fp8
+// (SM89+; W8A16 Marlin FP8 below) with input activations,
+// CompressedTensorsW8A16Fp8 without (compressed_tensors.py, _is_fp8_w8a8,
+// _is_fp8_w8a16).
+std::string vllm_args_rule(const QuantArgs&) { return {}; }
+
 // vLLM fp8_utils.py validate_fp8_block_shape (called by
 // CompressedTensorsW8A8Fp8 and CompressedTensorsW8A16Fp8 for block
-// weights): a row-parallel shard's in_features and each logical output
-// partition of a column-parallel layer must be multiples of the block. (At
-// tp 1 it checks the partitions of a merged layer, q/k/v or gate/up, except
-// the last.) Tensor and channel scales have no shape rule: CUTLASS FP8
-// falls back to Triton when K or N is not a multiple of 16
-// (vllm/_custom_ops.py cutlass_scaled_mm).
-std::string vllm_shape_rule(const QuantArgs& args, std::uint64_t rows, std::uint64_t cols,
-                            Parallel parallel) {
-  if (args.strategy != S::kBlock) return {};
+// weights) raises a ValueError at load: a row-parallel shard's in_features
+// and each logical output partition of a column-parallel layer must be
+// multiples of the block. (At tp 1 it checks the partitions of a merged
+// layer, q/k/v or gate/up, except the last.) Tensor and channel scales have
+// no shape rule: CUTLASS FP8 falls back to Triton when K or N is not a
+// multiple of 16 (vllm/_custom_ops.py cutlass_scaled_mm).
+std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs& args, std::uint64_t rows,
+                                          std::uint64_t cols, Parallel parallel) {
+  std::vector<ShapeProblem> out;
+  if (args.strategy != S::kBlock) return out;
   if (parallel == Parallel::kRow && cols % args.block[1] != 0) {
-    return fmt::format("in_features per shard {} is not a multiple of the FP8 block width {}",
-                       cols, args.block[1]);
+    out.push_back({true, fmt::format("in_features {} per shard is not a multiple of the FP8 "
+                                     "block width {}",
+                                     cols, args.block[1])});
   }
   if (parallel == Parallel::kColumn && rows % args.block[0] != 0) {
-    return fmt::format("out_features per shard {} is not a multiple of the FP8 block height {}",
-                       rows, args.block[0]);
+    out.push_back({true, fmt::format("out_features {} per shard is not a multiple of the FP8 "
+                                     "block height {}",
+                                     rows, args.block[0])});
   }
-  return {};
+  return out;
 }
 
 }  // namespace
@@ -298,6 +304,7 @@ const SchemeFamily kFloatQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_ref,
     .dequantize = dequantize,
+    .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =
         "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"
@@ -326,6 +333,7 @@ const SchemeFamily kNaiveQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_ref,
     .dequantize = dequantize,
+    .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =
         "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"

@@ -91,10 +91,7 @@ std::string supports(const QuantArgs& args) {
 }
 
 std::string refuse(const QuantArgs&, std::uint64_t rows, std::uint64_t cols) {
-  if (rows == 0 || cols == 0) {
-    return fmt::format("weight [{}, {}] has no elements: it has no maximum to scale by", rows,
-                       cols);
-  }
+  if (rows == 0 || cols == 0) return "has no elements: there is no maximum to scale by";
   return {};
 }
 
@@ -196,9 +193,15 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
   }
 }
 
+// Every args `supports` takes (8-bit symmetric, channel or tensor) selects
+// CompressedTensorsW8A8Int8 (SM75+) with dynamic per-token inputs
+// (compressed_tensors.py, _is_dynamic_token_w8a8).
+std::string vllm_args_rule(const QuantArgs&) { return {}; }
+
 // CompressedTensorsW8A8Int8 has no shape rule: CUTLASS int8 scaled_mm falls
 // back to Triton when K or N is not a multiple of 16 (vllm/_custom_ops.py).
-std::string vllm_shape_rule(const QuantArgs&, std::uint64_t, std::uint64_t, Parallel) {
+std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs&, std::uint64_t, std::uint64_t,
+                                          Parallel) {
   return {};
 }
 
@@ -231,6 +234,7 @@ const SchemeFamily kIntQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =
         "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"

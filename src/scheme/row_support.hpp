@@ -60,7 +60,8 @@ inline OutputTensorSpec rows_tensor(std::string suffix, DType dtype, std::uint64
   t.shape = {n_units, unit_elements};
   t.fill = OutputTensorSpec::Fill::kRows;
   t.kind = kind;
-  t.rows_per_unit = rows_per_unit;
+  t.units_num = 1;
+  t.units_den = rows_per_unit;
   t.element_bits = dtype_bits(dtype);
   t.elements_per_unit = unit_elements;
   t.bytes_per_unit = unit_elements * static_cast<std::uint64_t>(dtype_bits(dtype)) / 8;

@@ -1,19 +1,12 @@
-#include "ctquant/scheme/activations.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
 
 #include <array>
 #include <cctype>
 #include <string>
 
-#include <fmt/format.h>
-
 namespace ctquant {
 
 namespace {
-
-// The text llm-compressor raises (entrypoints/model_free/validate.py,
-// _validate_scheme).
-constexpr std::string_view kCannotCalibrate =
-    "Model Free PTQ cannot calibrate activations. Please use `oneshot` instead.";
 
 // Presets of compressed-tensors 0.18 `quantization/quant_scheme.py` that
 // ctquant does not write. FP8, NVFP4 and UNQUANTIZED are refused by
@@ -56,21 +49,6 @@ constexpr std::array<RefusedPreset, 13> kRefusedPresets = {{
 }};
 
 }  // namespace
-
-std::string model_free_activation_refusal(const nlohmann::json& activations,
-                                          std::string_view role) {
-  if (activations.is_null()) return {};
-  if (!activations.is_object()) {
-    return fmt::format("{} {} is not an object of QuantizationArgs", role, activations.dump());
-  }
-  const auto it = activations.find("dynamic");
-  if (it != activations.end() && *it == true) return {};
-  const std::string found = it == activations.end() ? "missing (false)" : it->dump();
-  return fmt::format(
-      "{} with \"dynamic\": {}: only dynamic activations (\"dynamic\": true) are quantized "
-      "without calibration data; model_free_ptq refuses this ({})",
-      role, found, kCannotCalibrate);
-}
 
 const RefusedPreset* refused_preset(std::string_view name) {
   std::string key(name);
