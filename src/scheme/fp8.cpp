@@ -17,6 +17,9 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/format/minifloat.hpp"
+
+#include "scheme/byte_code_simd.hpp"
 #include "scheme/row_support.hpp"
 
 namespace ctquant {
@@ -217,6 +220,15 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
   return std::nullopt;
 }
 
+// The vector kernel at the best level this CPU runs (byte_code_simd.cpp),
+// else the reference.
+std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (detail::ByteCodeKernel* kernel = detail::byte_code_kernel(detail::simd_best_level())) {
+    return kernel(detail::ByteCode::kE4M3, args, io);
+  }
+  return quantize_ref(args, io);
+}
+
 // code * scale, rounded to the weight's dtype: the decompressor's
 // `x_q.to(scale.dtype) * scale` (compressed-tensors
 // `quantization/lifecycle/forward_helpers.py`, _dequantize).
@@ -302,7 +314,7 @@ const SchemeFamily kFloatQuantizedFamily{
     .needs_tensor_amax = needs_tensor_amax,
     .scratch_bytes = scratch_bytes,
     .quantize_ref = quantize_ref,
-    .quantize = quantize_ref,
+    .quantize = quantize_fast,
     .dequantize = dequantize,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
@@ -331,7 +343,7 @@ const SchemeFamily kNaiveQuantizedFamily{
     .needs_tensor_amax = needs_tensor_amax,
     .scratch_bytes = scratch_bytes,
     .quantize_ref = quantize_ref,
-    .quantize = quantize_ref,
+    .quantize = quantize_fast,
     .dequantize = dequantize,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,

@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/scheme/kernel.hpp"
+#include "scheme/byte_code_simd.hpp"
 #include "scheme/row_support.hpp"
 
 namespace ctquant {
@@ -148,33 +148,13 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
   return std::nullopt;
 }
 
-// Channel-wise int8 is the pack-quantized W8A16 kernel with one group per
-// row (kernel.hpp: same scale, same double rounding, same clamp): its
-// packed rows are the codes offset by 128, byte i of a row in byte i
-// (format spec section 4), so flipping each byte's top bit gives the
-// two's complement int8 codes. Used when a row is a whole number of words
-// and the chunk's buffer is word-aligned; otherwise the reference runs.
+// The vector kernel at the best level this CPU runs (byte_code_simd.cpp),
+// else the reference.
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
-  if (args.strategy != S::kChannel || io.n_cols % 4 != 0 ||
-      reinterpret_cast<std::uintptr_t>(io.out[0]) % alignof(std::uint32_t) != 0) {
-    return quantize_ref(args, io);
+  if (detail::ByteCodeKernel* kernel = detail::byte_code_kernel(detail::simd_best_level())) {
+    return kernel(detail::ByteCode::kInt8, args, io);
   }
-  QuantScheme scheme;
-  scheme.num_bits = 8;
-  scheme.symmetric = true;
-  scheme.group_size = 0;
-  KernelBlock block;
-  block.dtype = io.dtype;
-  block.n_rows = io.n_rows;
-  block.n_cols = io.n_cols;
-  block.weight = io.weight;
-  block.packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
-  block.scale = io.out[1];
-  const auto bad = quantize_block(scheme, block);
-  if (bad) return bad;
-  std::uint32_t* words = block.packed;
-  for (std::uint64_t i = 0; i < io.n_rows * io.n_cols / 4; ++i) words[i] ^= 0x80808080u;
-  return std::nullopt;
+  return quantize_ref(args, io);
 }
 
 // code * scale, rounded to the weight's dtype (the decompressor's

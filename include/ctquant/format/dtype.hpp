@@ -129,32 +129,6 @@ constexpr float f8_e4m3_to_float(std::uint8_t code) {
   return std::bit_cast<float>(sign | ((exponent + 120u) << 23) | (mantissa << 20));
 }
 
-// float -> F8_E4M3 ("fn") code, as PyTorch's `.to(torch.float8_e4m3fn)`
-// (c10 `fp8e4m3fn_from_fp32_value`): round to nearest, ties to even, on the
-// E4M3 grid (normals 2^-6 .. 448, subnormals k * 2^-9), sign of zero kept,
-// so a negative value that rounds to zero (|v| <= 2^-10) and -0.0 give 0x80
-// (schemes.md section 2.1). The cast does not saturate: magnitudes from 464
-// (the tie above 448 rounds down) to 480 round to 448 or to the NaN code,
-// 480 and more, infinities and NaN give NaN (0x7F, 0xFF); callers that need
-// a finite code clamp to [-448, 448] first, as compressed-tensors does.
-constexpr std::uint8_t float_to_f8_e4m3(float value) {
-  std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
-  const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
-  bits &= 0x7FFFFFFFu;
-  if (bits >= 0x43F00000u) return sign | 0x7Fu;  // >= 480, infinity, NaN
-  if (bits < 0x3C800000u) {
-    // Below 2^-6: a subnormal code (or zero, or the smallest normal 2^-6 by
-    // rounding up). Adding 2^14 lines the float's last mantissa bit up with
-    // 2^-9, the subnormal step, so the float adder rounds to nearest even.
-    const float shifted = std::bit_cast<float>(bits) + 0x1p14f;
-    return sign | static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(shifted) - 0x46800000u);
-  }
-  // Normal: rebias the exponent (127 -> 7), round the 20 dropped bits to even.
-  const std::uint32_t odd = (bits >> 20) & 1u;
-  bits += 0xC407FFFFu + odd;  // (7 - 127) << 23, plus the rounding bias 0x7FFFF
-  return sign | static_cast<std::uint8_t>(bits >> 20);
-}
-
 // F8_E5M2: 1 sign bit, 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like:
 // exponent 0 holds the subnormals mantissa * 2^-16, exponent 31 holds the
 // infinities (mantissa 0: 0x7C, 0xFC) and NaNs; the largest finite value is

@@ -13,7 +13,8 @@
 // llama-f16-fp8-dynamic, odd-bf16-fp8-block; test vector V3):
 //   amax = max |w| over the row, block or tensor (in W, exact),
 //   s    = round_W(amax / 448), eps(W) when that is 0,
-//   code = e4m3(clamp(round_W(w / s), -448, 448)) (float_to_f8_e4m3, RNE).
+//   code = e4m3(clamp(round_W(w / s), -448, 448)) (float_to_f8_e4m3 of
+//          format/minifloat.hpp: round to nearest even, sign of zero kept).
 // The weights' args are 8-bit symmetric floats with strategy channel,
 // block [128, 128] or tensor and no scale_dtype (the formats ctquant writes
 // for vLLM's FP8 schemes, compressed_tensors_w8a8_fp8.py and
