@@ -4,6 +4,7 @@
 // recipe ctquant writes reads back into the same plan.
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -160,32 +161,50 @@ TEST(Recipe, UpstreamRecipesNeedingCalibrationDataAreRefusedNamingTheKey) {
   }
 }
 
-// The data-free FP8 recipes parse (every key is one ctquant knows), and the
-// planner refuses them clearly while ctquant writes int schemes only. When
-// the FP8 schemes land, these become plan comparisons with --scheme
-// FP8_DYNAMIC and the channel / per-tensor FP8 configs.
-TEST(Recipe, Fp8RecipesParseAndAreRefusedUntilFp8SchemesAreWritten) {
-  const Refused cases[] = {
-      {"upstream/recipe_fp8_dynamic.yaml",
-       {"recipe_fp8_dynamic.yaml:", "config_groups.group_0", "with input activations"}},
-      {"upstream/recipe_fp8_weight_only_channel.yaml",
-       {"recipe_fp8_weight_only_channel.yaml:7:", "config_groups.group_0.weights",
-        "type \"float\""}},
-      {"upstream/recipe_fp8_weight_only_per_tensor.yaml",
-       {"recipe_fp8_weight_only_per_tensor.yaml:7:", "type \"float\""}},
-      {"upstream/new_quant_fp8.yaml", {"new_quant_fp8.yaml:", "type \"float\""}},
-      {"upstream/quantization_fp8_multiple_strategies.recipe.yaml",
-       {"quantization_fp8_multiple_strategies.recipe.yaml:", "config_groups.group_0.weights",
-        "type \"float\""}},
-      {"written/fp8_dynamic_rtn.yaml", {"fp8_dynamic_rtn.yaml:6: scheme", "FP8_DYNAMIC"}},
-      {"written/nvfp4a16_rtn.yaml", {"nvfp4a16_rtn.yaml:6: scheme", "NVFP4A16"}},
+// The data-free FP8 recipes give the plan of the equivalent preset, or the
+// format compressed-tensors infers for their weights (schemes.md 1.1:
+// weight-only FP8 is naive-quantized, FP8 with activations float-quantized).
+TEST(Recipe, Fp8RecipesGiveTheirSchemes) {
+  const std::vector<std::string> vision_ignore = {"lm_head", "re:vision_tower.*",
+                                                  "re:.*multi_modal_projector.*", "re:.*visual.*",
+                                                  "re:.*vision_model.*"};
+  EXPECT_EQ(
+      plan_of(llama_input(), options_from_recipe(recipes_dir() / "upstream/recipe_fp8_dynamic.yaml")),
+      plan_of(llama_input(),
+              options_from_command_line(cl("FP8_DYNAMIC", std::nullopt, vision_ignore, {"Linear"}))));
+  EXPECT_EQ(
+      plan_of(llama_input(), options_from_recipe(recipes_dir() / "written/fp8_dynamic_rtn.yaml")),
+      plan_of(llama_input(), options_from_command_line(cl("FP8_DYNAMIC", std::nullopt,
+                                                          {"lm_head", "re:.*mlp.gate[.].*"},
+                                                          {"Linear"}))));
+  struct Groups {
+    const char* recipe;
+    std::vector<std::pair<std::string, int>> format_and_modules;  // per group, in order
   };
-  for (const Refused& c : cases) {
+  const Groups cases[] = {
+      {"upstream/recipe_fp8_weight_only_channel.yaml", {{"naive-quantized", 14}}},
+      {"upstream/recipe_fp8_weight_only_per_tensor.yaml", {{"naive-quantized", 14}}},
+      {"upstream/new_quant_fp8.yaml", {{"naive-quantized", 14}}},
+      // attention per channel, the MLP per tensor
+      {"upstream/quantization_fp8_multiple_strategies.recipe.yaml",
+       {{"float-quantized", 8}, {"float-quantized", 6}}},
+  };
+  for (const Groups& c : cases) {
     SCOPED_TRACE(c.recipe);
-    const RecipeSpec spec = parse_recipe(recipes_dir() / c.recipe);
-    expect_message(usage_error_of([&] { plan_options_for(resolve_recipe(&spec, {})); }),
-                   c.fragments);
+    const json plan = plan_of(llama_input(), options_from_recipe(recipes_dir() / c.recipe));
+    std::vector<std::pair<std::string, int>> got;
+    for (const json& g : plan["groups"]) {
+      got.emplace_back(g["format"].get<std::string>(), g["modules"].get<int>());
+    }
+    EXPECT_EQ(got, c.format_and_modules);
   }
+}
+
+// Presets ctquant does not write are refused naming the recipe's line.
+TEST(Recipe, UnknownPresetIsRefusedNamingTheLine) {
+  const RecipeSpec spec = parse_recipe(recipes_dir() / "written/nvfp4a16_rtn.yaml");
+  expect_message(usage_error_of([&] { plan_options_for(resolve_recipe(&spec, {})); }),
+                 {"nvfp4a16_rtn.yaml:6: scheme", "NVFP4A16", "W4A16"});
 }
 
 // ---- bad recipes: named cases, each with its file:line and key ----

@@ -362,7 +362,7 @@ TEST(VerifyGoldenFixtures, FreshOutputMatchesExpected) {
     o.input = golden(c.name) / "input";
     o.output = dir / "out";
     o.plan = test::plan_of(c);
-    o.allow_unloadable = test::splits_fused_group(c.name);
+    o.allow_unloadable = test::unloadable_in_vllm(c.name);
     o.threads = 2;
     o.fsync = false;
     quantize(o);

@@ -1,7 +1,9 @@
 // ctquant_bench_kernel: Google Benchmark micro-benchmark of the RTN kernel
 // (widen to float, group absolute maximum, scale, quantize, pack), the
 // scalar reference beside the AVX2 code and the fast path (AVX-512 where the
-// CPU has it), for BF16, F16 and F32 weights, on one and two threads.
+// CPU has it), for BF16, F16 and F32 weights, on one and two threads; and of
+// the FP8 (FP8_DYNAMIC, FP8_BLOCK, per-tensor) and W8A8 rows' kernels,
+// reference and fast path.
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -17,7 +19,10 @@
 #include <vector>
 
 #include "ctquant/format/dtype.hpp"
+#include "ctquant/scheme/fp8.hpp"
+#include "ctquant/scheme/int8.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/scheme.hpp"
 #include "scheme/kernel_simd.hpp"
 
 namespace {
@@ -105,6 +110,84 @@ CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kAvx2);
 CTQUANT_KERNEL_BENCH(BM_W4A16, DType::kF32, Path::kFast);
 CTQUANT_KERNEL_BENCH(BM_W8A16, DType::kBF16, Path::kFast);
 CTQUANT_KERNEL_BENCH(BM_W4A16_Channel, DType::kBF16, Path::kFast);
+
+// ---- rows with one code byte per weight: FP8 (float-quantized) and int8
+// (int-quantized), through their SchemeFamily kernels, as the executor
+// calls them. Same weights and block size as above.
+
+ctquant::QuantArgs byte_code_args(ctquant::QuantArgs::Type type,
+                                  ctquant::QuantArgs::Strategy strategy) {
+  ctquant::QuantArgs a;
+  a.type = type;
+  a.num_bits = 8;
+  a.symmetric = true;
+  a.strategy = strategy;
+  a.group_size = 0;
+  if (strategy == ctquant::QuantArgs::Strategy::kBlock) a.block = {128, 128};
+  return a;
+}
+
+void family_kernel(benchmark::State& state, const ctquant::SchemeFamily* family,
+                   ctquant::QuantArgs args, DType dtype, bool reference) {
+  const std::vector<std::byte> weights =
+      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  const std::vector<ctquant::OutputTensorSpec> specs = family->outputs(args, dtype, kRows, kCols);
+  std::vector<std::vector<std::byte>> out;
+  ctquant::KernelIo io;
+  io.dtype = dtype;
+  io.n_rows = kRows;
+  io.n_cols = kCols;
+  io.weight = weights.data();
+  io.tensor_amax = 0.1f;
+  std::size_t k = 0;
+  for (const ctquant::OutputTensorSpec& spec : specs) {
+    if (spec.fill != ctquant::OutputTensorSpec::Fill::kRows) continue;
+    out.emplace_back(spec.bytes_before(kRows));
+    io.out[k++] = out.back().data();
+  }
+  const ctquant::KernelFn kernel = reference ? family->quantize_ref : family->quantize;
+  for (auto _ : state) {
+    const auto bad = kernel(args, io);
+    benchmark::DoNotOptimize(bad);
+    benchmark::DoNotOptimize(out.front().data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * weights.size()));
+  state.counters["per_core"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+  state.SetLabel(reference ? "reference" : "fast");
+}
+
+using T8 = ctquant::QuantArgs::Type;
+using S8 = ctquant::QuantArgs::Strategy;
+
+#define CTQUANT_ROW_BENCH(name, family, type, strategy, dtype, reference)                    \
+  BENCHMARK_CAPTURE(family_kernel, name, &family, byte_code_args(type, strategy), dtype, \
+                    reference)                                                           \
+      ->UseRealTime()                                                                    \
+      ->Threads(1)
+
+CTQUANT_ROW_BENCH(FP8_DYNAMIC_bf16_reference, ctquant::kFloatQuantizedFamily, T8::kFloat,
+                  S8::kChannel, DType::kBF16, true);
+CTQUANT_ROW_BENCH(FP8_DYNAMIC_bf16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kChannel,
+                  DType::kBF16, false)->Threads(2);
+CTQUANT_ROW_BENCH(FP8_DYNAMIC_f16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kChannel,
+                  DType::kF16, false);
+CTQUANT_ROW_BENCH(FP8_DYNAMIC_f32, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kChannel,
+                  DType::kF32, false);
+CTQUANT_ROW_BENCH(FP8_BLOCK_bf16_reference, ctquant::kFloatQuantizedFamily, T8::kFloat,
+                  S8::kBlock, DType::kBF16, true);
+CTQUANT_ROW_BENCH(FP8_BLOCK_bf16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kBlock,
+                  DType::kBF16, false);
+CTQUANT_ROW_BENCH(FP8_tensor_bf16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kTensor,
+                  DType::kBF16, false);
+CTQUANT_ROW_BENCH(W8A8_bf16_reference, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel,
+                  DType::kBF16, true);
+CTQUANT_ROW_BENCH(W8A8_bf16, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel, DType::kBF16,
+                  false);
+CTQUANT_ROW_BENCH(W8A8_f16, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel, DType::kF16,
+                  false);
 
 }  // namespace
 

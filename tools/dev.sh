@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  googletest libgtest-dev libpcre2-dev libbenchmark-dev
+  googletest libgtest-dev libpcre2-dev libbenchmark-dev libhwy-dev
   libyaml-cpp-dev libssl-dev help2man
 )
 BUILD_DIR=${CTQUANT_BUILD_DIR:-build}

@@ -10,6 +10,7 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/plan/matcher.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
@@ -46,6 +47,10 @@ const SchemeFamily* SchemeGroup::family() const {
 SchemeGroup preset_group(const std::string& preset) {
   const Preset* p = find_preset(preset);
   if (p == nullptr) {
+    if (const RefusedPreset* refused = refused_preset(preset)) {
+      throw usage_error(fmt::format("scheme '{}' is not written: {} (presets: {})", preset,
+                                    refused->reason, preset_names()));
+    }
     throw usage_error(
         fmt::format("unknown scheme '{}' (known presets: {})", preset, preset_names()));
   }

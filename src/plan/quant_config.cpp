@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -178,6 +179,10 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
     if (group.is_array()) {
       // A preset name mapped to its targets.
       if (find_preset(name) == nullptr) {
+        if (const RefusedPreset* refused = refused_preset(name)) {
+          throw usage_error(fmt::format("{}: preset '{}' is not written: {}", at, name,
+                                        refused->reason));
+        }
         throw usage_error(fmt::format("{}: a list of targets needs a preset name as its key "
                                       "(presets: {})",
                                       at, preset_names()));

@@ -13,7 +13,10 @@ namespace ctquant {
 using nlohmann::json;
 
 // The rows, each defined in its own file under src/scheme/.
-extern const SchemeFamily kIntPackedFamily;  // int_packed.cpp
+extern const SchemeFamily kIntPackedFamily;       // int_packed.cpp
+extern const SchemeFamily kIntQuantizedFamily;    // int8.cpp
+extern const SchemeFamily kFloatQuantizedFamily;  // fp8.cpp
+extern const SchemeFamily kNaiveQuantizedFamily;  // fp8.cpp
 
 namespace {
 
@@ -22,7 +25,10 @@ namespace {
 // mxfp8-quantized, nvfp4-pack-quantized, int-quantized, pack-quantized,
 // float-quantized, naive-quantized.
 constexpr std::array kFamilies = {
+    &kIntQuantizedFamily,
     &kIntPackedFamily,
+    &kFloatQuantizedFamily,
+    &kNaiveQuantizedFamily,
 };
 
 std::string upper(std::string_view text) {
