@@ -105,6 +105,53 @@ HWY_INLINE std::uint32_t magnitude_max(const std::byte* p) {
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
+// Largest magnitude bits of 8 consecutive groups of kN BF16 / F16 elements
+// (kN a multiple of 16) at p into out[0..8), on targets whose vectors hold
+// 16 such elements: each group's vectors are first reduced to one, then the
+// eight group vectors together by interleaving (pairs of groups, then 2 x 2,
+// then 4 x 4 lanes, then the two 128-bit blocks), each step a Max of lanes
+// of the same group, so out[i] is the max over group i as magnitude_max()
+// computes it. Returns false (nothing written) on other targets.
+template <DType T, std::size_t kN>
+HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
+  const hn::CappedTag<std::uint16_t, 16> d;
+  if constexpr (T == DType::kF32) {
+    return false;
+  } else {
+    if (hn::Lanes(d) != 16) return false;
+    const hn::Repartition<std::uint32_t, decltype(d)> d32;
+    const hn::Repartition<std::uint64_t, decltype(d)> d64;
+    const auto* raw = reinterpret_cast<const std::uint16_t*>(p);
+    const auto mask = hn::Set(d, std::uint16_t{0x7FFF});
+    const auto group = [&](std::size_t i) {
+      auto m = hn::And(hn::LoadU(d, raw + kN * i), mask);
+      for (std::size_t c = 16; c < kN; c += 16) {
+        m = hn::Max(m, hn::And(hn::LoadU(d, raw + kN * i + c), mask));
+      }
+      return m;
+    };
+    // Lanes of a and b interleaved (as units of `du` lanes), then the max of
+    // the two halves: each output unit holds one group's partial max.
+    const auto merge = [&](auto du, auto a, auto b) {
+      const auto lo = hn::BitCast(d, hn::InterleaveLower(du, hn::BitCast(du, a), hn::BitCast(du, b)));
+      const auto hi = hn::BitCast(d, hn::InterleaveUpper(du, hn::BitCast(du, a), hn::BitCast(du, b)));
+      return hn::Max(lo, hi);
+    };
+    const auto g01 = merge(d, group(0), group(1));
+    const auto g23 = merge(d, group(2), group(3));
+    const auto g45 = merge(d, group(4), group(5));
+    const auto g67 = merge(d, group(6), group(7));
+    const auto g0123 = merge(d32, g01, g23);
+    const auto g4567 = merge(d32, g45, g67);
+    const auto all = merge(d64, g0123, g4567);  // each 128-bit block: groups 0..7
+    const hn::Half<decltype(d)> dh;
+    const auto m = hn::Max(hn::LowerHalf(dh, all), hn::UpperHalf(dh, all));
+    const hn::Rebind<std::uint32_t, decltype(dh)> du32;
+    hn::StoreU(hn::PromoteTo(du32, m), du32, out);
+    return true;
+  }
+}
+
 // Lanes(df) elements at p widened to float, exactly.
 template <DType T, class DF>
 HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p) {
@@ -221,6 +268,7 @@ std::optional<std::uint64_t> nvfp4_rows(const KernelIo& io) {
   const hn::RebindToUnsigned<decltype(dv)> duv;
   const hn::Rebind<std::uint8_t, decltype(duv)> d8v;
   const std::size_t block = hn::Lanes(dv);
+  HWY_ALIGN std::uint32_t max_bits[kMaxBlock];
   HWY_ALIGN float amax[kMaxBlock];
   HWY_ALIGN float divisors[kMaxBlock];
   HWY_ALIGN std::uint8_t codes[kMaxBlock];
@@ -234,15 +282,20 @@ std::optional<std::uint64_t> nvfp4_rows(const KernelIo& io) {
     for (std::uint64_t g0 = 0; g0 < groups; g0 += block) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(block, groups - g0));
       // Step 1: each group's amax (and the reference's finite check).
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::byte* group = row + (g0 + i) * kGroup * kEsize;
-        const std::uint32_t max_bits = magnitude_max<T, kGroup>(group);
-        if (max_bits >= kNonFiniteBits<T>) {
+      std::size_t i = 0;
+      for (; i + 8 <= n &&
+             magnitude_max_8_groups<T, kGroup>(row + (g0 + i) * kGroup * kEsize, max_bits + i);
+           i += 8) {
+      }
+      for (; i < n; ++i) max_bits[i] = magnitude_max<T, kGroup>(row + (g0 + i) * kGroup * kEsize);
+      for (i = 0; i < n; ++i) {
+        if (max_bits[i] >= kNonFiniteBits<T>) {
+          const std::byte* group = row + (g0 + i) * kGroup * kEsize;
           return r * io.n_cols + (g0 + i) * kGroup + first_non_finite(T, group);
         }
-        amax[i] = magnitude_to_float(T, max_bits);
+        amax[i] = magnitude_to_float(T, max_bits[i]);
       }
-      for (std::size_t i = n; i < block; ++i) amax[i] = 0.0f;
+      for (i = n; i < block; ++i) amax[i] = 0.0f;
       // Steps 3-7, one group per lane.
       const auto s = round_to_w<T>(dv, hn::Div(hn::Load(dv, amax), hn::Set(dv, 6.0f)));
       auto code = e4m3_codes(dv, hn::Mul(vgs, s));
@@ -335,17 +388,22 @@ std::optional<std::uint64_t> mx_rows(const KernelIo& io) {
     std::byte* scales = io.out[1] + r * groups;
     for (std::uint64_t g0 = 0; g0 < groups; g0 += block) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(block, groups - g0));
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::byte* group = row + (g0 + i) * kGroup * kEsize;
-        max_bits[i] = magnitude_max<T, kGroup>(group);
+      std::size_t i = 0;
+      for (; i + 8 <= n &&
+             magnitude_max_8_groups<T, kGroup>(row + (g0 + i) * kGroup * kEsize, max_bits + i);
+           i += 8) {
+      }
+      for (; i < n; ++i) max_bits[i] = magnitude_max<T, kGroup>(row + (g0 + i) * kGroup * kEsize);
+      for (i = 0; i < n; ++i) {
         if (max_bits[i] >= kNonFiniteBits<T>) {
+          const std::byte* group = row + (g0 + i) * kGroup * kEsize;
           return r * io.n_cols + (g0 + i) * kGroup + first_non_finite(T, group);
         }
       }
-      for (std::size_t i = n; i < block; ++i) max_bits[i] = 0;
+      for (i = n; i < block; ++i) max_bits[i] = 0;
       mx_scales<T>(dv, kFp4 ? kMxfp4Offset : kMxfp8Offset, max_bits, inverses, bytes);
       std::memcpy(scales + g0, bytes, n);
-      for (std::size_t i = 0; i < n; ++i) {
+      for (i = 0; i < n; ++i) {
         const std::byte* group = row + (g0 + i) * kGroup * kEsize;
         // w / 2^k as w * 2^-k: 2^-k is exact in float, so both round the same real.
         const auto inverse = hn::Set(df, inverses[i]);
