@@ -111,11 +111,15 @@ HWY_INLINE std::uint32_t magnitude_max(const std::byte* p) {
 // eight group vectors together by interleaving (pairs of groups, then 2 x 2,
 // then 4 x 4 lanes, then the two 128-bit blocks), each step a Max of lanes
 // of the same group, so out[i] is the max over group i as magnitude_max()
-// computes it. Returns false (nothing written) on other targets.
+// computes it. Returns false (nothing written) on other targets and dtypes:
+// the interleaving is written for x86's 128-bit blocks (AVX2, and AVX-512
+// on 256-bit vectors); NEON and SVE take the group-by-group path.
 template <DType T, std::size_t kN>
 HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
   const hn::CappedTag<std::uint16_t, 16> d;
-  if constexpr (T == DType::kF32) {
+  if constexpr (T == DType::kF32 || (HWY_TARGET != HWY_AVX2 && HWY_TARGET != HWY_AVX3)) {
+    (void)p;
+    (void)out;
     return false;
   } else {
     if (hn::Lanes(d) != 16) return false;
