@@ -507,7 +507,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Nvfp4Golden,
                            return n;
                          });
 
-TEST(Nvfp4Golden, F16SetsGetOneAnd64000AndExpertsTheirOwnScale) {
+TEST(Nvfp4GoldenScales, F16SetsGetOneAnd64000AndExpertsTheirOwnScale) {
   // The fixtures' global scales, read back: llama-f16 layer 0 q/k/v share
   // 1.0 (F16 overflow), layer 1 q/k/v share 64000.
   const test::CheckpointTensors f16 =
