@@ -215,7 +215,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> e2m1_codes(DF df, hn::Vec<DF> v) {
 // Stores Lanes(di) E2M1 codes (int32 lanes) as Lanes(di) / 2 bytes: column
 // 2j in the low nibble of byte j, column 2j + 1 in the high one.
 template <class DI>
-HWY_INLINE void store_nibbles(DI di, hn::Vec<DI> codes, std::byte* out) {
+HWY_INLINE void store_nibbles(DI /*di*/, hn::Vec<DI> codes, std::byte* out) {
   const hn::Repartition<std::uint64_t, DI> d64;
   const auto pairs = hn::BitCast(d64, codes);
   const auto bytes = hn::Or(pairs, hn::ShiftRight<28>(pairs));
@@ -308,7 +308,7 @@ std::optional<std::uint64_t> nvfp4_rows(const KernelIo& io) {
       hn::Store(hn::TruncateTo(d8v, code), d8v, codes);
       std::memcpy(scales + g0, codes, n);
       // Step 8, a vector of elements at a time.
-      for (std::size_t i = 0; i < n; ++i) {
+      for (i = 0; i < n; ++i) {
         const std::byte* group = row + (g0 + i) * kGroup * kEsize;
         const auto divisor = hn::Set(df, divisors[i]);
         for (std::size_t c = 0; c < kGroup; c += lanes) {
