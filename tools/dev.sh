@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  googletest libgtest-dev libpcre2-dev libbenchmark-dev
+  googletest libgtest-dev libpcre2-dev libbenchmark-dev libhwy-dev
 )
 BUILD_DIR=${CTQUANT_BUILD_DIR:-build}
 # The sanitizer and fuzzing build (tools/dev.sh sanitize, tools/fuzz.sh).
