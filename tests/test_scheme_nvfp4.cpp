@@ -12,12 +12,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/source/checkpoint.hpp"
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/util/error.hpp"
 #include "microscale_test_support.hpp"
@@ -233,9 +236,13 @@ TEST(Nvfp4Family, WritesFp4GroupsOf16AndSupportsOnlyTheNvfp4Args) {
   QuantArgs g32 = nvfp4();
   g32.group_size = 32;
   EXPECT_FALSE(family().writes(g32, false));
-  ASSERT_EQ(family().presets.size(), 1u);
+  ASSERT_EQ(family().presets.size(), 2u);
   EXPECT_EQ(family().presets[0].name, "NVFP4A16");
   EXPECT_EQ(family().presets[0].input_activations, "");
+  EXPECT_EQ(family().presets[0].refused, "");
+  EXPECT_EQ(family().presets[1].name, "NVFP4");
+  test::expect_message(std::string(family().presets[1].refused),
+                       {"Model Free PTQ cannot calibrate activations", "NVFP4A16"});
 }
 
 TEST(Nvfp4Family, OutputsPackedCodesFp8ScalesAndAGlobalScale) {
@@ -411,26 +418,99 @@ TEST(MicroscaleJobs, PartnersMoveIntoTheJobOfTheirPrimary) {
   }
 }
 
-TEST(MicroscaleJobs, MissingPartnerAndPartnerOnlyShardAreRefused) {
+TEST(MicroscaleJobs, MissingPartnersAndPartnerOnlyShardsLeaveSmallerSets) {
+  // model_free_ptq refuses both layouts; the jobs hold what exists.
   const std::vector<std::pair<std::string, std::string>> no_w3 = {
       {"model.layers.0.mlp.experts.0.w1.weight", "a.safetensors"}};
-  try {
-    microscale_job_names(no_w3);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    test::expect_message(e.what(), {"Dependency weight model.layers.0.mlp.experts.0.w3.weight "
-                                    "not found in weight map"});
-  }
+  EXPECT_EQ(microscale_job_names(no_w3),
+            (std::map<std::string, std::vector<std::string>>{
+                {"a.safetensors", {"model.layers.0.mlp.experts.0.w1.weight"}}}));
   const std::vector<std::pair<std::string, std::string>> partner_only = {
       {"model.layers.0.self_attn.q_proj.weight", "a.safetensors"},
       {"model.layers.0.self_attn.k_proj.weight", "b.safetensors"},
       {"model.layers.0.self_attn.v_proj.weight", "b.safetensors"}};
-  try {
-    microscale_job_names(partner_only);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    test::expect_message(e.what(), {"Could not find inverse_weight_map for shard b.safetensors"});
+  EXPECT_EQ(microscale_job_names(partner_only),
+            (std::map<std::string, std::vector<std::string>>{
+                {"a.safetensors",
+                 {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                  "model.layers.0.self_attn.v_proj.weight"}}}));
+}
+
+// ---- the plan's amax sets ----
+
+// Each amax set of a plan as the sorted names of its modules.
+std::set<std::vector<std::string>> amax_sets(const std::string& golden_case,
+                                             const PlanOptions& options) {
+  const QuantizePlan plan =
+      make_plan(open_checkpoint(test::golden_dir() / golden_case / "input"), options);
+  std::set<std::vector<std::string>> out;
+  for (const std::vector<std::size_t>& set : plan.amax_sets) {
+    std::vector<std::string> names;
+    for (const std::size_t m : set) names.push_back(plan.modules[m].name);
+    std::sort(names.begin(), names.end());
+    out.insert(names);
   }
+  return out;
+}
+
+PlanOptions nvfp4_options(std::vector<std::string> ignore) {
+  PlanOptions o;
+  o.groups = {preset_group("NVFP4A16")};
+  o.ignore = std::move(ignore);
+  return o;
+}
+
+TEST(Nvfp4Plan, FusedPartnersInOtherShardsShareOneAmax) {
+  const auto sets =
+      amax_sets("sharded-bf16-nvfp4a16", nvfp4_options({"lm_head", "model.embed_tokens"}));
+  std::set<std::vector<std::string>> expected;
+  for (const std::string l : {"0", "1"}) {
+    const std::string p = "model.layers." + l + ".";
+    expected.insert({p + "self_attn.k_proj", p + "self_attn.q_proj", p + "self_attn.v_proj"});
+    expected.insert({p + "mlp.gate_proj", p + "mlp.up_proj"});
+    expected.insert({p + "self_attn.o_proj"});
+    expected.insert({p + "mlp.down_proj"});
+  }
+  EXPECT_EQ(sets, expected);
+}
+
+TEST(Nvfp4Plan, SplitExpertsEachHaveTheirOwnAmax) {
+  const auto sets = amax_sets("qwen3moe-fused-bf16-nvfp4a16",
+                              nvfp4_options({"lm_head", "model.embed_tokens", "re:.*mlp.gate$"}));
+  const std::string p = "model.layers.0.";
+  EXPECT_TRUE(sets.contains(
+      {p + "self_attn.k_proj", p + "self_attn.q_proj", p + "self_attn.v_proj"}));
+  for (int e = 0; e < 4; ++e) {
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+      const std::string m = fmt::format("{}mlp.experts.{}.{}", p, e, proj);
+      EXPECT_TRUE(sets.contains({m})) << m;
+    }
+  }
+  EXPECT_EQ(sets.size(), 1u + 1u + 12u);  // q/k/v, o_proj, the experts
+}
+
+TEST(Nvfp4Plan, OnlyQuantizedNvfp4MembersShareTheAmax) {
+  // k_proj ignored: q and v still share one amax (model_free fuses the
+  // quantized members of a complete set).
+  const auto ignored = amax_sets(
+      "llama-bf16-nvfp4a16", nvfp4_options({"lm_head", "model.embed_tokens", "re:.*k_proj$"}));
+  EXPECT_TRUE(ignored.contains(
+      {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}));
+  // gate/up under W4A16: no amax at all; q/k/v under NVFP4 still share one.
+  PlanOptions mixed;
+  SchemeGroup attention = preset_group("NVFP4A16");
+  attention.name = "attention";
+  attention.targets = {"re:.*self_attn.*"};
+  SchemeGroup mlp = preset_group("W4A16");
+  mlp.name = "mlp";
+  mlp.targets = {"re:.*mlp.*"};
+  mixed.groups = {attention, mlp};
+  mixed.ignore = {"lm_head", "model.embed_tokens"};
+  EXPECT_EQ(amax_sets("llama-bf16-nvfp4a16", mixed),
+            (std::set<std::vector<std::string>>{
+                {"model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.q_proj",
+                 "model.layers.0.self_attn.v_proj"},
+                {"model.layers.0.self_attn.o_proj"}}));
 }
 
 // ---- golden cases, module by module ----

@@ -68,7 +68,7 @@ inline std::string supports(const QuantArgs& args) {
 // when 32 does not divide in_features (schemes.md 6.2, 10).
 inline std::string refuse(const QuantArgs&, std::uint64_t /*rows*/, std::uint64_t cols) {
   if (cols % kGroup != 0) {
-    return fmt::format("in_features {} is not a multiple of the MX group size 32", cols);
+    return fmt::format("has in_features {}, not a multiple of the MX group size 32", cols);
   }
   return {};
 }

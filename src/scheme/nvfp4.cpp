@@ -15,9 +15,10 @@
 // warning, which mis-scales the other partitions' block scales); the fused
 // sets guarantee it whenever all members are quantized.
 //
-// NVFP4 (W4A4) is not a preset: its input activations have dynamic "local"
-// (a calibrated per-tensor input global scale), which model_free_ptq refuses
-// ("Model Free PTQ cannot calibrate activations", schemes.md 5.1 and 10).
+// NVFP4 (W4A4) is listed as a refused preset: its input activations have
+// dynamic "local" (a calibrated per-tensor input global scale), which
+// model_free_ptq refuses ("Model Free PTQ cannot calibrate activations",
+// schemes.md 5.1 and 10).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,9 +49,15 @@ QuantArgs nvfp4_args() {
   return a;
 }
 
-// compressed-tensors `quantization/quant_scheme.py` NVFP4A16.
+// compressed-tensors `quantization/quant_scheme.py` NVFP4A16, and NVFP4,
+// which model_free_ptq refuses (schemes.md 5.1, 10).
 const Preset kPresets[] = {
     {"NVFP4A16", nvfp4_args(), ""},
+    {"NVFP4", nvfp4_args(), "",
+     "its FP4 input activations carry a per-tensor global scale that must be calibrated on "
+     "data (\"dynamic\": \"local\"), which model_free_ptq refuses (\"Model Free PTQ cannot "
+     "calibrate activations\") and a data-free tool cannot compute; NVFP4A16 writes the same "
+     "weights without activation quantization"},
 };
 
 // compressors/format.py rule 3 (NVFP4PackedCompressor.can_compress): FLOAT
@@ -83,7 +90,7 @@ std::string supports(const QuantArgs& args) {
 // divide in_features (schemes.md 10).
 std::string refuse(const QuantArgs&, std::uint64_t /*rows*/, std::uint64_t cols) {
   if (cols % kGroup != 0) {
-    return fmt::format("in_features {} is not a multiple of the NVFP4 group size 16", cols);
+    return fmt::format("has in_features {}, not a multiple of the NVFP4 group size 16", cols);
   }
   return {};
 }

@@ -88,12 +88,15 @@ std::vector<std::string> fused_partners(const std::string& tensor_name);
 // some primary in the weight map is loaded by the primary's job, not by its
 // own shard's. Returns shard -> names, grouped by source shard in first-use
 // order (model_free's order within a group comes from a Python set; only
-// natural-sort ties could depend on it). Throws Error{kBadInput}, with
-// model_free's text and the reason, when a primary's partner is not in the
-// weight map ("Dependency weight <name> not found in weight map": an
-// X.w1.weight without X.w3.weight, a q_proj without k_proj) and when a
-// shard holds only partners ("Could not find inverse_weight_map for shard
-// <shard>").
+// natural-sort ties could depend on it).
+//
+// model_free_ptq refuses two layouts this function accepts: a primary whose
+// partner is not in the weight map ("Dependency weight <name> not found in
+// weight map": an X.w1.weight without X.w3.weight, a q_proj without k_proj),
+// whose job then holds the partners that exist; and a shard that holds only
+// partners ("Could not find inverse_weight_map for shard <shard>"), which
+// then has no job. The weights of both are still well defined: each fused
+// set is what its job holds.
 std::map<std::string, std::vector<std::string>> microscale_job_names(
     std::span<const std::pair<std::string, std::string>> weight_map);
 
