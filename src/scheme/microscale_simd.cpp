@@ -105,31 +105,34 @@ HWY_INLINE std::uint32_t magnitude_max(const std::byte* p) {
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
-// Largest magnitude bits of 8 consecutive groups of kN BF16 / F16 elements
-// (kN a multiple of 16) at p into out[0..8), on targets whose vectors hold
-// 16 such elements: each group's vectors are first reduced to one, then the
-// eight group vectors together by interleaving (pairs of groups, then 2 x 2,
-// then 4 x 4 lanes, then the two 128-bit blocks), each step a Max of lanes
-// of the same group, so out[i] is the max over group i as magnitude_max()
-// computes it. Returns false (nothing written) on other targets and dtypes:
-// the interleaving is written for x86's 128-bit blocks (AVX2, and AVX-512
-// on 256-bit vectors); NEON and SVE take the group-by-group path.
+// Largest magnitude bits of 8 consecutive groups of kN elements at p into
+// out[0..8), where a vector holds 16 BF16 / F16 or 8 F32 elements (kN a
+// multiple of that): each group's vectors are first reduced to one, then the
+// eight group vectors together by interleaving (pairs of groups, then pairs
+// of pairs, ...; for BF16 / F16 lastly the two 128-bit blocks), each step a
+// Max of lanes of the same group, so out[i] is the max over group i as
+// magnitude_max() computes it. Returns false (nothing written) on other
+// targets: the interleaving is written for x86's 128-bit blocks (AVX2, and
+// AVX-512 on 256-bit vectors); NEON and SVE take the group-by-group path.
 template <DType T, std::size_t kN>
 HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
-  const hn::CappedTag<std::uint16_t, 16> d;
-  if constexpr (T == DType::kF32 || (HWY_TARGET != HWY_AVX2 && HWY_TARGET != HWY_AVX3)) {
+  using Raw = RawLane<T>;
+  constexpr std::size_t kLanes = 32 / sizeof(Raw);  // one 256-bit vector
+  constexpr Raw kMagnitude = static_cast<Raw>(T == DType::kF32 ? 0x7FFFFFFFu : 0x7FFFu);
+  const hn::CappedTag<Raw, kLanes> d;
+  if constexpr (HWY_TARGET != HWY_AVX2 && HWY_TARGET != HWY_AVX3) {
     (void)p;
     (void)out;
     return false;
   } else {
-    if (hn::Lanes(d) != 16) return false;
+    if (hn::Lanes(d) != kLanes) return false;
     const hn::Repartition<std::uint32_t, decltype(d)> d32;
     const hn::Repartition<std::uint64_t, decltype(d)> d64;
-    const auto* raw = reinterpret_cast<const std::uint16_t*>(p);
-    const auto mask = hn::Set(d, std::uint16_t{0x7FFF});
+    const auto* raw = reinterpret_cast<const Raw*>(p);
+    const auto mask = hn::Set(d, kMagnitude);
     const auto group = [&](std::size_t i) {
       auto m = hn::And(hn::LoadU(d, raw + kN * i), mask);
-      for (std::size_t c = 16; c < kN; c += 16) {
+      for (std::size_t c = kLanes; c < kN; c += kLanes) {
         m = hn::Max(m, hn::And(hn::LoadU(d, raw + kN * i + c), mask));
       }
       return m;
@@ -141,17 +144,30 @@ HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
       const auto hi = hn::BitCast(d, hn::InterleaveUpper(du, hn::BitCast(du, a), hn::BitCast(du, b)));
       return hn::Max(lo, hi);
     };
-    const auto g01 = merge(d, group(0), group(1));
-    const auto g23 = merge(d, group(2), group(3));
-    const auto g45 = merge(d, group(4), group(5));
-    const auto g67 = merge(d, group(6), group(7));
-    const auto g0123 = merge(d32, g01, g23);
-    const auto g4567 = merge(d32, g45, g67);
-    const auto all = merge(d64, g0123, g4567);  // each 128-bit block: groups 0..7
-    const hn::Half<decltype(d)> dh;
-    const auto m = hn::Max(hn::LowerHalf(dh, all), hn::UpperHalf(dh, all));
-    const hn::Rebind<std::uint32_t, decltype(dh)> du32;
-    hn::StoreU(hn::PromoteTo(du32, m), du32, out);
+    if constexpr (T == DType::kF32) {
+      const auto g01 = merge(d, group(0), group(1));
+      const auto g23 = merge(d, group(2), group(3));
+      const auto g45 = merge(d, group(4), group(5));
+      const auto g67 = merge(d, group(6), group(7));
+      const auto g0123 = merge(d64, g01, g23);  // each 128-bit block: groups 0..3
+      const auto g4567 = merge(d64, g45, g67);  // groups 4..7
+      // Lower blocks [g0123, g4567], upper blocks likewise: their max.
+      const auto all = hn::Max(hn::ConcatLowerLower(d, g4567, g0123),
+                               hn::ConcatUpperUpper(d, g4567, g0123));
+      hn::StoreU(all, d, out);
+    } else {
+      const auto g01 = merge(d, group(0), group(1));
+      const auto g23 = merge(d, group(2), group(3));
+      const auto g45 = merge(d, group(4), group(5));
+      const auto g67 = merge(d, group(6), group(7));
+      const auto g0123 = merge(d32, g01, g23);
+      const auto g4567 = merge(d32, g45, g67);
+      const auto all = merge(d64, g0123, g4567);  // each 128-bit block: groups 0..7
+      const hn::Half<decltype(d)> dh;
+      const auto m = hn::Max(hn::LowerHalf(dh, all), hn::UpperHalf(dh, all));
+      const hn::Rebind<std::uint32_t, decltype(dh)> du32;
+      hn::StoreU(hn::PromoteTo(du32, m), du32, out);
+    }
     return true;
   }
 }
