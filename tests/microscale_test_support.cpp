@@ -45,9 +45,7 @@ std::string to_hex(const std::vector<std::byte>& bytes) {
   return out;
 }
 
-KernelPath reference_path(const SchemeFamily& family) {
-  return {"reference", family.quantize_ref};
-}
+KernelPath reference_path(const SchemeFamily& family) { return {"reference", family.quantize_ref}; }
 
 KernelPath fast_path(const SchemeFamily& family) { return {"fast", family.quantize}; }
 
@@ -56,7 +54,8 @@ std::vector<KernelPath> all_paths(const SchemeFamily& family, microscale::Format
   for (const detail::SimdLevel& level : detail::simd_levels()) {
     const microscale::ChunkKernel kernel = microscale::kernel_at(level, format);
     if (kernel == nullptr) continue;
-    out.push_back({level.name, [kernel](const QuantArgs&, const KernelIo& io) { return kernel(io); }});
+    out.push_back(
+        {level.name, [kernel](const QuantArgs&, const KernelIo& io) { return kernel(io); }});
   }
   return out;
 }
@@ -119,15 +118,18 @@ std::string first_difference(const KernelOutput& actual, const KernelOutput& exp
   const auto compare = [](const std::vector<std::vector<std::byte>>& a,
                           const std::vector<std::vector<std::byte>>& b,
                           const char* what) -> std::string {
-    if (a.size() != b.size()) return fmt::format("{} {} outputs, expected {}", what, a.size(), b.size());
+    if (a.size() != b.size())
+      return fmt::format("{} {} outputs, expected {}", what, a.size(), b.size());
     for (std::size_t k = 0; k < a.size(); ++k) {
       if (a[k].size() != b[k].size()) {
-        return fmt::format("{} output {}: {} bytes, expected {}", what, k, a[k].size(), b[k].size());
+        return fmt::format("{} output {}: {} bytes, expected {}", what, k, a[k].size(),
+                           b[k].size());
       }
       for (std::size_t i = 0; i < a[k].size(); ++i) {
         if (a[k][i] != b[k][i]) {
           return fmt::format("{} output {} byte {}: {:02x}, expected {:02x}", what, k, i,
-                             std::to_integer<unsigned>(a[k][i]), std::to_integer<unsigned>(b[k][i]));
+                             std::to_integer<unsigned>(a[k][i]),
+                             std::to_integer<unsigned>(b[k][i]));
         }
       }
     }
@@ -198,9 +200,9 @@ void split_moe_experts(std::map<std::string, Tensor>& tensors) {
       continue;
     }
     const std::string key = gate_up ? "gate_up_proj" : "down_proj";
-    const std::vector<std::string> parts =
-        gate_up ? std::vector<std::string>{"gate_proj", "up_proj"}
-                : std::vector<std::string>{"down_proj"};
+    const std::vector<std::string> parts = gate_up
+                                               ? std::vector<std::string>{"gate_proj", "up_proj"}
+                                               : std::vector<std::string>{"down_proj"};
     const std::uint64_t experts = t.shape[0];
     const std::uint64_t part_rows = t.shape[1] / parts.size();
     const std::uint64_t cols = t.shape[2];
@@ -212,7 +214,9 @@ void split_moe_experts(std::map<std::string, Tensor>& tensors) {
         split.replace(split.find(key), key.size(), fmt::format("{}.{}", e, parts[p]));
         if (!split.ends_with(".weight")) split += ".weight";
         const std::byte* begin = t.data.data() + (e * parts.size() + p) * part_bytes;
-        out.emplace(split, Tensor{split, t.dtype, {part_rows, cols},
+        out.emplace(split, Tensor{split,
+                                  t.dtype,
+                                  {part_rows, cols},
                                   std::vector<std::byte>(begin, begin + part_bytes)});
       }
     }
@@ -243,9 +247,8 @@ GoldenCheck check_golden_modules(const SchemeFamily& family, const QuantArgs& ar
     const std::uint64_t cols = weight.shape[1];
     const auto amax = amax_of.find(module);
     const float tensor_amax = amax == amax_of.end() ? 0.0f : amax->second;
-    const KernelOutput result =
-        run_family(family, args, weight.dtype, rows, cols, weight.data, tensor_amax, path,
-                   chunk_rows);
+    const KernelOutput result = run_family(family, args, weight.dtype, rows, cols, weight.data,
+                                           tensor_amax, path, chunk_rows);
     if (result.bad) {
       out.differences.push_back(fmt::format("{}: non-finite element {}", module, *result.bad));
       continue;
@@ -263,10 +266,9 @@ GoldenCheck check_golden_modules(const SchemeFamily& family, const QuantArgs& ar
         continue;
       }
       if (e->second.dtype != spec.dtype || e->second.shape != spec.shape) {
-        out.differences.push_back(fmt::format("{}: {} {} written, expected {} {}", name,
-                                              dtype_tag(spec.dtype), shape_string(spec.shape),
-                                              dtype_tag(e->second.dtype),
-                                              shape_string(e->second.shape)));
+        out.differences.push_back(fmt::format(
+            "{}: {} {} written, expected {} {}", name, dtype_tag(spec.dtype),
+            shape_string(spec.shape), dtype_tag(e->second.dtype), shape_string(e->second.shape)));
         continue;
       }
       if (actual != e->second.data) {

@@ -34,7 +34,7 @@ std::string to_hex(const std::vector<std::byte>& bytes);
 
 // What a kernel wrote for a whole weight [rows, cols].
 struct KernelOutput {
-  std::optional<std::uint64_t> bad;   // first non-finite element
+  std::optional<std::uint64_t> bad;                  // first non-finite element
   std::vector<std::vector<std::byte>> rows_outputs;  // each kRows output, in outputs() order
   std::vector<std::vector<std::byte>> whole;         // each kWhole output, in outputs() order
 };
@@ -64,7 +64,8 @@ KernelOutput run_family(const SchemeFamily& family, const QuantArgs& args, DType
                         std::uint64_t chunk_rows = 0);
 
 // "" when a and b are the same outputs (first non-finite index, and when
-// there is none every output's bytes), otherwise the first difference: "output 1 byte 37: 7b, expected 7a".
+// there is none every output's bytes), otherwise the first difference: "output 1 byte 37: 7b,
+// expected 7a".
 std::string first_difference(const KernelOutput& actual, const KernelOutput& expected);
 
 // max |w| of a weight of dtype, exactly.

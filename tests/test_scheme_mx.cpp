@@ -35,8 +35,8 @@ using test::to_hex;
 QuantArgs mx_args(const SchemeFamily& f) { return f.presets[0].weights; }
 // The reference, the fast path and the vector kernel at every level this CPU runs.
 std::vector<test::KernelPath> paths(const SchemeFamily& f) {
-  return test::all_paths(f, &f == &kMxfp4Family ? microscale::Format::kMxfp4
-                                                : microscale::Format::kMxfp8);
+  return test::all_paths(
+      f, &f == &kMxfp4Family ? microscale::Format::kMxfp4 : microscale::Format::kMxfp8);
 }
 
 // ---- E8M0 exponents (schemes.md 6.1) ----
@@ -58,8 +58,7 @@ TEST(MxScale, MantissaFrom1Point75RoundsTheExponentUp) {
   EXPECT_EQ(mx_scale(DType::kF16, 1.75f * 0x1p-3f, kMxfp4Offset).byte, 0x7B);
   EXPECT_EQ(mx_scale(DType::kF16, (1.75f - 0x1p-10f) * 0x1p-3f, kMxfp4Offset).byte, 0x7A);
   EXPECT_EQ(mx_scale(DType::kF32, 1.75f * 0x1p-3f, kMxfp4Offset).byte, 0x7B);
-  EXPECT_EQ(mx_scale(DType::kF32, std::nextafter(1.75f, 0.0f) * 0x1p-3f, kMxfp4Offset).byte,
-            0x7A);
+  EXPECT_EQ(mx_scale(DType::kF32, std::nextafter(1.75f, 0.0f) * 0x1p-3f, kMxfp4Offset).byte, 0x7A);
 }
 
 TEST(MxScale, ZeroGroupGetsByteZeroInBf16AndF32) {
@@ -308,7 +307,8 @@ std::vector<std::byte> store(DType t, const std::vector<float>& values) {
     if (t == DType::kF32) {
       std::memcpy(out.data() + 4 * i, &values[i], 4);
     } else {
-      const std::uint16_t b = t == DType::kBF16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+      const std::uint16_t b =
+          t == DType::kBF16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
       std::memcpy(out.data() + 2 * i, &b, 2);
     }
   }
@@ -330,8 +330,7 @@ std::vector<float> adversarial(DType t, int offset, std::uint64_t rows, std::uin
   for (std::uint64_t g = 0; g < rows * cols / 32; ++g) {
     float* group = w.data() + g * 32;
     if (g % 7 == 0) continue;  // all zero
-    const float amax =
-        round_to_dtype(t, std::ldexp(mantissas[g % 7], exponent(rng)));
+    const float amax = round_to_dtype(t, std::ldexp(mantissas[g % 7], exponent(rng)));
     group[g % 32] = g % 2 == 0 ? -amax : amax;
     const float scale = mx_scale(t, amax, offset).scale;
     for (int i = 0; i < 32; ++i) {
@@ -385,8 +384,8 @@ TEST(MxKernel, FastPathsMatchReferencesOnAdversarialAndRandomWeights) {
       const auto ref = test::run_family(*f, mx_args(*f), t, 5, 4096, w, 0.0f, false);
       for (const test::KernelPath& path : paths(*f)) {
         const auto out = test::run_family(*f, mx_args(*f), t, 5, 4096, w, 0.0f, path);
-        EXPECT_EQ(test::first_difference(out, ref), "") << f->id << " " << path.name << " "
-                                                        << dtype_tag(t);
+        EXPECT_EQ(test::first_difference(out, ref), "")
+            << f->id << " " << path.name << " " << dtype_tag(t);
       }
     }
   }
@@ -410,8 +409,8 @@ TEST(MxKernel, FastPathsReportTheSameFirstNonFiniteElement) {
         EXPECT_EQ(*ref.bad, at);
         for (const test::KernelPath& path : paths(*f)) {
           const auto out = test::run_family(*f, mx_args(*f), t, 2, 1024, w, 0.0f, path);
-          EXPECT_EQ(ref.bad, out.bad) << f->id << " " << path.name << " " << dtype_tag(t)
-                                      << " at " << at;
+          EXPECT_EQ(ref.bad, out.bad)
+              << f->id << " " << path.name << " " << dtype_tag(t) << " at " << at;
         }
       }
     }

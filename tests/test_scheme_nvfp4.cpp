@@ -20,8 +20,8 @@
 
 #include "ctquant/format/minifloat.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/source/checkpoint.hpp"
 #include "ctquant/scheme/fused_sets.hpp"
+#include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "microscale_test_support.hpp"
 #include "scheme/microscale.hpp"
@@ -131,10 +131,9 @@ TEST(Nvfp4Vectors, V2FusedQkvShareOneGlobalScale) {
   for (const auto& [name, w] : weights) names.push_back(name);
   const FusedSets sets = fused_sets(names);
   ASSERT_EQ(sets.sets.size(), 1u);
-  EXPECT_EQ(sets.sets[0],
-            (std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight",
-                                      "model.layers.0.self_attn.k_proj.weight",
-                                      "model.layers.0.self_attn.v_proj.weight"}));
+  EXPECT_EQ(sets.sets[0], (std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight",
+                                                    "model.layers.0.self_attn.k_proj.weight",
+                                                    "model.layers.0.self_attn.v_proj.weight"}));
   float set_amax = 0.0f;
   for (const std::string& name : sets.sets[0]) {
     set_amax = std::max(set_amax, test::weight_amax(DType::kBF16, weights.at(name)));
@@ -171,8 +170,8 @@ TEST(Nvfp4Vectors, V2FusedQkvShareOneGlobalScale) {
 
 TEST(Nvfp4Kernel, ReturnsTheFirstNonFiniteElement) {
   for (const test::KernelPath& path : paths()) {
-    for (const std::uint16_t bad : {std::uint16_t{0x7FC0}, std::uint16_t{0x7F80},
-                                    std::uint16_t{0xFF80}}) {
+    for (const std::uint16_t bad :
+         {std::uint16_t{0x7FC0}, std::uint16_t{0x7F80}, std::uint16_t{0xFF80}}) {
       std::vector<std::byte> w = v1_weight();
       std::memcpy(w.data() + 2 * (32 + 21), &bad, 2);  // row 1, column 21
       std::memcpy(w.data() + 2 * (32 + 30), &bad, 2);
@@ -186,8 +185,8 @@ TEST(Nvfp4Kernel, ReturnsTheFirstNonFiniteElement) {
 
 TEST(Nvfp4Dequantize, CodesTimesScaleOverGlobalScale) {
   const std::vector<std::byte> w = v1_weight();
-  const test::KernelOutput out = test::run_family(family(), nvfp4(), DType::kBF16, 2, 32, w,
-                                                  0.115234375f, false);
+  const test::KernelOutput out =
+      test::run_family(family(), nvfp4(), DType::kBF16, 2, 32, w, 0.115234375f, false);
   std::vector<float> values(64);
   DequantIo io;
   io.dtype = DType::kBF16;
@@ -404,14 +403,14 @@ TEST(FusedPartners, PrimariesFetchTheirPartners) {
 }
 
 TEST(MicroscaleJobs, PartnersMoveIntoTheJobOfTheirPrimary) {
-  const auto weight_map = test::input_weight_map(
-      test::golden_dir() / "sharded-bf16-nvfp4a16" / "input");
+  const auto weight_map =
+      test::input_weight_map(test::golden_dir() / "sharded-bf16-nvfp4a16" / "input");
   const auto jobs = microscale_job_names(weight_map);
   ASSERT_EQ(jobs.size(), 3u);
   const auto& first = jobs.at("model-00001-of-00003.safetensors");
-  for (const char* moved : {"model.layers.0.self_attn.k_proj.weight",
-                            "model.layers.0.self_attn.v_proj.weight",
-                            "model.layers.1.mlp.up_proj.weight"}) {
+  for (const char* moved :
+       {"model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.1.mlp.up_proj.weight"}) {
     EXPECT_NE(std::find(first.begin(), first.end(), moved), first.end()) << moved;
     const auto& third = jobs.at("model-00003-of-00003.safetensors");
     EXPECT_EQ(std::find(third.begin(), third.end(), moved), third.end()) << moved;
@@ -429,11 +428,12 @@ TEST(MicroscaleJobs, MissingPartnersAndPartnerOnlyShardsLeaveSmallerSets) {
       {"model.layers.0.self_attn.q_proj.weight", "a.safetensors"},
       {"model.layers.0.self_attn.k_proj.weight", "b.safetensors"},
       {"model.layers.0.self_attn.v_proj.weight", "b.safetensors"}};
-  EXPECT_EQ(microscale_job_names(partner_only),
-            (std::map<std::string, std::vector<std::string>>{
-                {"a.safetensors",
-                 {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-                  "model.layers.0.self_attn.v_proj.weight"}}}));
+  EXPECT_EQ(
+      microscale_job_names(partner_only),
+      (std::map<std::string, std::vector<std::string>>{
+          {"a.safetensors",
+           {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.self_attn.v_proj.weight"}}}));
 }
 
 // ---- the plan's amax sets ----
@@ -478,8 +478,8 @@ TEST(Nvfp4Plan, SplitExpertsEachHaveTheirOwnAmax) {
   const auto sets = amax_sets("qwen3moe-fused-bf16-nvfp4a16",
                               nvfp4_options({"lm_head", "model.embed_tokens", "re:.*mlp.gate$"}));
   const std::string p = "model.layers.0.";
-  EXPECT_TRUE(sets.contains(
-      {p + "self_attn.k_proj", p + "self_attn.q_proj", p + "self_attn.v_proj"}));
+  EXPECT_TRUE(
+      sets.contains({p + "self_attn.k_proj", p + "self_attn.q_proj", p + "self_attn.v_proj"}));
   for (int e = 0; e < 4; ++e) {
     for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
       const std::string m = fmt::format("{}mlp.experts.{}.{}", p, e, proj);
@@ -492,10 +492,10 @@ TEST(Nvfp4Plan, SplitExpertsEachHaveTheirOwnAmax) {
 TEST(Nvfp4Plan, OnlyQuantizedNvfp4MembersShareTheAmax) {
   // k_proj ignored: q and v still share one amax (model_free fuses the
   // quantized members of a complete set).
-  const auto ignored = amax_sets(
-      "llama-bf16-nvfp4a16", nvfp4_options({"lm_head", "model.embed_tokens", "re:.*k_proj$"}));
-  EXPECT_TRUE(ignored.contains(
-      {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}));
+  const auto ignored = amax_sets("llama-bf16-nvfp4a16",
+                                 nvfp4_options({"lm_head", "model.embed_tokens", "re:.*k_proj$"}));
+  EXPECT_TRUE(
+      ignored.contains({"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"}));
   // gate/up under W4A16: no amax at all; q/k/v under NVFP4 still share one.
   PlanOptions mixed;
   SchemeGroup attention = preset_group("NVFP4A16");
@@ -571,7 +571,8 @@ TEST_P(Nvfp4Golden, EveryModuleMatchesTensorByTensor) {
       const test::GoldenCheck check =
           test::check_golden_modules(family(), nvfp4(), split, expected, amax, path, chunk);
       EXPECT_EQ(check.modules.size(), GetParam().modules);
-      EXPECT_TRUE(check.differences.empty()) << fmt::format("{}", fmt::join(check.differences, "\n"));
+      EXPECT_TRUE(check.differences.empty())
+          << fmt::format("{}", fmt::join(check.differences, "\n"));
     }
   }
 }
@@ -621,7 +622,8 @@ std::vector<std::byte> store(DType t, const std::vector<float>& values) {
     if (t == DType::kF32) {
       std::memcpy(out.data() + 4 * i, &values[i], 4);
     } else {
-      const std::uint16_t b = t == DType::kBF16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+      const std::uint16_t b =
+          t == DType::kBF16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
       std::memcpy(out.data() + 2 * i, &b, 2);
     }
   }
@@ -643,13 +645,12 @@ std::vector<float> adversarial(DType t, std::uint64_t rows, std::uint64_t cols, 
     const int kind = static_cast<int>(g % 6);
     if (kind == 0) continue;  // all zero
     // The group amax, from the tensor amax down to tiny fractions of it.
-    float amax = round_to_dtype(t, tensor_amax * std::ldexp(unit(rng) + 0.5f, -static_cast<int>(
-                                                                                g % 24)));
+    float amax =
+        round_to_dtype(t, tensor_amax * std::ldexp(unit(rng) + 0.5f, -static_cast<int>(g % 24)));
     amax = std::min(amax, tensor_amax);
     if (g == 0) amax = tensor_amax;
     group[0] = kind % 2 == 0 ? -amax : amax;
-    const float divisor =
-        microscale::nvfp4_divisor(microscale::nvfp4_group_scale(t, gs, amax), gs);
+    const float divisor = microscale::nvfp4_divisor(microscale::nvfp4_group_scale(t, gs, amax), gs);
     for (int i = 1; i < 16; ++i) {
       const float tie = ties[static_cast<std::size_t>(i) % 8] * divisor;
       float v = round_to_dtype(t, tie);
@@ -705,9 +706,9 @@ TEST(Nvfp4Kernel, FastPathReportsTheSameFirstNonFiniteElement) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   for (const DType t : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (const std::uint64_t at : {0u, 15u, 16u, 17u, 250u, 1023u, 4095u}) {
-      for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                              std::numeric_limits<float>::infinity(),
-                              -std::numeric_limits<float>::infinity()}) {
+      for (const float bad :
+           {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+            -std::numeric_limits<float>::infinity()}) {
         std::vector<float> values(4 * 1024);
         for (float& v : values) v = normal(rng);
         values[at] = bad;

@@ -473,10 +473,9 @@ void assign_amax_sets(const Checkpoint& checkpoint, QuantizePlan& plan) {
            plan.group_of(plan.modules[i]).weights.strategy == QuantArgs::Strategy::kTensorGroup;
   };
   std::vector<bool> assigned(plan.modules.size(), false);
-  const bool microscale =
-      std::any_of(plan.options.groups.begin(), plan.options.groups.end(), [](const SchemeGroup& g) {
-        return g.weights.strategy == QuantArgs::Strategy::kTensorGroup;
-      });
+  const bool microscale = std::any_of(
+      plan.options.groups.begin(), plan.options.groups.end(),
+      [](const SchemeGroup& g) { return g.weights.strategy == QuantArgs::Strategy::kTensorGroup; });
   if (microscale) {
     std::vector<std::pair<std::string, std::string>> weight_map;
     std::unordered_map<std::string, std::size_t> decision_of;

@@ -27,7 +27,8 @@ const std::vector<FusedMapping> kMappings = {
 const std::vector<ModuleMatcher>& mapping_matchers() {
   static const std::vector<ModuleMatcher> matchers = [] {
     std::vector<ModuleMatcher> out;
-    for (const FusedMapping& m : kMappings) out.emplace_back(m.targets, ModuleMatcher::Role::kIgnore);
+    for (const FusedMapping& m : kMappings)
+      out.emplace_back(m.targets, ModuleMatcher::Role::kIgnore);
     return out;
   }();
   return matchers;

@@ -140,8 +140,10 @@ HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
     // Lanes of a and b interleaved (as units of `du` lanes), then the max of
     // the two halves: each output unit holds one group's partial max.
     const auto merge = [&](auto du, auto a, auto b) {
-      const auto lo = hn::BitCast(d, hn::InterleaveLower(du, hn::BitCast(du, a), hn::BitCast(du, b)));
-      const auto hi = hn::BitCast(d, hn::InterleaveUpper(du, hn::BitCast(du, a), hn::BitCast(du, b)));
+      const auto lo =
+          hn::BitCast(d, hn::InterleaveLower(du, hn::BitCast(du, a), hn::BitCast(du, b)));
+      const auto hi =
+          hn::BitCast(d, hn::InterleaveUpper(du, hn::BitCast(du, a), hn::BitCast(du, b)));
       return hn::Max(lo, hi);
     };
     if constexpr (T == DType::kF32) {
@@ -152,8 +154,8 @@ HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
       const auto g0123 = merge(d64, g01, g23);  // each 128-bit block: groups 0..3
       const auto g4567 = merge(d64, g45, g67);  // groups 4..7
       // Lower blocks [g0123, g4567], upper blocks likewise: their max.
-      const auto all = hn::Max(hn::ConcatLowerLower(d, g4567, g0123),
-                               hn::ConcatUpperUpper(d, g4567, g0123));
+      const auto all =
+          hn::Max(hn::ConcatLowerLower(d, g4567, g0123), hn::ConcatUpperUpper(d, g4567, g0123));
       hn::StoreU(all, d, out);
     } else {
       const auto g01 = merge(d, group(0), group(1));
@@ -252,8 +254,8 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> e4m3_codes(DF df, hn::Vec<DF> v) {
   // Below 2^-6: k * 2^-9, k = the steps of 2^-9 that a + 2^14 holds.
   const auto magic = hn::Set(df, 16384.0f);
   const auto subnormal = hn::Sub(hn::BitCast(du, hn::Add(a, magic)), hn::BitCast(du, magic));
-  const auto code = hn::IfThenElse(hn::RebindMask(du, hn::Lt(a, hn::Set(df, 0x1p-6f))), subnormal,
-                                   normal);
+  const auto code =
+      hn::IfThenElse(hn::RebindMask(du, hn::Lt(a, hn::Set(df, 0x1p-6f))), subnormal, normal);
   const auto sign = hn::And(hn::ShiftRight<24>(hn::BitCast(du, v)), hn::Set(du, 0x80u));
   return hn::Or(code, sign);
 }
@@ -365,14 +367,15 @@ HWY_INLINE void mx_scales(DV dv, int offset, const std::uint32_t* max_bits, floa
       hn::And(hn::Add(hn::Load(du, max_bits), hn::Set(du, kHalfStep)), hn::Set(du, kMask));
   const auto log2_p2 =
       hn::Sub(hn::BitCast(di, hn::ShiftRight<kMantissaBits>(p)), hn::Set(di, kBias));
-  auto e = hn::Min(hn::Max(hn::Add(log2_p2, hn::Set(di, 127 - offset)), hn::Zero(di)),
-                   hn::Set(di, 255));
+  auto e =
+      hn::Min(hn::Max(hn::Add(log2_p2, hn::Set(di, 127 - offset)), hn::Zero(di)), hn::Set(di, 255));
   e = hn::IfThenZeroElse(hn::RebindMask(di, hn::Eq(p, hn::Zero(du))), e);
   e = hn::IfThenElse(hn::RebindMask(di, hn::Eq(p, hn::Set(du, kInfinity))), hn::Set(di, 255), e);
   // 2^(e - 127) (e8m0_to_float), rounded to W.
   const auto ue = hn::BitCast(du, e);
   const auto power = hn::BitCast(
-      dv, hn::IfThenElse(hn::Eq(ue, hn::Zero(du)), hn::Set(du, 0x00400000u), hn::ShiftLeft<23>(ue)));
+      dv,
+      hn::IfThenElse(hn::Eq(ue, hn::Zero(du)), hn::Set(du, 0x00400000u), hn::ShiftLeft<23>(ue)));
   auto scale = round_to_w<T>(dv, power);
   auto byte = ue;
   const auto underflow = hn::Eq(scale, hn::Zero(dv));

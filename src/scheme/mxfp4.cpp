@@ -102,10 +102,10 @@ std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs& args, std::uint64_t r
   std::vector<ShapeProblem> out = mx::vllm_shape_rule(args, rows, cols, parallel);
   const bool tile = (rows % 64 == 0 && cols % 128 == 0) || (rows % 128 == 0 && cols % 64 == 0);
   if (!tile) {
-    out.push_back({false, fmt::format("shard [{}, {}] is not a Marlin tile multiple ([64, 128] or "
-                                      "[128, 64]): vLLM releases before mid-2026 crash repacking "
-                                      "it for Marlin on GPUs without FlashInfer MXFP4",
-                                      rows, cols)});
+    out.push_back(
+        {false, fmt::format("shard [{}, {}] is not a Marlin tile multiple ([64, 128] "
+                            "or [128, 64]), which Marlin (GPUs without FlashInfer MXFP4) needs",
+                            rows, cols)});
   }
   return out;
 }

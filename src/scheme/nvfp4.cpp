@@ -102,7 +102,15 @@ std::vector<OutputTensorSpec> outputs(const QuantArgs&, DType, std::uint64_t row
   const std::uint64_t groups = cols / kGroup;
   return {
       {"weight_packed", DType::kU8, {rows, cols / 2}, F::kRows, K::kCodes, 1, 1, cols / 2, 4, cols},
-      {"weight_scale", DType::kF8_E4M3, {rows, groups}, F::kRows, K::kScale, 1, 1, groups, 8,
+      {"weight_scale",
+       DType::kF8_E4M3,
+       {rows, groups},
+       F::kRows,
+       K::kScale,
+       1,
+       1,
+       groups,
+       8,
        groups},
       {"weight_global_scale", DType::kF32, {1}, F::kWhole, K::kGlobalScale, 1, 1, 4, 32, 1},
   };
@@ -211,10 +219,10 @@ std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs&, std::uint64_t rows, 
   }
   const bool tile = (rows % 64 == 0 && cols % 128 == 0) || (rows % 128 == 0 && cols % 64 == 0);
   if (!tile) {
-    out.push_back({false, fmt::format("shard [{}, {}] is not a Marlin tile multiple ([64, 128] or "
-                                      "[128, 64]): vLLM releases before mid-2026 crash repacking "
-                                      "it for Marlin FP4 on GPUs without FP4 tensor cores",
-                                      rows, cols)});
+    out.push_back(
+        {false, fmt::format("shard [{}, {}] is not a Marlin tile multiple ([64, 128] "
+                            "or [128, 64]), which Marlin FP4 (GPUs without FP4 tensor cores) needs",
+                            rows, cols)});
   }
   return out;
 }
@@ -225,8 +233,9 @@ extern const SchemeFamily kNvfp4Family;
 const SchemeFamily kNvfp4Family{
     .id = "nvfp4",
     .format = "nvfp4-pack-quantized",
-    .summary = "FP4 E2M1 codes, FP8 E4M3 scales per 16 columns, F32 global scale per fused set "
-               "(Marlin FP4, Blackwell CUTLASS)",
+    .summary =
+        "FP4 E2M1 codes, FP8 E4M3 scales per 16 columns, F32 global scale per fused set "
+        "(Marlin FP4, Blackwell CUTLASS)",
     .presets = kPresets,
     .writes = writes,
     .supports = supports,
