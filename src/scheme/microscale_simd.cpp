@@ -56,17 +56,6 @@ constexpr std::uint32_t kNonFiniteBits = T == DType::kF32    ? 0x7F800000u
                                          : T == DType::kBF16 ? 0x7F80u
                                                              : 0x7C00u;
 
-float magnitude_to_float(DType t, std::uint32_t bits) {
-  switch (t) {
-    case DType::kBF16:
-      return bf16_to_float(static_cast<std::uint16_t>(bits));
-    case DType::kF16:
-      return f16_to_float(static_cast<std::uint16_t>(bits));
-    default:
-      return std::bit_cast<float>(bits);
-  }
-}
-
 // Index of the first NaN or infinity of a group known to hold one.
 std::uint64_t first_non_finite(DType t, const std::byte* group) {
   const std::size_t esize = t == DType::kF32 ? 4 : 2;
@@ -190,6 +179,24 @@ HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p) {
   }
 }
 
+// The values of Lanes(dv) magnitude bit patterns of dtype T (uint32, BF16
+// and F16 in the low half), exactly.
+template <DType T, class DF>
+HWY_INLINE hn::Vec<DF> magnitudes_as_float(DF df, const std::uint32_t* bits) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::Load(du, bits);
+  if constexpr (T == DType::kF32) {
+    return hn::BitCast(df, u);
+  } else if constexpr (T == DType::kF16) {
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<std::uint16_t, DF> du16;
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(df, hn::BitCast(df16, hn::DemoteTo(du16, hn::BitCast(di, u))));
+  } else {
+    return hn::BitCast(df, hn::ShiftLeft<16>(u));
+  }
+}
+
 // round_W for finite values: round to W (nearest even), widen.
 template <DType T, class DF>
 HWY_INLINE hn::Vec<DF> round_to_w(DF df, hn::Vec<DF> v) {
@@ -291,7 +298,6 @@ std::optional<std::uint64_t> nvfp4_rows(const KernelIo& io) {
   const hn::Rebind<std::uint8_t, decltype(duv)> d8v;
   const std::size_t block = hn::Lanes(dv);
   HWY_ALIGN std::uint32_t max_bits[kMaxBlock];
-  HWY_ALIGN float amax[kMaxBlock];
   HWY_ALIGN float divisors[kMaxBlock];
   HWY_ALIGN std::uint8_t codes[kMaxBlock];
   const std::uint64_t groups = io.n_cols / kGroup;
@@ -315,11 +321,11 @@ std::optional<std::uint64_t> nvfp4_rows(const KernelIo& io) {
           const std::byte* group = row + (g0 + i) * kGroup * kEsize;
           return r * io.n_cols + (g0 + i) * kGroup + first_non_finite(T, group);
         }
-        amax[i] = magnitude_to_float(T, max_bits[i]);
       }
-      for (i = n; i < block; ++i) amax[i] = 0.0f;
+      for (i = n; i < block; ++i) max_bits[i] = 0;
       // Steps 3-7, one group per lane.
-      const auto s = round_to_w<T>(dv, hn::Div(hn::Load(dv, amax), hn::Set(dv, 6.0f)));
+      const auto amax = magnitudes_as_float<T>(dv, max_bits);
+      const auto s = round_to_w<T>(dv, hn::Div(amax, hn::Set(dv, 6.0f)));
       auto code = e4m3_codes(dv, hn::Mul(vgs, s));
       code = hn::IfThenElse(hn::Eq(code, hn::Zero(duv)), hn::Set(duv, 0x20u), code);
       hn::Store(hn::Div(e4m3_values(dv, code), vgs), dv, divisors);
