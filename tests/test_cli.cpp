@@ -128,6 +128,8 @@ TEST(Cli, UsageErrorsExitTwo) {
       {{"quantize", in, out, "--scheme", "FP8"},
        "scheme 'FP8' is not written: FP8 quantizes input activations statically"},
       {{"quantize", in, out, "--scheme", "w4a8"}, "scheme 'w4a8' is not written: it stores"},
+      {{"quantize", in, out, "--scheme", "NVFP4"},
+       "scheme 'NVFP4' is not written: its FP4 input activations carry a per-tensor global scale"},
       {{"quantize", in, out, "--group-size", "0"}, "--group-size 0: expected a positive number"},
       {{"quantize", in, out, "--group-size", "-2"}, "--group-size: -2 is not a whole number"},
       {{"quantize", in, out, "--group-size", "100000000000000000000"}, "--group-size"},

@@ -16,7 +16,7 @@ namespace ctquant {
 namespace {
 
 TEST(E2M1, EveryCodeDecodesToItsGridValue) {
-  const float expected[16] = {0.0f, 0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+  const float expected[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
   for (std::uint8_t c = 0; c < 16; ++c) {
     EXPECT_EQ(std::bit_cast<std::uint32_t>(e2m1_to_float(c)),

@@ -200,11 +200,13 @@ TEST(Recipe, Fp8RecipesGiveTheirSchemes) {
   }
 }
 
-// Presets ctquant does not write are refused naming the recipe's line.
-TEST(Recipe, UnknownPresetIsRefusedNamingTheLine) {
-  const RecipeSpec spec = parse_recipe(recipes_dir() / "written/nvfp4a16_rtn.yaml");
-  expect_message(usage_error_of([&] { plan_options_for(resolve_recipe(&spec, {})); }),
-                 {"nvfp4a16_rtn.yaml:6: scheme", "NVFP4A16", "W4A16"});
+// A recipe llm-compressor wrote for NVFP4A16 gives the NVFP4A16 plan.
+TEST(Recipe, Nvfp4RecipeGivesTheNvfp4Plan) {
+  EXPECT_EQ(
+      plan_of(llama_input(), options_from_recipe(recipes_dir() / "written/nvfp4a16_rtn.yaml")),
+      plan_of(llama_input(), options_from_command_line(cl("NVFP4A16", std::nullopt,
+                                                          {"lm_head", "re:.*mlp.gate[.].*"},
+                                                          {"Linear"}))));
 }
 
 // ---- bad recipes: named cases, each with its file:line and key ----

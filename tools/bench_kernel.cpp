@@ -3,7 +3,8 @@
 // scalar reference beside the AVX2 code and the fast path (AVX-512 where the
 // CPU has it), for BF16, F16 and F32 weights, on one and two threads; and of
 // the FP8 (FP8_DYNAMIC, FP8_BLOCK, per-tensor) and W8A8 rows' kernels,
-// reference and fast path.
+// reference and fast path; and of the microscale rows (NVFP4A16, MXFP4A16,
+// MXFP8A16), their reference and their fast path, on the same blocks.
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -16,12 +17,14 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ctquant/format/dtype.hpp"
 #include "ctquant/scheme/fp8.hpp"
 #include "ctquant/scheme/int8.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/kernel_simd.hpp"
 
@@ -188,6 +191,67 @@ CTQUANT_ROW_BENCH(W8A8_bf16, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChanne
                   false);
 CTQUANT_ROW_BENCH(W8A8_f16, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel, DType::kF16,
                   false);
+
+// ---- microscale rows: NVFP4A16, MXFP4A16, MXFP8A16 ----
+//
+// The same blocks through a registry row: quantize_ref (the reference) or
+// quantize (the best vector level this CPU runs). NVFP4 gets a fixed
+// tensor amax, as the executor's pre-pass would pass in.
+
+void run_microscale(benchmark::State& state, const char* format, DType dtype, bool fast) {
+  const ctquant::SchemeFamily* family = ctquant::family_by_format(format);
+  const ctquant::QuantArgs args = family->presets.front().weights;
+  const std::vector<std::byte> weights =
+      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  std::vector<std::vector<std::byte>> outputs;
+  ctquant::KernelIo io;
+  io.dtype = dtype;
+  io.n_rows = kRows;
+  io.n_cols = kCols;
+  io.weight = weights.data();
+  io.tensor_amax = 0.1f;
+  for (const ctquant::OutputTensorSpec& spec : family->outputs(args, dtype, kRows, kCols)) {
+    if (spec.fill != ctquant::OutputTensorSpec::Fill::kRows) continue;
+    outputs.emplace_back(spec.byte_size());
+    io.out[outputs.size() - 1] = outputs.back().data();
+  }
+  const ctquant::KernelFn kernel = fast ? family->quantize : family->quantize_ref;
+  for (auto _ : state) {
+    const auto bad = kernel(args, io);
+    benchmark::DoNotOptimize(bad);
+    benchmark::DoNotOptimize(outputs.front().data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * weights.size()));
+  state.counters["per_core"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+  state.SetLabel(fast ? "fast" : "reference");
+}
+
+// NVFP4A16/BF16/fast and so on, on one and two threads.
+const bool kMicroscaleRegistered = [] {
+  const struct {
+    const char* preset;
+    const char* format;
+  } rows[] = {{"NVFP4A16", "nvfp4-pack-quantized"},
+              {"MXFP4A16", "mxfp4-pack-quantized"},
+              {"MXFP8A16", "mxfp8-quantized"}};
+  for (const auto& row : rows) {
+    for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (const bool fast : {false, true}) {
+        const std::string name = std::string(row.preset) + "/" +
+                                 std::string(ctquant::dtype_tag(dtype)) +
+                                 (fast ? "/fast" : "/reference");
+        benchmark::RegisterBenchmark(name.c_str(), run_microscale, row.format, dtype, fast)
+            ->UseRealTime()
+            ->Threads(1)
+            ->Threads(2);
+      }
+    }
+  }
+  return true;
+}();
 
 }  // namespace
 

@@ -13,6 +13,9 @@ namespace ctquant {
 using nlohmann::json;
 
 // The rows, each defined in its own file under src/scheme/.
+extern const SchemeFamily kMxfp4Family;           // mxfp4.cpp
+extern const SchemeFamily kMxfp8Family;           // mxfp8.cpp
+extern const SchemeFamily kNvfp4Family;           // nvfp4.cpp
 extern const SchemeFamily kIntPackedFamily;       // int_packed.cpp
 extern const SchemeFamily kIntQuantizedFamily;    // int8.cpp
 extern const SchemeFamily kFloatQuantizedFamily;  // fp8.cpp
@@ -25,6 +28,9 @@ namespace {
 // mxfp8-quantized, nvfp4-pack-quantized, int-quantized, pack-quantized,
 // float-quantized, naive-quantized.
 constexpr std::array kFamilies = {
+    &kMxfp4Family,
+    &kMxfp8Family,
+    &kNvfp4Family,
     &kIntQuantizedFamily,
     &kIntPackedFamily,
     &kFloatQuantizedFamily,
@@ -116,6 +122,7 @@ std::string preset_names() {
   std::string out;
   for (const SchemeFamily* f : kFamilies) {
     for (const Preset& p : f->presets) {
+      if (!p.refused.empty()) continue;
       if (!out.empty()) out += ", ";
       out += p.name;
     }
