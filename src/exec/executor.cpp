@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -526,7 +527,9 @@ class Executor {
     submit(request);
   }
 
-  void worker() {
+  // Takes jobs until none is left. between_jobs, when given, is called after
+  // each job (the one-thread run reports progress and reads ahead there).
+  void worker(const std::function<void()>& between_jobs = {}) {
     Buffers buf;
     const QuantScheme& scheme = plan_.options.scheme;
     buf.input.resize(max_in_bytes_);
@@ -574,6 +577,7 @@ class Executor {
         record_error(i, std::current_exception());
         return;
       }
+      if (between_jobs) between_jobs();
     }
   }
 
@@ -638,6 +642,22 @@ class Executor {
     read_ahead();
     const unsigned n_threads =
         std::max(1u, std::min<unsigned>(options_.threads, static_cast<unsigned>(jobs_.size())));
+    using Clock = std::chrono::steady_clock;
+    const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
+    if (n_threads == 1) {
+      // One thread: the jobs run on the calling thread, which reads ahead
+      // and reports progress between them; no thread is created.
+      auto next_progress = Clock::now() + progress_interval;
+      worker([&] {
+        read_ahead();
+        if (options_.on_progress && Clock::now() >= next_progress) {
+          options_.on_progress(progress());
+          next_progress = Clock::now() + progress_interval;
+        }
+      });
+      finish_jobs();
+      return;
+    }
     std::vector<std::thread> threads;
     std::mutex done_mutex;
     std::condition_variable done_cv;
@@ -661,8 +681,6 @@ class Executor {
     {
       // While the workers run, this thread reports progress and reads the
       // input ahead of them.
-      using Clock = std::chrono::steady_clock;
-      const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
       auto next_progress = Clock::now() + progress_interval;
       std::unique_lock lock(done_mutex);
       while (running > 0) {
@@ -678,6 +696,11 @@ class Executor {
       }
     }
     for (auto& t : threads) t.join();
+    finish_jobs();
+  }
+
+  // After the last job: the first error, a cancel, or the final progress.
+  void finish_jobs() {
     if (first_error_) std::rethrow_exception(first_error_);
     check_cancel();
     if (options_.on_progress) options_.on_progress(progress());
