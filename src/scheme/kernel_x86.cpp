@@ -1,6 +1,9 @@
-// The vector kernels behind quantize_block(): symmetric schemes of 4 or 8
-// bits, BF16 / F16 / F32 weights; AVX2 + F16C for group sizes that are
-// multiples of 8, AVX-512 (F, BW) for multiples of 16.
+// The x86-64 vector kernels behind quantize_block(), written with AVX2 /
+// AVX-512 intrinsics: symmetric schemes of 4 or 8 bits, BF16 / F16 / F32
+// weights; AVX2 + F16C for group sizes that are multiples of 8, AVX-512 (F,
+// BW) for multiples of 16. They run at the avx2 and avx512 levels in place of
+// the Highway kernel of kernel_simd.cpp, which is 1.2x slower here
+// (docs/performance.md, "Kernel").
 //
 // It follows section 3 of the format spec step for step with the same IEEE
 // operations as quantize_block_ref(), eight elements at a time, so the bytes
@@ -20,8 +23,11 @@
 //   std::nearbyint), offset, pack.
 // The AVX-512 code does the same sixteen elements at a time and packs with
 // vpmovdb / vpmovqb. Both are compiled with function target attributes and
-// chosen at run time, so the library still runs on CPUs without them.
-#include "scheme/kernel_simd.hpp"
+// chosen at run time (kernel_simd.cpp), so the library still runs on CPUs
+// without them.
+#include "scheme/kernel_x86.hpp"
+
+#if defined(__x86_64__)
 
 // GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(),
 // which -Wmaybe-uninitialized reports at every use; the values are fully
@@ -29,30 +35,17 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#include <cpuid.h>
 #include <immintrin.h>
 
-#include <bit>
-#include <cmath>
-#include <cstring>
-
 #include "ctquant/format/dtype.hpp"
+#include "scheme/kernel_steps.hpp"
 
-namespace ctquant::detail {
+namespace ctquant::detail::x86 {
 
 namespace {
 
 #define CTQUANT_TARGET_AVX2 __attribute__((target("avx2,f16c")))
 #define CTQUANT_INLINE_AVX2 __attribute__((target("avx2,f16c"), always_inline)) inline
-
-// Magnitude bits at and above which a value is NaN or infinite.
-template <DType T>
-constexpr std::uint32_t kNonFiniteBits = T == DType::kF32    ? 0x7F800000u
-                                         : T == DType::kBF16 ? 0x7F80u
-                                                             : 0x7C00u;
-
-template <DType T>
-constexpr std::size_t kElementBytes = T == DType::kF32 ? 4 : 2;
 
 CTQUANT_INLINE_AVX2 std::uint32_t horizontal_max_u16(__m256i v, __m128i more) {
   __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -188,44 +181,6 @@ CTQUANT_INLINE_AVX2 void pack_tail(const __m256i* c, int n_vectors, std::uint32_
     for (int i = 0; i < kPerWord; ++i) word |= codes[w * kPerWord + i] << (kBits * i);
     out[w] = word;
   }
-}
-
-float magnitude_to_float(DType t, std::uint32_t bits) {
-  switch (t) {
-    case DType::kBF16:
-      return bf16_to_float(static_cast<std::uint16_t>(bits));
-    case DType::kF16:
-      return f16_to_float(static_cast<std::uint16_t>(bits));
-    default:
-      return std::bit_cast<float>(bits);
-  }
-}
-
-// Stores a float that is already exactly representable in t.
-void store_scale(DType t, float s, std::byte* out) {
-  if (t == DType::kF32) {
-    std::memcpy(out, &s, 4);
-    return;
-  }
-  const std::uint16_t b = t == DType::kBF16 ? float_to_bf16(s) : float_to_f16(s);
-  std::memcpy(out, &b, 2);
-}
-
-// Steps 2-3 of section 3 from the group's largest magnitude bits, with the
-// reference's scalar code; stores the scale and returns it as a float.
-float group_scale(DType t, std::uint32_t max_bits, float divisor, std::byte* out) {
-  float s = round_to_dtype(t, magnitude_to_float(t, max_bits) / divisor);
-  if (s == 0.0f) s = dtype_eps(t);
-  store_scale(t, s, out);
-  return s;
-}
-
-// Index of the first NaN or infinity of a group known to hold one.
-std::uint64_t first_non_finite(DType t, const std::byte* group) {
-  const std::size_t esize = t == DType::kF32 ? 4 : 2;
-  std::uint64_t c = 0;
-  while (std::isfinite(load_as_float(t, group + c * esize))) ++c;
-  return c;
 }
 
 template <DType T, int kBits>
@@ -392,82 +347,39 @@ CTQUANT_TARGET_AVX512 std::optional<std::uint64_t> quantize_rows_512(const Quant
 }
 
 template <DType T>
-std::optional<std::uint64_t> quantize_rows_for(SimdLevel level, const QuantScheme& scheme,
+std::optional<std::uint64_t> quantize_rows_for(bool avx512, const QuantScheme& scheme,
                                                const KernelBlock& block) {
-  const bool wide =
-      level == SimdLevel::kAvx512 && scheme.effective_group_size(block.n_cols) % 16 == 0;
+  const bool wide = avx512 && scheme.effective_group_size(block.n_cols) % 16 == 0;
   if (scheme.num_bits == 4) {
     return wide ? quantize_rows_512<T, 4>(scheme, block) : quantize_rows<T, 4>(scheme, block);
   }
   return wide ? quantize_rows_512<T, 8>(scheme, block) : quantize_rows<T, 8>(scheme, block);
 }
 
-// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for
-// __builtin_cpu_supports. AVX2 support, checked first, includes the OS
-// saving the YMM state that F16C uses.
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-
-SimdLevel detect_cpu() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !cpu_has_f16c()) return SimdLevel::kNone;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
-    return SimdLevel::kAvx512;
+std::optional<std::uint64_t> quantize_symmetric(bool avx512, const QuantScheme& scheme,
+                                                const KernelBlock& block) {
+  switch (block.dtype) {
+    case DType::kBF16:
+      return quantize_rows_for<DType::kBF16>(avx512, scheme, block);
+    case DType::kF16:
+      return quantize_rows_for<DType::kF16>(avx512, scheme, block);
+    default:
+      return quantize_rows_for<DType::kF32>(avx512, scheme, block);
   }
-  return SimdLevel::kAvx2;
 }
 
 }  // namespace
 
-SimdLevel simd_level() {
-  static const SimdLevel level = detect_cpu();
-  return level;
+std::optional<std::uint64_t> quantize_symmetric_avx2(const QuantScheme& scheme,
+                                                     const KernelBlock& block) {
+  return quantize_symmetric(false, scheme, block);
 }
 
-const char* simd_level_name(SimdLevel level) {
-  switch (level) {
-    case SimdLevel::kAvx512:
-      return "avx512";
-    case SimdLevel::kAvx2:
-      return "avx2";
-    default:
-      return "scalar";
-  }
+std::optional<std::uint64_t> quantize_symmetric_avx512(const QuantScheme& scheme,
+                                                       const KernelBlock& block) {
+  return quantize_symmetric(true, scheme, block);
 }
 
-bool simd_available() { return simd_level() != SimdLevel::kNone; }
+}  // namespace ctquant::detail::x86
 
-bool simd_supports(const QuantScheme& scheme, const KernelBlock& block) {
-  if (!simd_available() || !scheme.symmetric) return false;
-  if (scheme.num_bits != 4 && scheme.num_bits != 8) return false;
-  if (block.dtype != DType::kBF16 && block.dtype != DType::kF16 && block.dtype != DType::kF32) {
-    return false;
-  }
-  const std::uint64_t g_size = scheme.effective_group_size(block.n_cols);
-  return g_size > 0 && g_size % 8 == 0 && block.n_cols % g_size == 0;
-}
-
-std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
-                                                 const KernelBlock& block) {
-  return quantize_block_simd_at(simd_level(), scheme, block);
-}
-
-std::optional<std::uint64_t> quantize_block_simd_at(SimdLevel level, const QuantScheme& scheme,
-                                                    const KernelBlock& block) {
-  if (level > simd_level()) level = simd_level();
-  if (level == SimdLevel::kNone || !simd_supports(scheme, block)) {
-    return quantize_block_ref(scheme, block);
-  }
-  switch (block.dtype) {
-    case DType::kBF16:
-      return quantize_rows_for<DType::kBF16>(level, scheme, block);
-    case DType::kF16:
-      return quantize_rows_for<DType::kF16>(level, scheme, block);
-    default:
-      return quantize_rows_for<DType::kF32>(level, scheme, block);
-  }
-}
-
-}  // namespace ctquant::detail
+#endif  // __x86_64__
