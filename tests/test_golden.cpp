@@ -137,14 +137,14 @@ TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   EXPECT_EQ(diff_bytes(tmp / "t1-small-chunks", tmp / "t1"), "");
 }
 
-// The real binary with the CLI flags a user would type for the case.
-TEST_P(Golden, BinaryOutputEqualsExpected) {
-  const GoldenCase c = find_case(GetParam());
+// The real binary with the CLI flags a user would type for the case, on
+// `threads` worker threads.
+void expect_binary_output_equals_expected(const GoldenCase& c, const std::string& threads) {
   TempDir tmp;
   std::vector<std::string> args{
       "quantize", input_of(c).string(), (tmp / "out").string(),       "--scheme",
       c.scheme,   "--group-size",       std::to_string(c.group_size), "--threads",
-      "3"};
+      threads};
   for (const std::string& entry : c.ignore) {
     args.push_back("--ignore");
     args.push_back(entry);
@@ -158,6 +158,15 @@ TEST_P(Golden, BinaryOutputEqualsExpected) {
         << r.err;
   }
   EXPECT_EQ(diff_checkpoints(tmp / "out", expected_of(c)), "");
+}
+
+TEST_P(Golden, BinaryOutputEqualsExpected) {
+  expect_binary_output_equals_expected(find_case(GetParam()), "3");
+}
+
+// --threads 1: the whole job on the main thread, no thread created.
+TEST_P(Golden, BinaryOneThreadOutputEqualsExpected) {
+  expect_binary_output_equals_expected(find_case(GetParam()), "1");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(kGoldenCases),
