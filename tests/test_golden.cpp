@@ -102,13 +102,12 @@ TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   EXPECT_EQ(diff_bytes(tmp / "t1-small-chunks", tmp / "t1"), "");
 }
 
-// The real binary with the CLI flags a user would type for the case.
-TEST_P(Golden, BinaryOutputEqualsExpected) {
-  const GoldenCase c = find_case(GetParam());
-  SKIP_UNLESS_SUPPORTED(c);
+// The real binary with the CLI flags a user would type for the case, on
+// `threads` worker threads.
+void expect_binary_output_equals_expected(const GoldenCase& c, const std::string& threads) {
   TempDir tmp;
   std::vector<std::string> args{"quantize", input_of(c).string(), (tmp / "out").string(),
-                                "--threads", "3"};
+                                "--threads", threads};
   if (c.scheme == "config") {
     write_file(tmp / "config.json", c.config.dump());
     args.insert(args.end(), {"--quantization-config", (tmp / "config.json").string()});
@@ -129,6 +128,19 @@ TEST_P(Golden, BinaryOutputEqualsExpected) {
         << r.err;
   }
   EXPECT_EQ(diff_golden(tmp / "out", expected_of(c), c.by_library), "");
+}
+
+TEST_P(Golden, BinaryOutputEqualsExpected) {
+  const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
+  expect_binary_output_equals_expected(c, "3");
+}
+
+// --threads 1: the whole job on the main thread, no thread created.
+TEST_P(Golden, BinaryOneThreadOutputEqualsExpected) {
+  const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
+  expect_binary_output_equals_expected(c, "1");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(case_names()),

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -438,7 +439,9 @@ class Executor {
     }
   }
 
-  void worker() {
+  // Takes jobs until none is left. between_jobs, when given, is called after
+  // each job (the one-thread run reports progress and reads ahead there).
+  void worker(const std::function<void()>& between_jobs = {}) {
     Buffers buf;
     buf.input.resize(max_in_bytes_);
     buf.fp8_scale.resize(max_fp8_scale_bytes_);
@@ -473,6 +476,7 @@ class Executor {
         record_error(i, std::current_exception());
         return;
       }
+      if (between_jobs) between_jobs();
     }
   }
 
@@ -530,6 +534,22 @@ class Executor {
     read_ahead();
     const unsigned n_threads =
         std::max(1u, std::min<unsigned>(options_.threads, static_cast<unsigned>(jobs.size())));
+    using Clock = std::chrono::steady_clock;
+    const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
+    if (n_threads == 1) {
+      // One thread: the jobs run on the calling thread, which reads ahead
+      // and reports progress between them; no thread is created.
+      auto next_progress = Clock::now() + progress_interval;
+      worker([&] {
+        read_ahead();
+        if (options_.on_progress && Clock::now() >= next_progress) {
+          options_.on_progress(progress());
+          next_progress = Clock::now() + progress_interval;
+        }
+      });
+      finish_jobs();
+      return;
+    }
     std::vector<std::thread> threads;
     std::mutex done_mutex;
     std::condition_variable done_cv;
@@ -553,8 +573,6 @@ class Executor {
     {
       // While the workers run, this thread reports progress and reads the
       // input ahead of them.
-      using Clock = std::chrono::steady_clock;
-      const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
       auto next_progress = Clock::now() + progress_interval;
       std::unique_lock lock(done_mutex);
       while (running > 0) {
@@ -570,6 +588,11 @@ class Executor {
       }
     }
     for (auto& t : threads) t.join();
+    finish_jobs();
+  }
+
+  // After the last job: the first error, a cancel, or the final progress.
+  void finish_jobs() {
     if (first_error_) std::rethrow_exception(first_error_);
     check_cancel();
     if (options_.on_progress) options_.on_progress(progress());

@@ -97,7 +97,7 @@ std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const Ker
   return quantize_block_ref(scheme, block);
 }
 
-const char* kernel_path_name() { return detail::simd_level_name(detail::simd_level()); }
+const char* kernel_path_name() { return detail::simd_best_level().name; }
 
 }  // namespace ctquant
 
