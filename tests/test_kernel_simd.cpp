@@ -80,6 +80,7 @@ struct Outputs {
   std::optional<std::uint64_t> bad;
   std::vector<std::uint32_t> packed;
   std::vector<std::byte> scale;
+  std::vector<std::int8_t> zero_point;  // asymmetric schemes
 };
 
 // Which kernel to run: the reference, the public quantize_block(), the
@@ -120,6 +121,10 @@ Outputs run(const Kernel& kernel, const QuantScheme& scheme, const Weights& w) {
   block.weight = w.bytes.data();
   block.packed = out.packed.data();
   block.scale = out.scale.data();
+  if (!scheme.symmetric) {
+    out.zero_point.assign(w.n_rows * n_groups, static_cast<std::int8_t>(reference ? 0x5A : 0x3C));
+    block.zero_point = out.zero_point.data();
+  }
   switch (kernel.kind) {
     case Kernel::Kind::kReference:
       out.bad = quantize_block_ref(scheme, block);
@@ -156,8 +161,9 @@ std::vector<Kernel> fast_kernels() {
 }
 
 std::string describe(const QuantScheme& scheme, const Weights& w, const std::string& what) {
-  return fmt::format("{}: {} [{}, {}], {} bits, group {}", what, dtype_tag(w.dtype), w.n_rows,
-                     w.n_cols, scheme.num_bits, scheme.group_size);
+  return fmt::format("{}: {} [{}, {}], {} bits {}, group {}", what, dtype_tag(w.dtype), w.n_rows,
+                     w.n_cols, scheme.num_bits, scheme.symmetric ? "symmetric" : "asymmetric",
+                     scheme.group_size);
 }
 
 // "avx512, avx2" (the levels compiled for this architecture).
@@ -177,7 +183,7 @@ std::string level_names() {
 
 // Every vector kernel must take this case and agree with the reference on
 // every output byte (or on the index of the first bad element).
-void expect_same(const QuantScheme& scheme, const Weights& w, const std::string& what) {
+void expect_same_as_given(const QuantScheme& scheme, const Weights& w, const std::string& what) {
   KernelBlock probe;
   probe.dtype = w.dtype;
   probe.n_rows = w.n_rows;
@@ -197,7 +203,20 @@ void expect_same(const QuantScheme& scheme, const Weights& w, const std::string&
     for (std::size_t i = 0; i < ref.scale.size(); ++i) {
       ASSERT_EQ(ref.scale[i], fast.scale[i]) << label << ": scale byte " << i;
     }
+    for (std::size_t i = 0; i < ref.zero_point.size(); ++i) {
+      ASSERT_EQ(ref.zero_point[i], fast.zero_point[i]) << label << ": zero point " << i;
+    }
   }
+}
+
+// The same case with the scheme as given and with its asymmetric twin
+// (W4A16 and W4A16_ASYM, W8A16 and 8-bit asymmetric): every data pattern
+// below is checked for both.
+void expect_same(const QuantScheme& scheme, const Weights& w, const std::string& what) {
+  expect_same_as_given(scheme, w, what);
+  QuantScheme asymmetric = scheme;
+  asymmetric.symmetric = false;
+  expect_same_as_given(asymmetric, w, what);
 }
 
 // Normal values (std 0.02) with a per-row magnitude spread over 2^-20..2^12
@@ -250,16 +269,20 @@ TEST_P(KernelSimdLevel, MatchesReferenceOnThisCpu) {
   for (const DType dtype : kFloatTypes) {
     for (const int bits : kBitWidths) {
       for (const std::uint64_t group : {8u, 32u, 128u, 0u}) {
-        const Weights w = random_weights(dtype, 5, 1024, 7);
-        const QuantScheme scheme = symmetric_scheme(bits, group);
-        const Outputs ref = run(Kernel{}, scheme, w);
-        ASSERT_EQ(ref.bad, std::nullopt);
-        for (const Kernel& kernel : kernels_at(level)) {
-          const Outputs fast = run(kernel, scheme, w);
-          const std::string label = describe(scheme, w, kernel.name());
-          ASSERT_EQ(fast.bad, std::nullopt) << label;
-          EXPECT_EQ(ref.packed, fast.packed) << label;
-          EXPECT_EQ(ref.scale, fast.scale) << label;
+        for (const bool symmetric : {true, false}) {
+          const Weights w = random_weights(dtype, 5, 1024, 7);
+          QuantScheme scheme = symmetric_scheme(bits, group);
+          scheme.symmetric = symmetric;
+          const Outputs ref = run(Kernel{}, scheme, w);
+          ASSERT_EQ(ref.bad, std::nullopt);
+          for (const Kernel& kernel : kernels_at(level)) {
+            const Outputs fast = run(kernel, scheme, w);
+            const std::string label = describe(scheme, w, kernel.name());
+            ASSERT_EQ(fast.bad, std::nullopt) << label;
+            EXPECT_EQ(ref.packed, fast.packed) << label;
+            EXPECT_EQ(ref.scale, fast.scale) << label;
+            EXPECT_EQ(ref.zero_point, fast.zero_point) << label;
+          }
         }
       }
     }
@@ -557,7 +580,6 @@ TEST(KernelSimd, LeavesOtherSchemesToTheReference) {
   block.dtype = DType::kBF16;
   block.n_rows = 2;
   block.n_cols = 128;
-  EXPECT_FALSE(detail::simd_supports(QuantScheme{"asym", 4, false, 128}, block));
   EXPECT_FALSE(detail::simd_supports(QuantScheme{"w3", 3, true, 128}, block));
   EXPECT_FALSE(detail::simd_supports(QuantScheme{"g4", 4, true, 4}, block));
   EXPECT_FALSE(detail::simd_supports(QuantScheme{"g12", 4, true, 12}, block));
@@ -569,8 +591,10 @@ TEST(KernelSimd, LeavesOtherSchemesToTheReference) {
   block.n_cols = 128;
   EXPECT_EQ(detail::simd_supports(QuantScheme{"W4A16", 4, true, 128}, block),
             detail::simd_available());
+  EXPECT_EQ(detail::simd_supports(QuantScheme{"W4A16_ASYM", 4, false, 128}, block),
+            detail::simd_available());
 
-  // An asymmetric scheme through quantize_block equals the reference.
+  // An asymmetric scheme through the public quantize_block equals the reference.
   const Weights w = random_weights(DType::kBF16, 3, 256, 4);
   const QuantScheme asym{"W4A16_ASYM", 4, false, 128};
   std::vector<std::uint32_t> packed_ref(3 * 32), packed_fast(3 * 32, 1u);

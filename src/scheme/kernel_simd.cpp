@@ -1,10 +1,11 @@
-// The vector kernel behind quantize_block() for symmetric schemes of 4 or 8
-// bits on BF16 / F16 / F32 weights, written once with Google Highway and
-// compiled for every level of simd_levels() (SVE2, SVE and NEON on AArch64;
-// AVX-512 and AVX2 on x86-64), chosen at run time (simd_dispatch.hpp). On
-// x86-64, quantize_block() runs the hand-written kernels of kernel_x86.cpp
-// instead, which are faster there; this one is still compiled, tested and
-// benchmarked at those levels (quantize_block_hwy_at).
+// The vector kernel behind quantize_block() for int schemes of 4 or 8 bits,
+// symmetric and asymmetric, on BF16 / F16 / F32 weights, written once with
+// Google Highway and compiled for every level of simd_levels() (SVE2, SVE and
+// NEON on AArch64; AVX-512 and AVX2 on x86-64), chosen at run time
+// (simd_dispatch.hpp). On x86-64, quantize_block() runs the hand-written
+// symmetric kernels of kernel_x86.cpp instead, which are faster there; this
+// one is still compiled, tested and benchmarked at those levels
+// (quantize_block_hwy_at), and runs the asymmetric schemes everywhere.
 //
 // It follows section 3 of the format spec step for step with the same IEEE
 // operations as quantize_block_ref(), one vector of float lanes at a time,
@@ -87,6 +88,35 @@ HWY_INLINE std::uint32_t magnitude_max(const std::byte* p, std::uint64_t n) {
 
 // Lanes(df) elements at p widened to float, exactly.
 template <DType T, class DF>
+HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p);
+
+// The smallest and largest of n finite elements at p, n a multiple of 8,
+// as floats (either zero may come out as -0 or +0).
+template <DType T>
+HWY_INLINE void min_max(const std::byte* p, std::uint64_t n, float& lo, float& hi) {
+  constexpr std::size_t kEsize = kElementBytes<T>;
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  auto vlo = hn::Zero(df);
+  auto vhi = hn::Zero(df);
+  std::uint64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = load_as_float<T>(df, p + i * kEsize);
+    vlo = hn::Min(vlo, v);
+    vhi = hn::Max(vhi, v);
+  }
+  lo = hn::GetLane(hn::MinOfLanes(df, vlo));
+  hi = hn::GetLane(hn::MaxOfLanes(df, vhi));
+  const hn::CappedTag<float, 8> df8;  // the rest, fewer than a vector
+  for (; i < n; i += hn::Lanes(df8)) {
+    const auto v = load_as_float<T>(df8, p + i * kEsize);
+    lo = std::min(lo, hn::GetLane(hn::MinOfLanes(df8, v)));
+    hi = std::max(hi, hn::GetLane(hn::MaxOfLanes(df8, v)));
+  }
+}
+
+// Lanes(df) elements at p widened to float, exactly.
+template <DType T, class DF>
 HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p) {
   if constexpr (T == DType::kF32) {
     return hn::LoadU(df, reinterpret_cast<const float*>(p));
@@ -123,8 +153,9 @@ HWY_INLINE hn::Vec<DF> round_to_t(DF df, hn::Vec<DF> v) {
 // q + 2^(b-1), packed (section 4), at out: Lanes(df) * kBits / 8 bytes.
 // Column c of a row is byte c of an 8-bit row and bits 4 (c % 2) of byte
 // c / 2 of a 4-bit row (little-endian words).
-template <DType T, int kBits, class DF>
-HWY_INLINE void quantize_vector(DF df, const std::byte* p, hn::Vec<DF> s, std::uint8_t* out) {
+template <DType T, int kBits, bool kAsymmetric, class DF>
+HWY_INLINE void quantize_vector(DF df, const std::byte* p, hn::Vec<DF> s, hn::Vec<DF> z,
+                                std::uint8_t* out) {
   constexpr float kQmin = -static_cast<float>(1 << (kBits - 1));
   constexpr float kQmax = static_cast<float>((1 << (kBits - 1)) - 1);
   // 1.5 * 2^23 + 2^(b-1): an even integer in [2^23, 2^24), where floats are
@@ -134,6 +165,7 @@ HWY_INLINE void quantize_vector(DF df, const std::byte* p, hn::Vec<DF> s, std::u
   // bits hold q + 2^(b-1), the offset code.
   constexpr float kRound = 12582912.0f + static_cast<float>(1 << (kBits - 1));
   auto v = round_to_t<T>(df, hn::Div(load_as_float<T>(df, p), s));
+  if constexpr (kAsymmetric) v = round_to_t<T>(df, hn::Add(v, z));
   v = hn::Min(hn::Max(v, hn::Set(df, kQmin)), hn::Set(df, kQmax));
   const hn::RebindToUnsigned<DF> du;
   const auto biased = hn::BitCast(du, hn::Add(v, hn::Set(df, kRound)));
@@ -151,14 +183,16 @@ HWY_INLINE void quantize_vector(DF df, const std::byte* p, hn::Vec<DF> s, std::u
   }
 }
 
-template <DType T, int kBits>
+template <DType T, int kBits, bool kAsymmetric>
 std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme, const KernelBlock& block) {
   constexpr std::size_t kEsize = kElementBytes<T>;
   const std::uint64_t n_cols = block.n_cols;
   const std::uint64_t g_size = scheme.effective_group_size(n_cols);
   const std::uint64_t n_groups = n_cols / g_size;
   const std::uint64_t words_per_row = packed_words_per_row(n_cols, kBits);
-  const float divisor = static_cast<float>(scheme.qmax() - scheme.qmin()) / 2.0f;
+  const float qmin = static_cast<float>(scheme.qmin());
+  const float qmax = static_cast<float>(scheme.qmax());
+  const float divisor = (qmax - qmin) / 2.0f;
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   const hn::CappedTag<float, 8> df8;  // the rest of a group, fewer than a vector
@@ -173,38 +207,58 @@ std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme, const Kern
       // Steps 1-3 of section 3 (and the finite check of the reference).
       const std::uint32_t max_bits = magnitude_max<T>(group, g_size);
       if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
-      const float s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
+      float s = 0.0f;
+      float z = 0.0f;
+      if constexpr (kAsymmetric) {
+        float lo = 0.0f;
+        float hi = 0.0f;
+        min_max<T>(group, g_size, lo, hi);
+        s = asymmetric_scale(T, std::min(0.0f, lo), std::max(0.0f, hi), qmin, qmax, z,
+                             scale_out + (c0 / g_size) * kEsize);
+        block.zero_point[r * n_groups + c0 / g_size] = static_cast<std::int8_t>(z);
+      } else {
+        s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
+      }
       // Steps 4-5, a vector at a time.
       const auto vs = hn::Set(df, s);
+      const auto vz = hn::Set(df, z);
       std::uint64_t c = 0;
       for (; c + lanes <= g_size; c += lanes) {
-        quantize_vector<T, kBits>(df, group + c * kEsize, vs, out + (c0 + c) * kBits / 8);
+        quantize_vector<T, kBits, kAsymmetric>(df, group + c * kEsize, vs, vz,
+                                               out + (c0 + c) * kBits / 8);
       }
       const auto vs8 = hn::Set(df8, s);
+      const auto vz8 = hn::Set(df8, z);
       for (; c < g_size; c += lanes8) {
-        quantize_vector<T, kBits>(df8, group + c * kEsize, vs8, out + (c0 + c) * kBits / 8);
+        quantize_vector<T, kBits, kAsymmetric>(df8, group + c * kEsize, vs8, vz8,
+                                               out + (c0 + c) * kBits / 8);
       }
     }
   }
   return std::nullopt;
 }
 
+template <DType T>
+std::optional<std::uint64_t> quantize_rows_of(const QuantScheme& scheme, const KernelBlock& block) {
+  if (scheme.symmetric) {
+    return scheme.num_bits == 4 ? quantize_rows<T, 4, false>(scheme, block)
+                                : quantize_rows<T, 8, false>(scheme, block);
+  }
+  return scheme.num_bits == 4 ? quantize_rows<T, 4, true>(scheme, block)
+                              : quantize_rows<T, 8, true>(scheme, block);
+}
+
 }  // namespace
 
 // The per-level entry point (see simd_dispatch.hpp); simd_supports() holds.
-std::optional<std::uint64_t> quantize_symmetric(const QuantScheme& scheme,
-                                                const KernelBlock& block) {
-  const bool four = scheme.num_bits == 4;
+std::optional<std::uint64_t> quantize_int(const QuantScheme& scheme, const KernelBlock& block) {
   switch (block.dtype) {
     case DType::kBF16:
-      return four ? quantize_rows<DType::kBF16, 4>(scheme, block)
-                  : quantize_rows<DType::kBF16, 8>(scheme, block);
+      return quantize_rows_of<DType::kBF16>(scheme, block);
     case DType::kF16:
-      return four ? quantize_rows<DType::kF16, 4>(scheme, block)
-                  : quantize_rows<DType::kF16, 8>(scheme, block);
+      return quantize_rows_of<DType::kF16>(scheme, block);
     default:
-      return four ? quantize_rows<DType::kF32, 4>(scheme, block)
-                  : quantize_rows<DType::kF32, 8>(scheme, block);
+      return quantize_rows_of<DType::kF32>(scheme, block);
   }
 }
 
@@ -219,11 +273,10 @@ namespace {
 using QuantizeSymmetric = std::optional<std::uint64_t>(const QuantScheme&, const KernelBlock&);
 
 // The Highway kernel at every level.
-constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetricHwy[] =
-    CTQUANT_SIMD_TABLE(quantize_symmetric);
+constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetricHwy[] = CTQUANT_SIMD_TABLE(quantize_int);
 
-// What quantize_block() runs at each level: on x86-64 the hand-written
-// kernels of kernel_x86.cpp (the Highway kernel is 1.2x slower there,
+// What quantize_block() runs at each level for symmetric schemes: on x86-64
+// the hand-written kernels of kernel_x86.cpp (the Highway kernel is 1.2x slower there,
 // docs/performance.md), elsewhere the Highway kernel.
 #if HWY_ARCH_X86_64
 constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetric[] = {
@@ -246,7 +299,7 @@ std::optional<std::uint64_t> run_at(QuantizeSymmetric* fn, const QuantScheme& sc
 bool simd_available() { return simd_best_level().supported; }
 
 bool simd_supports(const QuantScheme& scheme, const KernelBlock& block) {
-  if (!simd_available() || !scheme.symmetric) return false;
+  if (!simd_available()) return false;
   if (scheme.num_bits != 4 && scheme.num_bits != 8) return false;
   if (block.dtype != DType::kBF16 && block.dtype != DType::kF16 && block.dtype != DType::kF32) {
     return false;
@@ -263,6 +316,9 @@ std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
 std::optional<std::uint64_t> quantize_block_simd_at(const SimdLevel& level,
                                                     const QuantScheme& scheme,
                                                     const KernelBlock& block) {
+  // The hand-written kernels are symmetric only; asymmetric schemes run the
+  // Highway kernel at every level.
+  if (!scheme.symmetric) return run_at(simd_entry(kQuantizeSymmetricHwy, level), scheme, block);
   return run_at(simd_entry(kQuantizeSymmetric, level), scheme, block);
 }
 

@@ -1,9 +1,10 @@
-// Private: the vector kernels behind quantize_block() for symmetric schemes
-// (W4A16, W8A16), run at the best level of simd_levels() (scheme/simd.hpp)
-// this CPU has: one Highway source (kernel_simd.cpp) compiled for every
-// level, and on x86-64 the hand-written AVX2 / AVX-512 kernels
-// (kernel_x86.cpp), which quantize_block() runs there instead. Every one is
-// byte-identical to quantize_block_ref().
+// Private: the vector kernels behind quantize_block() for 4- and 8-bit int
+// schemes (W4A16, W4A16_ASYM, W8A16), run at the best level of
+// simd_levels() (scheme/simd.hpp) this CPU has: one Highway source
+// (kernel_simd.cpp) compiled for every level, and on x86-64 the hand-written
+// AVX2 / AVX-512 kernels (kernel_x86.cpp), which quantize_block() runs there
+// instead for symmetric schemes. Every one is byte-identical to
+// quantize_block_ref().
 #pragma once
 
 #include <cstdint>
@@ -18,8 +19,8 @@ namespace ctquant::detail {
 bool simd_available();
 
 // True when the vector kernel handles this scheme and block (on a CPU that
-// runs a level): symmetric, 4 or 8 bits, BF16/F16/F32 weights, and a group
-// size that is a multiple of 8 dividing n_cols.
+// runs a level): 4 or 8 bits, symmetric or asymmetric, BF16/F16/F32
+// weights, and a group size that is a multiple of 8 dividing n_cols.
 bool simd_supports(const QuantScheme& scheme, const KernelBlock& block);
 
 // The kernel at simd_best_level() (the reference when there is none or the

@@ -3,6 +3,7 @@
 // largest magnitude, and where the first non-finite weight of a group is.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -49,6 +50,24 @@ inline void store_scale(DType t, float s, std::byte* out) {
 // and returns it as a float.
 inline float group_scale(DType t, std::uint32_t max_bits, float divisor, std::byte* out) {
   float s = round_to_dtype(t, magnitude_to_float(t, max_bits) / divisor);
+  if (s == 0.0f) s = dtype_eps(t);
+  store_scale(t, s, out);
+  return s;
+}
+
+// The asymmetric scale and zero point of section 3 from the group's
+// lo = min(min(group), 0) and hi = max(max(group), 0), with the reference's
+// scalar code: every intermediate rounded to t, the zero point computed
+// before the eps substitution (a zero-range group gets z = 0). Stores the
+// scale, returns it as a float and sets z (an integer in [qmin, qmax]).
+inline float asymmetric_scale(DType t, float lo, float hi, float qmin, float qmax, float& z,
+                              std::byte* out) {
+  float s = round_to_dtype(t, round_to_dtype(t, hi - lo) / (qmax - qmin));
+  z = 0.0f;
+  if (s != 0.0f) {
+    const float shifted = round_to_dtype(t, qmin - round_to_dtype(t, lo / s));
+    z = std::nearbyint(std::clamp(shifted, qmin, qmax));
+  }
   if (s == 0.0f) s = dtype_eps(t);
   store_scale(t, s, out);
   return s;

@@ -69,10 +69,11 @@ std::optional<std::uint64_t> quantize_block_ref(const QuantScheme& scheme,
                                                 const KernelBlock& block);
 
 // Fast path with the same contract and the same output bytes as
-// quantize_block_ref(). Symmetric 4- and 8-bit schemes with group sizes that
-// are multiples of 8 run a vector kernel at the best instruction set this CPU
-// has (checked once at run time): AVX-512 or AVX2 on x86-64, SVE2, SVE or
-// NEON on AArch64; everything else runs the scalar reference.
+// quantize_block_ref(). 4- and 8-bit schemes, symmetric or asymmetric, with
+// group sizes that are multiples of 8 run a vector kernel at the best
+// instruction set this CPU has (checked once at run time): AVX-512 or AVX2 on
+// x86-64, SVE2, SVE or NEON on AArch64; everything else runs the scalar
+// reference.
 std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const KernelBlock& block);
 
 // Name of the code path quantize_block() takes on this CPU for W4A16:
