@@ -13,6 +13,9 @@
 #                         run the test suite under qemu-user (README)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache (when installed) keys objects on paths relative to the checkout, so
+# a fresh clone elsewhere reuses what an earlier build compiled.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 
 PACKAGES=(
   build-essential cmake pkg-config
