@@ -492,8 +492,8 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
 int main(int argc, char** argv) {
   install_signal_handlers();
   CLI::App app{
-      "ctquant: quantize safetensors checkpoints to compressed-tensors pack-quantized "
-      "W4A16 for vLLM"};
+      "ctquant: quantize safetensors checkpoints to compressed-tensors checkpoints for vLLM "
+      "(int, FP8, NVFP4 and MX schemes; data-free RTN)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ctquant ") + ctquant::ctquant_version());
   int verbosity = 0;
@@ -501,7 +501,7 @@ int main(int argc, char** argv) {
 
   QuantizeArgs q;
   CLI::App* quantize = app.add_subcommand(
-      "quantize", "Quantize a checkpoint to a pack-quantized checkpoint (RTN, data-free)");
+      "quantize", "Quantize a checkpoint to a compressed-tensors checkpoint (RTN, data-free)");
   quantize->add_option("INPUT", q.input, "Checkpoint directory or a .safetensors file")->required();
   quantize->add_option("OUTPUT", q.output, "Output directory (created; must not exist)")
       ->required();
