@@ -385,6 +385,43 @@ TEST(LintL5, FixForFusedMemberKeepsTheGroupWhole) {
   EXPECT_TRUE(contains(l5_after[0].fix, "--ignore 're:.*\\.down_proj$'")) << l5_after[0].fix;
 }
 
+// FP8_BLOCK follows vLLM's validate_fp8_block_shape (fp8_utils.py): at tp 1
+// only the non-last partitions of a merged layer need out_features a multiple
+// of 128 (q and k of qkv, gate of gate_up); at tp > 1 every column shard does;
+// DeepSeek's kv_a_proj_with_mqa (576 rows, the last partition of a merged
+// layer that is never split) is never checked.
+TEST(LintL5, Fp8BlockChecksMergedPartitionsAndSplitShards) {
+  const std::vector<FakeSpec> specs = {
+      {"model.layers.0.self_attn.q_proj.weight", {320, 256}},
+      {"model.layers.0.self_attn.k_proj.weight", {256, 256}},
+      {"model.layers.0.self_attn.v_proj.weight", {80, 256}},
+      {"model.layers.0.mlp.gate_proj.weight", {256, 256}},
+      {"model.layers.0.mlp.up_proj.weight", {200, 256}},
+      {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", {576, 256}},
+  };
+  const auto l5_at = [&](unsigned tp) {
+    test::TempDir dir;
+    test::write_sparse_checkpoint(dir.path(), specs, kLlamaConfig);
+    const Checkpoint checkpoint = open_checkpoint(dir.path());
+    PlanOptions options;
+    options.groups = {preset_group("FP8_BLOCK")};
+    options.ignore = {};
+    const QuantizePlan plan = make_plan(checkpoint, options);
+    std::vector<std::string> tensors;
+    for (const Finding& f : with_id(run_lint(checkpoint, plan, LintOptions{tp}), "L5")) {
+      EXPECT_EQ(f.severity, Severity::kError) << f.message;
+      tensors.insert(tensors.end(), f.tensors.begin(), f.tensors.end());
+    }
+    std::sort(tensors.begin(), tensors.end());
+    return tensors;
+  };
+  EXPECT_EQ(l5_at(1), std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight"});
+  // tp 2: q 160, v 40 and up 100 rows per shard; k and gate 128.
+  EXPECT_EQ(l5_at(2), (std::vector<std::string>{"model.layers.0.mlp.up_proj.weight",
+                                                "model.layers.0.self_attn.q_proj.weight",
+                                                "model.layers.0.self_attn.v_proj.weight"}));
+}
+
 TEST(LintL5, IgnoredTensorsAreNotChecked) {
   const Linted r = lint_layout({{"model.layers.0.mlp.gate.weight", {60, 2048}}}, kLlamaConfig,
                                {"re:.*mlp\\.gate$"});

@@ -452,10 +452,25 @@ bool is_row_parallel(const std::string& module) {
   return last == "o_proj" || last == "down_proj" || last == "fc" || last == "w2";
 }
 
+// How vLLM's checks see the output side of a column layer (fp8_utils.py
+// validate_fp8_block_shape): the output partitions are checked when the
+// layer is split over tp > 1 ranks, and, at any tp, those of a merged layer
+// except its last (q and k of qkv_proj, gate of gate_up_proj, w1 of w1/w3;
+// DeepSeek's q_a_proj of fused_qkv_a_proj, a merged layer that is never
+// split: models/deepseek_v2.py builds it with disable_tp=True, so its last
+// partition kv_a_proj_with_mqa is never checked).
+Parallel column_parallel(const std::string& last, unsigned tp) {
+  if (last == "kv_a_proj_with_mqa") return Parallel::kReplicated;
+  const bool merged_not_last = last == "q_proj" || last == "k_proj" || last == "gate_proj" ||
+                               last == "w1" || last == "q_a_proj";
+  return tp > 1 || merged_not_last ? Parallel::kColumn : Parallel::kReplicated;
+}
+
 // The problems of the family's vLLM kernel with a [out, in] weight split over
 // tp shards; a shape that does not split is unloadable.
-std::vector<ShapeProblem> kernel_problems(const SchemeGroup& g, std::uint64_t out_features,
-                                          std::uint64_t in_features, bool row, unsigned tp) {
+std::vector<ShapeProblem> kernel_problems(const SchemeGroup& g, const std::string& module,
+                                          std::uint64_t out_features, std::uint64_t in_features,
+                                          bool row, unsigned tp) {
   std::uint64_t out = out_features;
   std::uint64_t in = in_features;
   if (row) {
@@ -469,7 +484,8 @@ std::vector<ShapeProblem> kernel_problems(const SchemeGroup& g, std::uint64_t ou
     }
     out /= tp;
   }
-  return g.family()->vllm_shape_rule(g.weights, out, in, row ? Parallel::kRow : Parallel::kColumn);
+  return g.family()->vllm_shape_rule(
+      g.weights, out, in, row ? Parallel::kRow : column_parallel(last_component(module), tp));
 }
 
 std::string problems_text(const std::vector<ShapeProblem>& problems) {
@@ -495,7 +511,7 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
   for (const LintWeight& d : ctx.weights) {
     if (!d.quantized) continue;
     const bool row = is_row_parallel(d.module);
-    const std::vector<ShapeProblem> problems = kernel_problems(*d.group, d.rows, d.cols, row, tp);
+    const std::vector<ShapeProblem> problems = kernel_problems(*d.group, d.module, d.rows, d.cols, row, tp);
     if (problems.empty()) continue;
     const std::string last = last_component(d.module);
     const std::string key =
@@ -510,7 +526,7 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
       s.row = row;
       s.group = d.group;
       for (unsigned degree : kLintTpDegrees) {
-        if (kernel_problems(*d.group, d.rows, d.cols, row, degree).empty()) {
+        if (kernel_problems(*d.group, d.module, d.rows, d.cols, row, degree).empty()) {
           s.working.push_back(degree);
         }
       }

@@ -267,7 +267,8 @@ std::string vllm_args_rule(const QuantArgs&) { return {}; }
 // weights) raises a ValueError at load: a row-parallel shard's in_features
 // and each logical output partition of a column-parallel layer must be
 // multiples of the block. (At tp 1 it checks the partitions of a merged
-// layer, q/k/v or gate/up, except the last.) Tensor and channel scales have
+// layer, q/k/v or gate/up, except the last: lint passes those as kColumn,
+// the other column layers at tp 1 as kReplicated.) Tensor and channel scales have
 // no shape rule: CUTLASS FP8 falls back to Triton when K or N is not a
 // multiple of 16 (vllm/_custom_ops.py cutlass_scaled_mm).
 std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs& args, std::uint64_t rows,

@@ -154,7 +154,11 @@ struct Preset {
   std::string_view refused{};  // "" for a preset ctquant writes
 };
 
-// How a layer is split across tensor-parallel ranks, for the vLLM shape rules.
+// How a layer is split across tensor-parallel ranks, for the vLLM shape rules:
+// kColumn, its output features are split (or, as vLLM's FP8 block check
+// treats it, it is a non-last partition of a merged layer); kRow, its input
+// features are split; kReplicated, neither (a layer at tp 1 that vLLM does
+// not check as a split or merged partition).
 enum class Parallel : std::uint8_t { kColumn, kRow, kReplicated };
 
 // One reason vLLM's kernel for a family cannot run a shard of a layer.
