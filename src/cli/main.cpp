@@ -105,6 +105,8 @@ struct PlanArgs {
   std::optional<long long> group_size;  // unset: the scheme's own
   std::vector<std::string> ignore;
   std::vector<std::string> targets;
+  bool no_default_ignore = false;
+  bool quantize_vision = false;
   unsigned tp = 1;
 };
 
@@ -144,8 +146,15 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                         ->check(whole_number(-1, kMaxGroupSizeOption)));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
-                                    "re:PATTERN matched like Python re.match; default lm_head")
+                                    "re:PATTERN matched like Python re.match; added to the "
+                                    "default ignore list")
                         ->allow_extra_args(false));
+  options.push_back(app->add_flag("--no-default-ignore", args.no_default_ignore,
+                                  "Start from an empty ignore list instead of the default one "
+                                  "(heads, embeddings, routers, plain layers, towers)"));
+  options.push_back(app->add_flag("--quantize-vision", args.quantize_vision,
+                                  "Quantize vision/audio towers and projectors too (kept in 16 "
+                                  "bits by default)"));
   options.push_back(
       app->add_option("--targets", args.targets,
                       "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
@@ -177,7 +186,9 @@ ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
         "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
         *args.group_size));
   }
-  if (!args.ignore.empty()) options.ignore = args.ignore;
+  options.ignore = args.ignore;  // added to the default list, never replacing it
+  options.default_ignore = !args.no_default_ignore;
+  options.quantize_vision = args.quantize_vision;
   if (!args.targets.empty()) options.targets = args.targets;
   return options;
 }

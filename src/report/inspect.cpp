@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/report/roles_report.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {
@@ -217,6 +218,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   for (const auto& [name, n] : fate_counts(plan)) {
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);
   }
+  text += render_roles_text(checkpoint, plan);
   text += fmt::format("tensors ({}): {}\n", plan.decisions.size(), counts);
   std::size_t fate_w = 4;
   std::size_t name_w = 6;
@@ -233,13 +235,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
     text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", fate_name(d.fate), fate_w, d.name,
                         name_w, dtype_tag(t.dtype), shape_string(t.shape), shape_w, d.rule);
   }
-  text += "ignore entries (modules each matched among the 2-D weights ignore can affect):\n";
-  if (o.ignore.empty()) text += "  (none)\n";
-  for (std::size_t i = 0; i < o.ignore.size(); ++i) {
-    const auto& modules = plan.ignore_matches[i];
-    text += fmt::format("  {}: {}\n", o.ignore[i], plural(modules.size(), "module"));
-    for (const auto& m : modules) text += fmt::format("    {}\n", m);
-  }
+  text += render_ignore_text(plan);
   text += "targets:\n";
   for (std::size_t i = 0; i < o.targets.size(); ++i) {
     const auto& modules =
@@ -287,10 +283,7 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   }
   json counts = json::object();
   for (const auto& [name, n] : fate_counts(plan)) counts[name] = n;
-  json ignore = json::array();
-  for (std::size_t i = 0; i < o.ignore.size(); ++i) {
-    ignore.push_back(json{{"entry", o.ignore[i]}, {"modules", plan.ignore_matches[i]}});
-  }
+  const json ignore = ignore_json(plan);
   json targets = json::array();
   for (std::size_t i = 0; i < o.targets.size(); ++i) {
     targets.push_back(json{{"entry", o.targets[i]},
@@ -321,6 +314,7 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
               {"targets", targets},
               {"outputs", outputs},
               {"copied_files", plan.copied_files},
+              {"roles", roles_json(checkpoint, plan)},
               {"expected_output_bytes", expected_output_bytes(checkpoint, plan)},
               {"input_bytes", input_bytes(checkpoint)}};
 }

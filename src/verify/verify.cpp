@@ -1,4 +1,5 @@
 #include "ctquant/verify/verify.hpp"
+#include "ctquant/verify/loadability.hpp"
 
 #include <algorithm>
 #include <array>
@@ -172,6 +173,36 @@ Side open_side(const fs::path& path, const std::string& label) {
     for (const TensorEntry& t : side.shards[s].header().tensors) side.where[t.name].push_back(s);
   }
   return side;
+}
+
+// An INPUT as quantize reads it (open_checkpoint): with an index, only the
+// files it lists are shards and only the tensors it lists for a shard exist;
+// the rest is never written, so OUTPUT must not be compared with it.
+void restrict_to_index(Side& side) {
+  if (!side.index || !side.index->is_object() || !side.index->contains("weight_map") ||
+      !(*side.index)["weight_map"].is_object()) {
+    return;
+  }
+  const json& weight_map = (*side.index)["weight_map"];
+  std::set<std::string> listed;
+  for (const auto& [tensor, file] : weight_map.items()) {
+    if (file.is_string()) listed.insert(file.get<std::string>());
+  }
+  std::vector<SafetensorsFile> kept;
+  for (SafetensorsFile& shard : side.shards) {
+    if (listed.contains(shard.label())) kept.push_back(std::move(shard));
+  }
+  side.shards = std::move(kept);
+  side.where.clear();
+  for (std::size_t s = 0; s < side.shards.size(); ++s) {
+    for (const TensorEntry& t : side.shards[s].header().tensors) {
+      const auto it = weight_map.find(t.name);
+      if (it != weight_map.end() && it->is_string() &&
+          it->get_ref<const std::string&>() == side.shards[s].label()) {
+        side.where[t.name].push_back(s);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1505,6 +1536,7 @@ VerifyReport verify_checkpoints(const fs::path& output, const fs::path& golden,
   compare_indexes(a, b, labels, c);
   compare_configs(a, b, labels, /*compare_qc=*/true, c);
   compare_other_files(a, b, labels, c);
+  check_loadability(a.config, a.shards, report);
   return report;
 }
 
@@ -1515,7 +1547,8 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   report.output = output.string();
   report.reference = input.string();
   const Side out = open_side(output, "OUTPUT");
-  const Side src = open_side(input, "INPUT");
+  Side src = open_side(input, "INPUT");
+  restrict_to_index(src);
   // Section 6: the kinds of input quantize converts, and only those.
   InputQuantization q;
   try {
@@ -1541,6 +1574,8 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   compare_configs(out, src, labels, /*compare_qc=*/false, c);
   compare_other_files(out, src, labels, c);
 
+  check_loadability(out.config, out.shards, report);
+
   // Modules OUTPUT holds packed, in OUTPUT order.
   std::vector<std::string> packed_modules;
   std::set<std::string> packed_set;
@@ -1561,6 +1596,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
     PlanOptions plan_options;
     plan_options.scheme = scheme.scheme;
     plan_options.ignore = scheme.ignore;
+    plan_options.default_ignore = false;  // the written list is the whole list
     plan_options.targets = scheme.targets;
     const QuantizePlan plan = make_plan(checkpoint, plan_options);
     for (const TensorDecision& d : plan.decisions) {
