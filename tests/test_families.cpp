@@ -65,14 +65,15 @@ std::vector<FamilyCase> family_cases() {
        {kNormWeightsCopied,
         {"re:.*(lm_head|embed_tokens|mlp\\.gate)\\.weight$", C},
         {"re:.*_proj\\.weight$", Q}}},
-      // Stacked experts vLLM's qwen3_moe.py reads per expert: refused
-      // (Qwen3MoeFused.SplitExpertsAreQuantized is the split outcome).
+      // Stacked experts vLLM's qwen3_moe.py reads per expert: split into
+      // experts.{e}.gate_proj/up_proj/down_proj and quantized
+      // (Qwen3MoeFused.SplitExpertsAreQuantized writes them).
       {Family::kQwen3MoeFused,
-       {"L7"},
+       {},
        {"lm_head", "model.embed_tokens", "re:.*mlp.gate$"},
        {kNormWeightsCopied,
         {"re:.*(lm_head|embed_tokens|mlp\\.gate)\\.weight$", C},
-        {"re:.*experts\\.(gate_up|down)_proj$", C},
+        {"re:.*experts\\.(gate_up|down)_proj$", Fate::kSplit},
         {"re:.*_proj\\.weight$", Q}}},
       {Family::kQwen2MoeShared,
        {},
@@ -202,13 +203,27 @@ std::string describe(const std::vector<Finding>& findings) {
 // vLLM's reading of the written ignore list and targets agrees with every
 // module's planned state (packed or 16-bit), and vLLM raises on none.
 void expect_vllm_agrees(const Planned& p) {
-  const VllmLoadRules rules(p.plan.roles, p.plan.options.ignore, p.plan.options.targets);
-  std::map<std::string, Fate> fate;
-  for (const TensorDecision& d : p.plan.decisions) fate[d.name] = d.fate;
+  std::vector<std::string> targets;
+  for (const SchemeGroup& g : p.plan.options.groups) {
+    targets.insert(targets.end(), g.targets.begin(), g.targets.end());
+  }
+  const VllmLoadRules rules(p.plan.roles, p.plan.options.ignore, targets);
+  // Packed: a quantized weight, or a split stacked tensor whose per-expert
+  // modules are quantized.
+  std::map<std::string, bool> packed_of;
+  for (const TensorDecision& d : p.plan.decisions) {
+    bool packed = d.fate == Fate::kQuantize;
+    for (std::size_t i : d.modules) {
+      if (d.fate == Fate::kSplit && p.plan.modules[i].kind == PlannedModule::Kind::kQuantize) {
+        packed = true;
+      }
+    }
+    packed_of[d.name] = packed;
+  }
   for (const ModuleInfo& m : p.plan.roles.modules) {
     if (m.role == ModuleRole::kParameter || m.role == ModuleRole::kNorm) continue;
     SCOPED_TRACE(m.module);
-    const bool packed = fate[m.tensor] == Fate::kQuantize;
+    const bool packed = packed_of[m.tensor];
     const VllmExpectation e = rules.expect(m);
     EXPECT_NE(e.state, VllmExpectation::State::kRefused) << e.why;
     EXPECT_FALSE(e.unmatched) << e.why;
@@ -284,7 +299,7 @@ TEST_P(FamiliesWritten, OutputVerifiesAgainstSourceAndLoads) {
 
 INSTANTIATE_TEST_SUITE_P(Every, FamiliesWritten,
                          ::testing::Values(Family::kLlama, Family::kQwen3Tied, Family::kQwen3Moe,
-                                           Family::kQwen2MoeShared, Family::kMixtral,
+                                           Family::kQwen3MoeFused, Family::kQwen2MoeShared, Family::kMixtral,
                                            Family::kDeepSeekV3, Family::kMistral3,
                                            Family::kGemma3, Family::kQwen25Vl, Family::kGptOss,
                                            Family::kEagle3, Family::kMistralConsolidated),
@@ -318,14 +333,20 @@ TEST(StackedExperts, Qwen3MoeFusedDimsAndOrientation) {
   EXPECT_EQ(down.orientation, StackedExperts::Orientation::kOutIn);
   EXPECT_EQ(down.proof, StackedExperts::Proof::kShape);
   EXPECT_EQ(down.problem, "");
-  // The refusal names the layout.
-  const auto l7 = std::find_if(p.findings.begin(), p.findings.end(),
-                               [](const Finding& f) { return f.id == "L7"; });
-  ASSERT_NE(l7, p.findings.end());
-  EXPECT_NE(l7->message.find("model.layers.0.mlp.experts.gate_up_proj [4, 256, 256] (E=4, I=128, "
-                             "H=256, [E, out, in] proven by the layer's other stacked tensor)"),
+  // The plan says so, and splits it.
+  const ModuleInfo* m = p.plan.roles.find("model.layers.0.mlp.experts.gate_up_proj");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->action, DefaultAction::kQuantize);
+  EXPECT_NE(m->reason.find("stacked experts gate_up_proj: E=4, I=128, H=256, orientation [E, out, "
+                           "in] (proven by the layer's other stacked tensor)"),
             std::string::npos)
-      << l7->message;
+      << m->reason;
+  for (const TensorDecision& d : p.plan.decisions) {
+    if (d.name == "model.layers.0.mlp.experts.gate_up_proj") {
+      EXPECT_EQ(d.fate, Fate::kSplit);
+      EXPECT_EQ(d.modules.size(), 8u);
+    }
+  }
 }
 
 TEST(StackedExperts, GptOssDimsOrientationAndInterleave) {
@@ -362,14 +383,13 @@ TEST(StackedExperts, GptOssWithoutDefaultIgnoreIsRefused) {
   const Planned p = plan_family(tmp / "in", options);
   const std::vector<std::string> ids = blocking_ids(p.findings);
   EXPECT_NE(std::find(ids.begin(), ids.end(), "L7"), ids.end()) << describe(p.findings);
-  EXPECT_NE(std::find(ids.begin(), ids.end(), "L10"), ids.end()) << describe(p.findings);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), "L12"), ids.end()) << describe(p.findings);
 }
 
-// Where the split of stacked experts lands in the planner, a Qwen3-MoE
-// checkpoint with transformers-v5 fused experts is written with per-expert
-// packed experts.{e}.gate_proj/up_proj/down_proj and loads; until then it is
-// refused (Families.FatesExitCodeAndIgnoreListAsVllmReadsIt/qwen3_moe_fused).
-TEST(Qwen3MoeFused, DISABLED_SplitExpertsAreQuantized) {
+// A Qwen3-MoE checkpoint with transformers-v5 fused experts is written with
+// per-expert packed experts.{e}.gate_proj/up_proj/down_proj, which vLLM's
+// qwen3_moe.py loads, and verifies as loadable.
+TEST(Qwen3MoeFused, SplitExpertsAreQuantized) {
   TempDir tmp;
   write_family(tmp / "in", Family::kQwen3MoeFused, true);
   quantize(test_options(tmp / "in", tmp / "out"));
@@ -385,6 +405,7 @@ TEST(Qwen3MoeFused, DISABLED_SplitExpertsAreQuantized) {
   }
   const VerifyReport r = verify_against_source(tmp / "out", tmp / "in", VerifyOptions{});
   EXPECT_TRUE(r.same()) << render_verify_text(r);
+  EXPECT_TRUE(r.notes.empty()) << render_verify_text(r);
 }
 
 // ---- options ----
@@ -413,7 +434,7 @@ TEST(FamilyOptions, QuantizeVisionKeepsPlainModules) {
 }
 
 // --ignore adds to the default list; --no-default-ignore starts empty, and
-// then the modules vLLM loads unquantized would be packed (L10).
+// then the modules vLLM loads unquantized would be packed (L12).
 TEST(FamilyOptions, IgnoreAddsAndNoDefaultIgnoreStartsEmpty) {
   TempDir tmp;
   write_family(tmp / "in", Family::kQwen2MoeShared, false);
@@ -432,10 +453,10 @@ TEST(FamilyOptions, IgnoreAddsAndNoDefaultIgnoreStartsEmpty) {
   const Planned q = plan_family(tmp / "in", none);
   EXPECT_TRUE(q.plan.options.ignore.empty());
   // The head, the routers and the shared-expert gates would be packed.
-  EXPECT_EQ(blocking_ids(q.findings), (std::vector<std::string>{"L10", "L10", "L10"}))
+  EXPECT_EQ(blocking_ids(q.findings), (std::vector<std::string>{"L12", "L12", "L12"}))
       << describe(q.findings);
   const auto l10 = std::find_if(q.findings.begin(), q.findings.end(), [](const Finding& f) {
-    return f.id == "L10" && f.message.find("router") != std::string::npos;
+    return f.id == "L12" && f.message.find("router") != std::string::npos;
   });
   ASSERT_NE(l10, q.findings.end());
   EXPECT_NE(l10->message.find("2 routers model.layers.0.mlp.gate, model.layers.1.mlp.gate would "

@@ -48,6 +48,17 @@ bool is_kept_role(ModuleRole role) {
 
 }  // namespace
 
+// Every targets entry of every scheme group, as vLLM sees them all.
+std::vector<std::string> all_targets(const PlanOptions& options) {
+  std::vector<std::string> out;
+  for (const SchemeGroup& g : options.groups) {
+    for (const std::string& t : g.targets) {
+      if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+    }
+  }
+  return out;
+}
+
 std::string ignore_fix(const RoleAnalysis& roles, const std::vector<std::string>& modules) {
   std::string out;
   for (const std::string& e : narrow_ignore_entries(roles, modules)) {
@@ -59,7 +70,7 @@ std::string ignore_fix(const RoleAnalysis& roles, const std::vector<std::string>
 RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
     : checkpoint_(checkpoint),
       plan_(plan),
-      rules_(plan.roles, plan.options.ignore, plan.options.targets) {
+      rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
   for (const TensorDecision& d : plan.decisions) {
     if (checkpoint.holds(d.source)) by_tensor_.emplace(d.name, &d);
   }
@@ -163,7 +174,29 @@ void RolesLint::stacked_experts(std::vector<Finding>& out) const {
   for (const ModuleInfo& m : plan_.roles.modules) {
     if (m.role != ModuleRole::kStackedExperts || !m.stacked) continue;
     const TensorDecision* d = decision_of(m);
-    if (d == nullptr || d->fate != Fate::kCopy) continue;  // split by the planner
+    if (d == nullptr) continue;
+    if (d->fate == Fate::kSplit) {
+      // Split by the planner: vLLM's probes must read the layer as its
+      // per-expert modules were written.
+      std::set<bool> states;
+      for (std::size_t i : d->modules) {
+        states.insert(plan_.modules[i].kind == PlannedModule::Kind::kQuantize);
+      }
+      const VllmExpectation e = rules_.expect(m);
+      const bool packed = states.contains(true);
+      if (states.size() == 1 &&
+          ((e.state == VllmExpectation::State::kPacked) == packed) &&
+          e.state != VllmExpectation::State::kRefused) {
+        continue;
+      }
+      unignored.push_back(m.tensor);
+      unignored_modules.push_back(m.module);
+      why.push_back(fmt::format("split into per-expert modules {} ; vLLM: {}",
+                                states.size() > 1 ? "partly packed" : packed ? "packed" : "kept",
+                                e.why));
+      continue;
+    }
+    if (d->fate != Fate::kCopy) continue;
     const StackedExperts& s = plan_.roles.stacked[*m.stacked];
     if (!s.vllm_loads_stacked) {
       refused.push_back(m.tensor);
@@ -203,9 +236,9 @@ void RolesLint::stacked_experts(std::vector<Finding>& out) const {
     f.severity = Severity::kError;
     f.tensors = unignored;
     f.message = fmt::format(
-        "{} stacked-expert {} kept in 16 bits (vLLM's loader reads only the stacked layout), "
-        "but the ignore list does not cover their MoE layers as vLLM probes them, so vLLM "
-        "would build them quantized and look for per-expert packed weights: {}",
+        "{} stacked-expert {} whose MoE layers vLLM's experts.0.{{gate,up,down}}_proj probes "
+        "read differently from how OUTPUT holds them (vLLM would look for weights that are not "
+        "there): {}",
         unignored.size(), unignored.size() == 1 ? "tensor" : "tensors", join(why, 2, "; "));
     f.fix = fmt::format("keep the MoE layers unquantized in vLLM: {}",
                         ignore_fix(plan_.roles, unignored_modules));
@@ -213,7 +246,7 @@ void RolesLint::stacked_experts(std::vector<Finding>& out) const {
   }
 }
 
-// ---- L10 ----
+// ---- L12 ----
 void RolesLint::unloadable_modules(std::vector<Finding>& out) const {
   // One finding per role.
   std::map<ModuleRole, Finding> by_role;
@@ -239,7 +272,7 @@ void RolesLint::unloadable_modules(std::vector<Finding>& out) const {
   }
   for (ModuleRole role : order) {
     Finding& f = by_role[role];
-    f.id = "L10";
+    f.id = "L12";
     f.severity = Severity::kError;
     const std::vector<std::string> why(reasons[role].begin(), reasons[role].end());
     f.message = fmt::format(
@@ -256,7 +289,7 @@ void RolesLint::unloadable_modules(std::vector<Finding>& out) const {
   }
 }
 
-// ---- L11 ----
+// ---- L13 ----
 void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
   const std::vector<Mismatch> all = mismatches();
   std::set<const ModuleInfo*> explained;  // by an L2 error
@@ -289,7 +322,7 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
   std::vector<std::string> order;
   for (const Mismatch& mm : all) {
     if (explained.contains(mm.module)) continue;
-    if (mm.packed && is_kept_role(mm.module->role)) continue;  // L10's
+    if (mm.packed && is_kept_role(mm.module->role)) continue;  // L12's
     int kind = 0;  // 0 refused, 1 packed but vLLM unquantized, 2 kept but vLLM packed, 3 unmatched
     if (mm.expectation.state == VllmExpectation::State::kRefused) {
       kind = 0;
@@ -313,7 +346,7 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
   for (const std::string& key : order) {
     Group& g = groups[key];
     Finding& f = g.finding;
-    f.id = "L11";
+    f.id = "L13";
     f.severity = g.kind == 3 ? Severity::kWarning : Severity::kError;
     const std::vector<std::string> layers(g.layers.begin(), g.layers.end());
     const std::string modules = join(g.modules, 4);

@@ -8,9 +8,9 @@
 //                family's vLLM loader reads per-expert tensors and they are
 //                not split, or they are kept while vLLM's MoE probes say the
 //                layer is quantized
-//   L10 error    a module vLLM loads unquantized (output head, embedding,
+//   L12 error    a module vLLM loads unquantized (output head, embedding,
 //                router, shared-expert gate, plain nn.Linear) would be packed
-//   L11 error    the written ignore list and targets, evaluated as vLLM does
+//   L13 error    the written ignore list and targets, evaluated as vLLM does
 //                on vLLM's names, disagree with what OUTPUT holds (or vLLM
 //                raises on them); warning for a quantizable layer matched by
 //                neither (older vLLM raises, newer loads it unquantized)
@@ -33,8 +33,8 @@ class RolesLint {
 
   void literal_entries(std::vector<Finding>& out) const;     // L2
   void stacked_experts(std::vector<Finding>& out) const;     // L7
-  void unloadable_modules(std::vector<Finding>& out) const;  // L10
-  void vllm_expectations(std::vector<Finding>& out) const;   // L11
+  void unloadable_modules(std::vector<Finding>& out) const;  // L12
+  void vllm_expectations(std::vector<Finding>& out) const;   // L13
 
  private:
   struct Mismatch {
@@ -45,7 +45,7 @@ class RolesLint {
   const TensorDecision* decision_of(const ModuleInfo& m) const;
   bool planned_packed(const ModuleInfo& m) const;
   // Modules whose planned state vLLM disagrees with (plain modules, stacked
-  // experts and parameters excluded: L10 and L7 report those).
+  // experts and parameters excluded: L12 and L7 report those).
   std::vector<Mismatch> mismatches() const;
   // Literal entries vLLM does not match, each with the modules concerned
   // and whether one of them is a kept module vLLM expects packed.
@@ -70,6 +70,9 @@ class RolesLint {
 std::optional<std::pair<std::string, std::string>> entry_near_miss(
     const QuantizePlan& plan, const std::vector<std::string>& modules, const std::string& entry,
     const char* option);
+
+// Every targets entry of every scheme group.
+std::vector<std::string> all_targets(const PlanOptions& options);
 
 // The ignore entries that keep exactly `modules`, as `--ignore 'a' --ignore
 // 'b'` (narrow_ignore_entries()).

@@ -1064,8 +1064,11 @@ RoleAnalysis analyze_roles(
                        : DefaultAction::kQuantize;
         break;
       case ModuleRole::kStackedExperts:
+        // Read only stacked by vLLM: kept whole. Otherwise the planner splits
+        // them into per-expert weights (schemes.md 8), quantized like
+        // experts.
         m.action = a.stacked[*m.stacked].vllm_loads_stacked ? DefaultAction::kKeep
-                                                            : DefaultAction::kRefuse;
+                                                            : DefaultAction::kQuantize;
         break;
       default:
         m.action = DefaultAction::kKeep;
@@ -1116,7 +1119,8 @@ RoleAnalysis analyze_roles(
       m.reason += "; vLLM's loader reads only the stacked layout, so it is kept in 16 bits and "
                   "its MoE layer named in ignore";
     } else {
-      m.reason += "; vLLM loads per-expert experts.{e}.gate_proj/up_proj/down_proj tensors";
+      m.reason += "; vLLM loads per-expert experts.{e}.gate_proj/up_proj/down_proj tensors, so "
+                  "the planner splits it";
     }
   }
   return a;

@@ -19,11 +19,12 @@ namespace {
 
 constexpr const char* kKind = "loadability";
 
-// compressed-tensors' CompressionFormat values.
+// compressed-tensors' CompressionFormat values (mxfp8-quantized: schemes.md
+// section 2, fixture llama-bf16-mxfp8a16).
 const std::set<std::string> kFormats = {
-    "dense",           "sparse-bitmask",       "sparse-24-bitmask", "int-quantized",
-    "float-quantized", "naive-quantized",      "pack-quantized",    "marlin-24",
-    "mixed-precision", "nvfp4-pack-quantized", "mxfp4-pack-quantized"};
+    "dense",           "sparse-bitmask",       "sparse-24-bitmask",    "int-quantized",
+    "float-quantized", "naive-quantized",      "pack-quantized",       "marlin-24",
+    "mixed-precision", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized"};
 
 std::string module_of_tensor(const std::string& name) {
   const auto dot = name.rfind('.');
@@ -70,9 +71,18 @@ void check_loadability(const std::optional<json>& config,
       tensors.emplace(t.name, std::make_pair(shard.label(), &t));
     }
   }
+  // Quantized modules: packed codes (weight_packed), or a weight with its
+  // scale (float-quantized formats keep M.weight, FP8 or FP4 codes beside
+  // M.weight_scale). 16-bit modules have neither.
   std::vector<std::string> packed;  // modules with weight_packed, in name order
+  std::set<std::string> quantized;
   for (const auto& [name, at] : tensors) {
-    if (name.ends_with(".weight_packed")) packed.push_back(module_of_tensor(name));
+    if (name.ends_with(".weight_packed")) {
+      packed.push_back(module_of_tensor(name));
+      quantized.insert(module_of_tensor(name));
+    } else if (name.ends_with(".weight_scale")) {
+      quantized.insert(module_of_tensor(name));
+    }
   }
   const json* qc = nullptr;
   if (config && config->is_object()) {
@@ -81,11 +91,11 @@ void check_loadability(const std::optional<json>& config,
     }
   }
   if (qc == nullptr) {
-    if (!packed.empty()) {
+    if (!quantized.empty()) {
       c.diff(kConfigFileName, "",
-             fmt::format("{} packed module(s) (first '{}'), but config.json has no "
-                         "quantization_config: no loader knows they are packed",
-                         packed.size(), packed.front()));
+             fmt::format("{} quantized module(s) (first '{}'), but config.json has no "
+                         "quantization_config: no loader knows they are quantized",
+                         quantized.size(), *quantized.begin()));
     }
     return;
   }
@@ -189,7 +199,11 @@ void check_loadability(const std::optional<json>& config,
                          "quantized finds a tensor it has no parameter for",
                          m));
     }
-    for (const char* p : {"weight_scale", "weight_shape"}) {
+    // pack-quantized (the int formats) also records each weight's shape;
+    // the FP4 formats do not.
+    std::vector<const char*> needed{"weight_scale"};
+    if (top_format == "pack-quantized") needed.push_back("weight_shape");
+    for (const char* p : needed) {
       if (!tensors.contains(m + "." + p)) {
         c.diff(file, m + ".weight_packed",
                fmt::format("packed module '{}' has no {}", m, p));
@@ -207,17 +221,22 @@ void check_loadability(const std::optional<json>& config,
     }
   }
 
-  // Every module's state against vLLM's reading of ignore and targets.
+  // Every module's state against vLLM's reading of ignore and targets. A
+  // packed module is given to the role analysis as its .weight, with the
+  // unpacked column count.
   const int bits = scheme != nullptr && scheme->bits > 0 && scheme->bits <= 32 ? scheme->bits : 4;
   std::vector<std::pair<std::string, std::vector<std::uint64_t>>> listed;
   for (const auto& [name, at] : tensors) {
     const std::string module = module_of_tensor(name);
-    if (packed_set.contains(module)) {
-      if (name.ends_with(".weight_packed") && at.second->shape.size() == 2) {
+    if (quantized.contains(module)) {
+      const auto& shape = at.second->shape;
+      if (name.ends_with(".weight_packed") && shape.size() == 2) {
+        const std::uint64_t word_bits = static_cast<std::uint64_t>(dtype_bits(at.second->dtype));
         listed.emplace_back(module + ".weight",
-                            std::vector<std::uint64_t>{at.second->shape[0],
-                                                       at.second->shape[1] * 32 /
-                                                           static_cast<std::uint64_t>(bits)});
+                            std::vector<std::uint64_t>{
+                                shape[0], shape[1] * word_bits / static_cast<std::uint64_t>(bits)});
+      } else if (name == module + ".weight" && !packed_set.contains(module)) {
+        listed.emplace_back(name, shape);
       }
       continue;
     }
@@ -235,8 +254,8 @@ void check_loadability(const std::optional<json>& config,
   std::set<std::string> refused_layers;
   for (const ModuleInfo& m : roles.modules) {
     if (m.role == ModuleRole::kParameter || m.role == ModuleRole::kNorm) continue;
-    const bool is_packed = packed_set.contains(m.module);
-    const std::string tensor = is_packed ? m.module + ".weight_packed" : m.tensor;
+    const bool is_packed = quantized.contains(m.module);
+    const std::string tensor = packed_set.contains(m.module) ? m.module + ".weight_packed" : m.tensor;
     const auto found = tensors.find(tensor);
     const std::string file = found == tensors.end() ? std::string() : found->second.first;
     if (m.role == ModuleRole::kStackedExperts && m.stacked) {
@@ -259,17 +278,17 @@ void check_loadability(const std::optional<json>& config,
       }
     } else if (m.build == VllmBuild::kPlain && is_packed) {
       c.diff(file, tensor,
-             fmt::format("'{}' is packed, but vLLM loads it as a 16-bit .weight ({})", m.module,
+             fmt::format("'{}' is quantized, but vLLM loads it as a 16-bit .weight ({})", m.module,
                          m.reason));
     } else if (e.state == State::kPacked && !is_packed) {
       c.diff(file, tensor,
              fmt::format("'{}' is in 16 bits, but vLLM builds '{}' quantized ({}) and looks for "
-                         "weight_packed",
+                         "its quantized tensors",
                          m.module, e.layer, e.why));
     } else if (e.state == State::kUnquantized && is_packed) {
       c.diff(file, tensor,
-             fmt::format("'{}' is packed, but vLLM builds '{}' unquantized ({}) and looks for a "
-                         "16-bit .weight",
+             fmt::format("'{}' is quantized, but vLLM builds '{}' unquantized ({}) and looks for "
+                         "a 16-bit .weight",
                          m.module, e.layer, e.why));
     } else if (e.unmatched) {
       c.note(file, tensor, e.why);
