@@ -1,4 +1,4 @@
-// Lint rules L1-L9 on hand-made checkpoints (headers at real model shapes,
+// Lint rules L1-L11 on hand-made checkpoints (headers at real model shapes,
 // sparse data), the blocking policy, and lint inside quantize and the CLI.
 #include <gtest/gtest.h>
 
@@ -7,11 +7,14 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"
@@ -443,6 +446,43 @@ TEST(LintL9, NothingQuantizedIsError) {
   EXPECT_TRUE(contains(l9[0].message, "no tensor would be quantized (of 9 tensors)"))
       << l9[0].message;
   EXPECT_TRUE(with_id(lint_layout(llama_layer(), kLlamaConfig, {}).findings, "L9").empty());
+}
+
+// ---- L10 ----
+
+// vLLM's Marlin WNA16 kernels run group sizes -1 (channel-wise), 32, 64 and
+// 128 (vllm/model_executor/layers/quantization/utils/marlin_utils.py,
+// MARLIN_SUPPORTED_GROUP_SIZES). Every size here divides both in_features
+// of the layer (2048, 5632), so only L10 can object.
+TEST(LintL10, GroupSizesMarlinDoesNotRunAreErrors) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), llama_layer(), kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  const auto lint_with = [&](long long group_size) {
+    PlanOptions options;
+    options.default_ignore = false;
+    apply_group_size(options.groups.front(), group_size);
+    const QuantizePlan plan = make_plan(checkpoint, options);
+    return with_id(run_lint(checkpoint, plan, LintOptions{}), "L10");
+  };
+  for (const long long g : {16LL, 256LL, 512LL}) {
+    SCOPED_TRACE(g);
+    const auto l10 = lint_with(g);
+    ASSERT_EQ(l10.size(), 1u);
+    EXPECT_EQ(l10[0].severity, Severity::kError);
+    EXPECT_EQ(l10[0].tensors.size(), 7u);  // every quantized weight of the layer
+    EXPECT_TRUE(contains(l10[0].message, fmt::format("group size {} is not one vLLM's Marlin "
+                                                     "kernels run (channel-wise, 32, 64, 128)",
+                                                     g)))
+        << l10[0].message;
+    EXPECT_TRUE(contains(l10[0].fix, "--group-size 32, 64 or 128, or -1")) << l10[0].fix;
+    EXPECT_EQ(blocking_findings(l10, false, false).size(), 1u);
+    EXPECT_TRUE(blocking_findings(l10, false, true).empty());  // --allow-unloadable
+  }
+  for (const long long g : {-1LL, 32LL, 64LL, 128LL}) {
+    SCOPED_TRACE(g);
+    EXPECT_TRUE(lint_with(g).empty());
+  }
 }
 
 // ---- L6 ----
