@@ -185,10 +185,11 @@ TEST(Cli, BadInputExitsOneNamingTheTensor) {
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
   EXPECT_EQ(snapshot_files(tmp / "in"), before);
 
-  // The same input quantizes once the tensor is ignored or the group size fits.
+  // The same input goes through once the tensor is ignored (then nothing is
+  // left to quantize: lint L9, allowed here) or the group size fits.
   const CommandResult ignored =
       run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "-q", "--ignore",
-                   "re:.*up_proj$"});
+                   "re:.*up_proj$", "--allow-unloadable"});
   EXPECT_EQ(ignored.exit_code, 0) << ignored.err;
   // Group size 20 divides it, but no vLLM kernel runs it (lint L10): written
   // only when asked for.
@@ -261,21 +262,42 @@ TEST(Cli, DryRunWritesNothing) {
 
 // Given --ignore entries replace the default ["lm_head"] and are written to
 // config.json unchanged and in order; --targets likewise.
+// --ignore adds to the default ignore list (lm_head here) and --targets
+// reach config.json; --no-default-ignore starts from nothing, and then the
+// output head would be packed: lint L12 stops the run unless
+// --allow-unloadable.
 TEST(Cli, IgnoreAndTargetsReachConfig) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
   const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
                                        "-q", "--ignore", "re:.*q_proj$", "--ignore",
-                                       "model.layers.0.mlp.down_proj", "--targets", "Linear"});
+                                       "model.layers.0.mlp.down_proj", "--targets", "Linear",
+                                       "--allow-unloadable"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
-  EXPECT_EQ(qc["ignore"], json({"re:.*q_proj$", "model.layers.0.mlp.down_proj"}));
+  EXPECT_EQ(qc["ignore"], json({"lm_head", "re:.*q_proj$", "model.layers.0.mlp.down_proj"}));
   EXPECT_EQ(qc["config_groups"]["W4A16"]["targets"], json({"Linear"}));
-  // lm_head is no longer ignored: with the default gone it is quantized.
   const SafetensorsHeader h = read_header(tmp / "out" / "model.safetensors", "model.safetensors");
-  EXPECT_NE(h.find("lm_head.weight_packed"), nullptr);
+  EXPECT_NE(h.find("lm_head.weight"), nullptr);
   EXPECT_NE(h.find("model.layers.0.self_attn.q_proj.weight"), nullptr);
   EXPECT_NE(h.find("model.layers.0.mlp.down_proj.weight"), nullptr);
+
+  const CommandResult none =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "none").string(),
+                   "--no-default-ignore", "--ignore", "re:.*q_proj$"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_TRUE(contains(none.err, "L12 error: 1 output head lm_head would be packed")) << none.err;
+  EXPECT_TRUE(contains(none.err, "fix: keep it in 16 bits: --ignore 'lm_head'")) << none.err;
+  EXPECT_FALSE(fs::exists(tmp / "none"));
+  const CommandResult allowed =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "none").string(), "-q",
+                   "--no-default-ignore", "--ignore", "re:.*q_proj$", "--allow-unloadable"});
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.err;
+  EXPECT_EQ(read_json(tmp / "none" / "config.json")["quantization_config"]["ignore"],
+            json({"re:.*q_proj$"}));
+  EXPECT_NE(read_header(tmp / "none" / "model.safetensors", "model.safetensors")
+                .find("lm_head.weight_packed"),
+            nullptr);
 }
 
 TEST(Cli, SchemesAndChannelWise) {

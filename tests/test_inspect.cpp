@@ -176,7 +176,17 @@ TEST(InspectCli, DryRunPrintsThePlanAndWritesNothing) {
                          "--ignore", kDFlashIgnore[0], "--ignore", kDFlashIgnore[1]});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(r.out.starts_with("plan: W4A16 (4-bit int, symmetric, group size 128; pack-quantized)"));
-  EXPECT_TRUE(contains(r.out, "\n  re:.*qkv_proj$: 2 modules\n    layers.0.self_attn.qkv_proj\n"));
+  // The entries are the draft's defaults: each says why.
+  EXPECT_TRUE(contains(r.out, "\n  re:.*qkv_proj$: 2 modules (default)\n    why: DFlash qkv_proj: "
+                              "vLLM builds the context-KV buffer by reading qkv_proj.weight "
+                              "directly"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "[vllm/model_executor/models/qwen3_dflash.py@036a00d1]\n"
+                              "    layers.0.self_attn.qkv_proj\n"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out, "roles: DFlash draft (vllm/model_executor/models/qwen3_dflash.py@"
+                              "036a00d1)\n"))
+      << r.out;
   EXPECT_TRUE(contains(r.out, "  quantize  fc.weight"));
   EXPECT_TRUE(contains(r.out, "expected output size: "));
   EXPECT_FALSE(contains(r.out, "ctquant:"));  // logs stay on stderr
@@ -186,8 +196,8 @@ TEST(InspectCli, DryRunPrintsThePlanAndWritesNothing) {
 
 TEST(InspectCli, DryRunStoppedByLintStillPrintsThePlan) {
   test::TempDir dir;
-  const auto r =
-      test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run"});
+  const auto r = test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(),
+                                    "--dry-run", "--no-default-ignore"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(r.out.starts_with("plan: "));
   EXPECT_TRUE(contains(r.out, "  quantize  layers.0.self_attn.qkv_proj.weight"));
@@ -228,19 +238,25 @@ TEST(InspectCli, InventoryPlanAndJson) {
   EXPECT_TRUE(j["plan"].is_null());
 
   // Any quantize option (or --plan) adds the plan and lint; lint never fails inspect.
-  const auto planned =
-      test::run_ctquant({"inspect", input, "--ignore", "re:.*qkv_proj$", "--json"});
+  const auto planned = test::run_ctquant(
+      {"inspect", input, "--no-default-ignore", "--ignore", "re:.*qkv_proj$", "--json"});
   EXPECT_EQ(planned.exit_code, 0);
   const json p = json::parse(planned.out);
   ASSERT_EQ(p["lint"].size(), 1u);
   EXPECT_EQ(p["lint"][0]["id"], "L5");
   EXPECT_EQ(p["lint"][0]["tensors"],
             json({"layers.0.self_attn.g_proj.weight", "layers.1.self_attn.g_proj.weight"}));
+  EXPECT_EQ(p["plan"]["roles"]["family"], "DFlash draft");
+  EXPECT_EQ(p["plan"]["ignore"][0]["default"], false);
 
   const auto defaults = test::run_ctquant({"inspect", input, "--plan"});
   EXPECT_EQ(defaults.exit_code, 0);
   EXPECT_TRUE(contains(defaults.out, "\nplan: W4A16"));
-  EXPECT_TRUE(contains(defaults.out, "L4 error: DFlash draft"));
+  EXPECT_TRUE(contains(defaults.out, "ignore ['re:.*qkv_proj$', 're:.*g_proj$']"));
+  EXPECT_TRUE(contains(defaults.out, "lint: no findings"));
+  const auto without = test::run_ctquant({"inspect", input, "--no-default-ignore"});
+  EXPECT_EQ(without.exit_code, 0);
+  EXPECT_TRUE(contains(without.out, "L4 error: DFlash draft"));
 
   EXPECT_EQ(test::run_ctquant({"inspect", input + "-missing"}).exit_code, 1);
 }

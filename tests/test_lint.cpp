@@ -1,4 +1,4 @@
-// Lint rules L1-L9 on hand-made checkpoints (headers at real model shapes,
+// Lint rules L1-L11 on hand-made checkpoints (headers at real model shapes,
 // sparse data), the blocking policy, and lint inside quantize and the CLI.
 #include <gtest/gtest.h>
 
@@ -7,11 +7,14 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"
@@ -36,6 +39,7 @@ Linted lint_layout(const std::vector<FakeSpec>& specs, const json& config,
   const Checkpoint checkpoint = open_checkpoint(dir.path());
   PlanOptions options;
   options.ignore = std::move(ignore);
+  options.default_ignore = false;  // each rule is tested on the list given
   options.groups.front().targets = std::move(targets);
   Linted out;
   out.plan = make_plan(checkpoint, options);
@@ -104,13 +108,24 @@ TEST(LintL1, MixtralLayerCountsEachIgnoreEntry) {
   EXPECT_TRUE(r.plan.ignore_matches[0].empty());
   EXPECT_EQ(r.plan.ignore_matches[1],
             std::vector<std::string>{"model.layers.0.block_sparse_moe.gate"});
-  // The only finding: lm_head matched nothing.
-  ASSERT_EQ(r.findings.size(), 1u);
+  // lm_head matched nothing (L1); and re:.*gate, a prefix of vLLM's
+  // experts.0.gate_proj probe but not of its up/down probes, makes vLLM
+  // refuse the MoE layer (L13).
+  ASSERT_EQ(r.findings.size(), 2u);
   const Finding& f = r.findings[0];
   EXPECT_EQ(f.id, "L1");
   EXPECT_EQ(f.severity, Severity::kWarning);
   EXPECT_TRUE(contains(f.message, "ignore entry 'lm_head' matched 0 modules"));
   EXPECT_TRUE(contains(f.message, "no module name contains 'lm_head'"));
+  const Finding& moe = r.findings[1];
+  EXPECT_EQ(moe.id, "L13");
+  EXPECT_EQ(moe.severity, Severity::kError);
+  EXPECT_TRUE(contains(moe.message, "All MoE projections need to have same quantization scheme"))
+      << moe.message;
+  EXPECT_TRUE(contains(moe.message,
+                       "'model.layers.0.block_sparse_moe.experts.0.gate_proj' ignored by "
+                       "'re:.*gate'"))
+      << moe.message;
 }
 
 TEST(LintL1, LlamaLayerGateRegexAlsoCatchesGateProj) {
@@ -168,22 +183,21 @@ TEST(LintL1, TargetEntryThatMatchesNothing) {
   EXPECT_EQ(r.plan.target_matches, std::vector<std::vector<std::vector<std::string>>>{{{}}});
 }
 
-// The default ignore list ({"lm_head"}) on a draft without lm_head: nothing
-// the user wrote is wrong, so the finding is info (it never stops --strict).
-// An explicit list holding lm_head still gets the warning.
-TEST(LintL1, DefaultLmHeadWithoutLmHeadIsInfo) {
-  const Linted r = lint_layout(dflash_layers(), kDFlashConfig, kDefaultIgnore);
-  const auto l1 = with_id(r.findings, "L1");
+// The default ignore entries are made from the modules they keep: L1 never
+// reports them. A given entry that matches nothing still gets the warning.
+TEST(LintL1, DefaultEntriesAreNotReported) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), dflash_layers(), kDFlashConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  PlanOptions options;
+  options.ignore = {"lm_head"};
+  const QuantizePlan plan = make_plan(checkpoint, options);
+  EXPECT_EQ(plan.options.ignore, (std::vector<std::string>{"re:.*qkv_proj$", "lm_head"}));
+  EXPECT_EQ(plan.n_default_ignore, 1u);
+  const auto l1 = with_id(run_lint(checkpoint, plan, LintOptions{}), "L1");
   ASSERT_EQ(l1.size(), 1u);
-  EXPECT_EQ(l1[0].severity, Severity::kInfo);
-  EXPECT_EQ(l1[0].message,
-            "the default ignore entry 'lm_head' matched 0 modules: this checkpoint has no such "
-            "module");
-  const Linted explicit_list =
-      lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$", "lm_head"});
-  const auto l1_explicit = with_id(explicit_list.findings, "L1");
-  ASSERT_EQ(l1_explicit.size(), 1u);
-  EXPECT_EQ(l1_explicit[0].severity, Severity::kWarning);
+  EXPECT_EQ(l1[0].severity, Severity::kWarning);
+  EXPECT_TRUE(contains(l1[0].message, "ignore entry 'lm_head' matched 0 modules")) << l1[0].message;
 }
 
 // The default targets ({"Linear"}) are never reported by L1, even with
@@ -196,26 +210,50 @@ TEST(LintL1, DefaultTargetsAreNotReported) {
 
 // ---- L2 ----
 
+// A draft's names get "model." in vLLM and its entries are not mapped: a
+// literal taken from the checkpoint leaves the module kept here but packed
+// in vLLM's eyes. The fix matches both names.
 TEST(LintL2, LiteralEntryInDFlashDraftGetsAnchoredRegex) {
   const Linted r = lint_layout(dflash_layers(), kDFlashConfig,
                                {"layers.0.self_attn.qkv_proj", "layers.1.self_attn.qkv_proj"});
   const auto l2 = with_id(r.findings, "L2");
   ASSERT_EQ(l2.size(), 2u);
-  EXPECT_EQ(l2[0].severity, Severity::kWarning);
+  EXPECT_EQ(l2[0].severity, Severity::kError);
   EXPECT_EQ(l2[0].tensors, std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight"});
-  EXPECT_TRUE(contains(l2[0].message, "it will be 'model.layers.0.self_attn.qkv_proj' there"));
-  EXPECT_EQ(l2[0].fix, "use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$' instead");
-  EXPECT_TRUE(with_id(r.findings, "L4").empty());  // both qkv_proj ignored here
+  EXPECT_TRUE(contains(l2[0].message, "the module is 'model.layers.0.self_attn.qkv_proj'"))
+      << l2[0].message;
+  EXPECT_EQ(l2[0].fix,
+            "use --ignore 're:^(model\\.)?layers\\.0\\.self_attn\\.qkv_proj$' instead");
+  EXPECT_TRUE(with_id(r.findings, "L4").empty());  // both qkv_proj kept here
+  EXPECT_TRUE(with_id(r.findings, "L13").empty());  // L2 explains them
+  // The fix clears it.
+  const Linted fixed =
+      lint_layout(dflash_layers(), kDFlashConfig,
+                  {"re:^(model\\.)?layers\\.0\\.self_attn\\.qkv_proj$",
+                   "re:^(model\\.)?layers\\.1\\.self_attn\\.qkv_proj$"});
+  EXPECT_TRUE(blocking_findings(fixed.findings, false, false).empty());
 }
 
-TEST(LintL2, WidensToWholeComponentWhenShortFormTakesMore) {
+// The fix matches the module under both names and no other module (re:.*fc$
+// would also take layers.0.mlp.fc).
+TEST(LintL2, FixMatchesBothNamesAndNothingElse) {
   std::vector<FakeSpec> specs = dflash_layers();
   specs.push_back({"layers.0.mlp.fc.weight", {3072, 3072}});
   const Linted r = lint_layout(specs, kDFlashConfig, {"re:.*qkv_proj$", "fc"});
   const auto l2 = with_id(r.findings, "L2");
   ASSERT_EQ(l2.size(), 1u);
-  // re:.*fc$ would also take layers.0.mlp.fc.
-  EXPECT_EQ(l2[0].fix, "use --ignore 're:(.*\\.)?fc$' instead");
+  EXPECT_EQ(l2[0].severity, Severity::kError);
+  EXPECT_EQ(l2[0].fix, "use --ignore 're:^(model\\.)?fc$' instead");
+}
+
+// A literal vLLM does not match but another entry covers in vLLM: info.
+TEST(LintL2, CoveredByAnotherEntryIsInfo) {
+  const Linted r = lint_layout(dflash_layers(), kDFlashConfig,
+                               {"layers.0.self_attn.qkv_proj", "re:.*qkv_proj$"});
+  const auto l2 = with_id(r.findings, "L2");
+  ASSERT_EQ(l2.size(), 1u);
+  EXPECT_EQ(l2[0].severity, Severity::kInfo);
+  EXPECT_EQ(l2[0].fix, "none needed; remove the entry to silence this");
 }
 
 TEST(LintL2, NotRaisedWhenNamesAlreadyCarryModelPrefix) {
@@ -246,7 +284,10 @@ TEST(LintL3, QkvSplitAcrossLayersIsOneError) {
   EXPECT_TRUE(contains(l3[0].message, "fused layer qkv_proj is split in 2 blocks"));
   EXPECT_TRUE(contains(l3[0].message, "k_proj, q_proj quantized but v_proj not"));
   EXPECT_TRUE(contains(l3[0].message, "ignored by 're:.*v_proj$'"));
-  EXPECT_TRUE(contains(l3[0].fix, "--ignore 're:.*\\.(k_proj|q_proj|v_proj)$'"));
+  // Keeping the groups whole takes exactly their members.
+  EXPECT_TRUE(contains(l3[0].fix,
+                       "--ignore 're:^model\\.layers\\.\\d+\\.self_attn\\.(k_proj|q_proj|v_proj)$'"))
+      << l3[0].fix;
 }
 
 TEST(LintL3, GateUpSplitIsError) {
@@ -337,7 +378,8 @@ TEST(LintL5, RouterShapeNoTensorParallelDegreeWorks) {
   EXPECT_TRUE(contains(l5[0].message, "[60, 2048] (column-parallel"));
   EXPECT_TRUE(contains(l5[0].message, "out_features 60 per shard is not a multiple of 64"));
   EXPECT_TRUE(contains(l5[0].message, "TP degrees that work: none of 1, 2, 4, 8"));
-  EXPECT_EQ(l5[0].fix, "keep it in 16 bits: --ignore 're:.*\\.gate$'");
+  // Exactly this module, not every module called gate.
+  EXPECT_EQ(l5[0].fix, "keep it in 16 bits: --ignore 'model.layers.0.mlp.gate'");
 }
 
 TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
@@ -354,7 +396,8 @@ TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
   // k_proj is fused with q_proj and v_proj: the fix keeps the whole group.
   EXPECT_EQ(l5[0].fix,
             "keep it with the rest of the fused group (q_proj, v_proj) in 16 bits: --ignore "
-            "'re:.*\\.(k_proj|q_proj|v_proj)$', or serve with --tp 1 or 2 or 4");
+            "'re:^model\\.layers\\.0\\.self_attn\\.(k_proj|q_proj|v_proj)$', or serve with "
+            "--tp 1 or 2 or 4");
   EXPECT_EQ(l5[1].tensors, std::vector<std::string>{"model.layers.0.self_attn.v_proj.weight"});
   EXPECT_EQ(l5[2].tensors, std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
   EXPECT_TRUE(contains(l5[2].message, "(row-parallel, split along in_features)"));
@@ -375,14 +418,15 @@ TEST(LintL5, FixForFusedMemberKeepsTheGroupWhole) {
   const std::string fix = l5[1].fix;  // v_proj's
   const std::string entry =
       fix.substr(fix.find('\'') + 1, fix.find('\'', fix.find('\'') + 1) - fix.find('\'') - 1);
-  EXPECT_EQ(entry, "re:.*\\.(k_proj|q_proj|v_proj)$");
+  EXPECT_EQ(entry, "re:^model\\.layers\\.0\\.self_attn\\.(k_proj|q_proj|v_proj)$");
   const Linted fixed = lint_layout(llama_layer(), kLlamaConfig, {entry}, {"Linear"}, 8);
   EXPECT_TRUE(with_id(fixed.findings, "L3").empty());
   const auto l5_after = with_id(fixed.findings, "L5");
   ASSERT_EQ(l5_after.size(), 1u);
   EXPECT_EQ(l5_after[0].tensors, std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
   // down_proj is in no fused group: its fix names it alone.
-  EXPECT_TRUE(contains(l5_after[0].fix, "--ignore 're:.*\\.down_proj$'")) << l5_after[0].fix;
+  EXPECT_TRUE(contains(l5_after[0].fix, "--ignore 'model.layers.0.mlp.down_proj'"))
+      << l5_after[0].fix;
 }
 
 // FP8_BLOCK follows vLLM's validate_fp8_block_shape (fp8_utils.py): at tp 1
@@ -430,15 +474,52 @@ TEST(LintL5, IgnoredTensorsAreNotChecked) {
 
 // ---- L9 ----
 
-TEST(LintL9, NothingQuantizedIsWarning) {
+TEST(LintL9, NothingQuantizedIsError) {
   // Every 2-D weight ignored: the output would be the input plus a config.
   const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"re:.*"});
   const auto l9 = with_id(r.findings, "L9");
   ASSERT_EQ(l9.size(), 1u);
-  EXPECT_EQ(l9[0].severity, Severity::kWarning);
+  EXPECT_EQ(l9[0].severity, Severity::kError);
   EXPECT_TRUE(contains(l9[0].message, "no tensor would be quantized (of 9 tensors)"))
       << l9[0].message;
   EXPECT_TRUE(with_id(lint_layout(llama_layer(), kLlamaConfig, {}).findings, "L9").empty());
+}
+
+// ---- L10 ----
+
+// vLLM's Marlin WNA16 kernels run group sizes -1 (channel-wise), 32, 64 and
+// 128 (vllm/model_executor/layers/quantization/utils/marlin_utils.py,
+// MARLIN_SUPPORTED_GROUP_SIZES). Every size here divides both in_features
+// of the layer (2048, 5632), so only L10 can object.
+TEST(LintL10, GroupSizesMarlinDoesNotRunAreErrors) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), llama_layer(), kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  const auto lint_with = [&](long long group_size) {
+    PlanOptions options;
+    options.default_ignore = false;
+    apply_group_size(options.groups.front(), group_size);
+    const QuantizePlan plan = make_plan(checkpoint, options);
+    return with_id(run_lint(checkpoint, plan, LintOptions{}), "L10");
+  };
+  for (const long long g : {16LL, 256LL, 512LL}) {
+    SCOPED_TRACE(g);
+    const auto l10 = lint_with(g);
+    ASSERT_EQ(l10.size(), 1u);
+    EXPECT_EQ(l10[0].severity, Severity::kError);
+    EXPECT_EQ(l10[0].tensors.size(), 7u);  // every quantized weight of the layer
+    EXPECT_TRUE(contains(l10[0].message, fmt::format("group size {} is not one vLLM's Marlin "
+                                                     "kernels run (channel-wise, 32, 64, 128)",
+                                                     g)))
+        << l10[0].message;
+    EXPECT_TRUE(contains(l10[0].fix, "--group-size 32, 64 or 128, or -1")) << l10[0].fix;
+    EXPECT_EQ(blocking_findings(l10, false, false).size(), 1u);
+    EXPECT_TRUE(blocking_findings(l10, false, true).empty());  // --allow-unloadable
+  }
+  for (const long long g : {-1LL, 32LL, 64LL, 128LL}) {
+    SCOPED_TRACE(g);
+    EXPECT_TRUE(lint_with(g).empty());
+  }
 }
 
 // ---- L6 ----
@@ -470,17 +551,22 @@ TEST(LintL6, TextConfigTieCounts) {
 
 // ---- L7 ----
 
-TEST(LintL7, StackedExpertWeightNotIgnoredIsError) {
+// Stacked experts of a family whose vLLM loader reads experts one by one:
+// ctquant does not split them, and no ignore entry makes the copy loadable.
+TEST(LintL7, StackedExpertsVllmReadsPerExpertAreRefused) {
   std::vector<FakeSpec> specs = llama_layer();
   specs.push_back({"model.layers.0.mlp.experts.gate_up.weight", {8, 1024, 2048}});
   const auto l7 = with_id(lint_layout(specs, kLlamaConfig, {}).findings, "L7");
   ASSERT_EQ(l7.size(), 1u);
   EXPECT_EQ(l7[0].severity, Severity::kError);
   EXPECT_EQ(l7[0].tensors, std::vector<std::string>{"model.layers.0.mlp.experts.gate_up.weight"});
-  EXPECT_TRUE(contains(l7[0].message, "BF16 [8, 1024, 2048]"));
-  EXPECT_EQ(l7[0].fix, "keep them in 16 bits and say so: --ignore 're:.*\\.gate_up$'");
-  EXPECT_TRUE(
-      with_id(lint_layout(specs, kLlamaConfig, {"re:.*\\.gate_up$"}).findings, "L7").empty());
+  EXPECT_TRUE(contains(l7[0].message, "model.layers.0.mlp.experts.gate_up.weight [8, 1024, 2048]"))
+      << l7[0].message;
+  EXPECT_TRUE(contains(l7[0].message, "Llama's vLLM loader reads the experts of a layer per expert"))
+      << l7[0].message;
+  EXPECT_TRUE(contains(l7[0].fix, "no ignore entry makes this loadable"));
+  EXPECT_EQ(with_id(lint_layout(specs, kLlamaConfig, {"re:.*\\.gate_up$"}).findings, "L7").size(),
+            1u);
 }
 
 // ---- policy ----
@@ -531,6 +617,7 @@ QuantizeOptions small_options(const fs::path& in, const fs::path& out) {
   o.threads = 2;
   o.fsync = false;
   o.plan.ignore = {};
+  o.plan.default_ignore = false;  // the draft's qkv_proj is then quantized (L4)
   return o;
 }
 
@@ -611,7 +698,8 @@ TEST(QuantizeLint, StrictTurnsWarningsIntoErrors) {
 TEST(QuantizeLintCli, DFlashWithoutQkvIgnoreExitsOneAndWritesNothing) {
   test::TempDir dir;
   const fs::path input = test::golden_dir() / "dflash-bf16-sharded" / "input";
-  const auto r = test::run_ctquant({"quantize", input.string(), (dir / "out").string()});
+  const auto r = test::run_ctquant(
+      {"quantize", input.string(), (dir / "out").string(), "--no-default-ignore"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(r.out.empty());
   EXPECT_TRUE(contains(r.err, "L4 error: DFlash draft"));
@@ -619,10 +707,22 @@ TEST(QuantizeLintCli, DFlashWithoutQkvIgnoreExitsOneAndWritesNothing) {
   EXPECT_TRUE(contains(r.err, "warning: L5:"));  // g_proj [4, 256], reported but not blocking
   EXPECT_FALSE(fs::exists(dir / "out"));
 
-  const auto allowed = test::run_ctquant(
-      {"quantize", input.string(), (dir / "out").string(), "--allow-unloadable", "-q"});
+  const auto allowed =
+      test::run_ctquant({"quantize", input.string(), (dir / "out").string(),
+                         "--no-default-ignore", "--allow-unloadable", "-q"});
   EXPECT_EQ(allowed.exit_code, 0) << allowed.err;
   EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors.index.json"));
+}
+
+// With no options the draft's default ignore list keeps qkv_proj and g_proj
+// in 16 bits: the golden case's own list.
+TEST(QuantizeLintCli, DFlashDefaultsKeepQkvAndGProj) {
+  test::TempDir dir;
+  const fs::path input = test::golden_dir() / "dflash-bf16-sharded" / "input";
+  const auto r = test::run_ctquant({"quantize", input.string(), (dir / "out").string(), "-q"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const json qc = test::read_json(dir / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json({"re:.*qkv_proj$", "re:.*g_proj$"}));
 }
 
 TEST(QuantizeLintCli, StrictAndTensorParallelFlags) {

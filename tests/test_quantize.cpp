@@ -32,6 +32,7 @@
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/exec/quantize.hpp"
+#include "ctquant/report/inspect.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {
@@ -141,9 +142,14 @@ TEST(QuantizePlan, EachRuleOfSectionTwo) {
   }
   EXPECT_EQ(plan.n_quantized, 3u);
   EXPECT_EQ(plan.n_copied, cases.size() - 3);
-  // The default ignore list is ["lm_head"], and it matched lm_head only.
-  EXPECT_EQ(plan.options.ignore, std::vector<std::string>{"lm_head"});
-  EXPECT_EQ(plan.ignore_matches, std::vector<std::vector<std::string>>{{"lm_head"}});
+  // The default ignore list keeps the head and the embeddings (roles.hpp);
+  // of these only lm_head is a module section 2 could quantize.
+  EXPECT_EQ(plan.options.ignore,
+            (std::vector<std::string>{"lm_head", "model.embed_tokens", "transformer.wpe",
+                                      "transformer.wte"}));
+  EXPECT_EQ(plan.n_default_ignore, 4u);
+  EXPECT_EQ(plan.ignore_matches, (std::vector<std::vector<std::string>>{{"lm_head"}, {}, {}, {}}));
+  EXPECT_EQ(plan.ignore_keeps[2], std::vector<std::string>{"transformer.wpe"});
 }
 
 TEST(QuantizePlan, TargetsRestrictWhatIsQuantized) {
@@ -247,7 +253,8 @@ TEST(Quantize, WritesPackedTensorsAndCopiesTheRest) {
   expected_config["quantization_config"] = config.at("quantization_config");
   EXPECT_EQ(config, expected_config);
   const json& qc = config.at("quantization_config");
-  EXPECT_EQ(qc.at("ignore"), json({"lm_head"}));
+  EXPECT_EQ(qc.at("ignore"),
+            json({"lm_head", "model.embed_tokens", "transformer.wpe", "transformer.wte"}));
   EXPECT_EQ(qc.at("format"), "pack-quantized");
   EXPECT_EQ(qc.at("quant_method"), "compressed-tensors");
   EXPECT_EQ(qc.at("quantization_status"), "compressed");
@@ -331,25 +338,51 @@ TEST(Quantize, ShardedOutputAndIndex) {
 }
 
 // A .safetensors file the index does not list (say a consolidated copy next
-// to the shards) is an ordinary file: copied unchanged, with a warning.
-TEST(Quantize, WarnsAboutSafetensorsFilesTheIndexDoesNotList) {
+// to the shards) is not part of the checkpoint: neither read nor copied,
+// with a warning; a tensor a shard holds that the index does not list is not
+// written, with a warning. The plan lists both under "not written".
+TEST(Quantize, FilesAndTensorsTheIndexDoesNotListAreNotWritten) {
   TempDir tmp;
-  write_sharded(tmp / "in", {{weight("a.q_proj.weight", DType::kBF16, 8, 128)}});
+  write_sharded(tmp / "in",
+                {{weight("a.q_proj.weight", DType::kBF16, 8, 128),
+                  zeros("a.rotary_emb.inv_freq", DType::kF32, {64})}},
+                [](json& m) { m.erase("a.rotary_emb.inv_freq"); });
   write_safetensors(tmp / "in" / "consolidated.safetensors",
                     {weight("layers.0.wq.weight", DType::kBF16, 8, 128)});
   std::ostringstream log_text;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(log_text);
   QuantizeOptions options = test_options(tmp / "in", tmp / "out");
   options.logger = std::make_shared<spdlog::logger>("test", sink);
-  quantize(options);
-  EXPECT_NE(log_text.str().find("consolidated.safetensors: not listed in "
-                                "model.safetensors.index.json; copied unchanged, not quantized"),
+  const QuantizeSummary summary = quantize(options);
+  EXPECT_NE(log_text.str().find("consolidated.safetensors: a .safetensors file "
+                                "model.safetensors.index.json does not list; not copied to OUTPUT"),
             std::string::npos)
       << log_text.str();
-  EXPECT_EQ(read_file(tmp / "out" / "consolidated.safetensors"),
-            read_file(tmp / "in" / "consolidated.safetensors"));
-  EXPECT_FALSE(read_json(tmp / "out" / "model.safetensors.index.json")["weight_map"].contains(
-      "layers.0.wq.weight"));
+  EXPECT_NE(log_text.str().find("model-00001-of-00001.safetensors: tensor 'a.rotary_emb.inv_freq' "
+                                "is not listed in model.safetensors.index.json; not written"),
+            std::string::npos)
+      << log_text.str();
+  EXPECT_FALSE(fs::exists(tmp / "out" / "consolidated.safetensors"));
+  const SafetensorsHeader h =
+      read_header(tmp / "out" / "model-00001-of-00001.safetensors", "out");
+  EXPECT_EQ(h.find("a.rotary_emb.inv_freq"), nullptr);
+  EXPECT_NE(h.find("a.q_proj.weight_packed"), nullptr);
+  EXPECT_EQ(summary.plan.n_unindexed, 1u);
+  EXPECT_EQ(summary.plan.n_dropped, 0u);
+  const json index = read_json(tmp / "out" / "model.safetensors.index.json");
+  EXPECT_FALSE(index["weight_map"].contains("layers.0.wq.weight"));
+  EXPECT_FALSE(index["weight_map"].contains("a.rotary_emb.inv_freq"));
+  // The plan names both.
+  const Checkpoint ckpt = open_checkpoint(tmp / "in");
+  EXPECT_EQ(ckpt.unlisted_files, std::vector<std::string>{"consolidated.safetensors"});
+  const PlanOptions defaults;
+  const std::string plan_text = render_plan_text(ckpt, make_plan(ckpt, defaults));
+  EXPECT_NE(plan_text.find("not written (not listed in model.safetensors.index.json):\n"
+                           "  file consolidated.safetensors\n"
+                           "  tensor a.rotary_emb.inv_freq in model-00001-of-00001.safetensors\n"),
+            std::string::npos)
+      << plan_text;
+  EXPECT_NE(plan_text.find("drop      a.rotary_emb.inv_freq"), std::string::npos) << plan_text;
 }
 
 // Row chunking never changes the bytes, for odd row counts and bit widths
@@ -659,21 +692,6 @@ std::vector<ErrorCase> error_cases() {
                    {"weight_map lists tensor 'a.q_proj.weight' in "
                     "'model-00002-of-00002.safetensors', but that file does not hold it"},
                    {}});
-  cases.push_back({"ShardTensorNotInIndex",
-                   [](const fs::path& in) {
-                     write_sharded(in,
-                                   {{weight("a.q_proj.weight", DType::kBF16, 8, 128)},
-                                    {weight("b.q_proj.weight", DType::kBF16, 8, 128),
-                                     zeros("b.extra", DType::kI64, {3})}},
-                                   [](json& m) { m.erase("b.extra"); });
-                   },
-                   {},
-                   ErrorKind::kBadInput,
-                   {"model-00002-of-00002.safetensors: tensor 'b.extra' is not listed in "
-                    "model.safetensors.index.json's weight_map"},
-                   {}});
-  // The index maps a name to one file, so the duplicate is found in the
-  // shards themselves (both listed by the index through their other tensors).
   cases.push_back({"SameTensorInTwoShards",
                    [](const fs::path& in) {
                      write_sharded(in, {{weight("a.q_proj.weight", DType::kBF16, 8, 128),

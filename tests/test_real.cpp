@@ -62,6 +62,15 @@ std::vector<RealCase> real_cases() {
     RealCase c;
     c.name = std::move(name);
     c.path = std::move(path);
+    // Nothing to quantize is lint L9, an error: these cases check the
+    // copy written under --allow-unloadable (BurnBooleanStoppedByLint checks
+    // the refusal).
+    if (quantized.empty()) {
+      adjust = [inner = std::move(adjust)](QuantizeOptions& o) {
+        o.allow_unloadable = true;
+        if (inner) inner(o);
+      };
+    }
     c.adjust = std::move(adjust);
     c.quantized = std::move(quantized);
     c.n_copied = n_copied;
@@ -187,6 +196,8 @@ std::vector<RealCase> real_cases() {
          "the checkpoint (to quantize one file alone, give that file as INPUT)"});
   ok("BurnBoolean", "misc_burn/boolean.safetensors", {}, 1, {{"buffer", "not a .weight tensor"}});
   ok("BurnBuffer", "misc_burn/buffer.safetensors", {}, 1);
+  fails("BurnBooleanStoppedByLint", "misc_burn/boolean.safetensors", ErrorKind::kLint,
+        {"L9 error: no tensor would be quantized (of 1 tensor)", "--allow-unloadable"});
   fails("BurnComplexNested", "misc_burn/complex_nested.safetensors", ErrorKind::kBadInput,
         {"complex_nested.safetensors: tensor 'fc1.weight' [12, 120] has in_features 120",
          "complex_nested.safetensors: tensor 'fc2.weight' [10, 12] has in_features 12",

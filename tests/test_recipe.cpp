@@ -394,7 +394,7 @@ TEST(Recipe, CommandLineOverridesTheRecipeAndSaysWhereEachValueCameFrom) {
   {
     const EffectiveRecipe r = resolve_recipe(nullptr, {});
     EXPECT_EQ(r.scheme_origin.describe(), "default");
-    EXPECT_EQ(r.ignore, kDefaultIgnore);
+    EXPECT_TRUE(r.ignore.empty());  // the plan adds the roles' defaults
     EXPECT_EQ(r.targets, kDefaultTargets);
   }
 }
@@ -453,13 +453,15 @@ TEST(Recipe, WrittenRecipeReadsBackIntoTheSamePlan) {
   }
 }
 
+// The written ignore list is config.json's: the module roles' defaults
+// (here lm_head and the embedding) with the given entries.
 TEST(Recipe, WrittenRecipeOfAPresetIsTheSchemeForm) {
   const EffectiveRecipe r = resolve_recipe(nullptr, cl("w4a16", std::nullopt, {"lm_head"}, {}));
   const Checkpoint checkpoint = open_checkpoint(llama_input(), OpenOptions{});
   const std::string yaml = recipe_yaml(r, make_plan(checkpoint, plan_options_for(r)));
   expect_message(yaml, {"quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
                         "      scheme: \"W4A16\"\n      targets: [\"Linear\"]\n"
-                        "      ignore: [\"lm_head\"]\n"});
+                        "      ignore: [\"lm_head\", \"model.embed_tokens\"]\n"});
 }
 
 // ---- through the binary ----

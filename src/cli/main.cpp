@@ -118,6 +118,8 @@ struct PlanArgs {
   std::vector<std::string> targets;
   std::vector<std::string> scheme_for;  // PATTERN=PRESET
   std::string quantization_config;      // a QuantizationConfig JSON file
+  bool no_default_ignore = false;
+  bool quantize_vision = false;
   unsigned tp = 1;
   std::string recipe;  // --recipe FILE, or empty
 };
@@ -158,8 +160,15 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                         ->check(whole_number(-1, kMaxGroupSizeOption)));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
-                                    "re:PATTERN matched like Python re.match; default lm_head")
+                                    "re:PATTERN matched like Python re.match; added to the "
+                                    "default ignore list")
                         ->allow_extra_args(false));
+  options.push_back(app->add_flag("--no-default-ignore", args.no_default_ignore,
+                                  "Start from an empty ignore list instead of the default one "
+                                  "(heads, embeddings, routers, plain layers, towers)"));
+  options.push_back(app->add_flag("--quantize-vision", args.quantize_vision,
+                                  "Quantize vision/audio towers and projectors too (kept in 16 "
+                                  "bits by default)"));
   options.push_back(
       app->add_option("--targets", args.targets,
                       "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
@@ -207,6 +216,9 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   cli.quantization_config = args.quantization_config;
   plan.effective = ctquant::resolve_recipe(plan.recipe.get(), cli);
   plan.options = ctquant::plan_options_for(plan.effective);
+  // The given entries add to the module roles' default list (plan.hpp).
+  plan.options.default_ignore = !args.no_default_ignore;
+  plan.options.quantize_vision = args.quantize_vision;
   return plan;
 }
 

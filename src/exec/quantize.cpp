@@ -116,12 +116,16 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
       log->warn("{}: {}: not a regular file; not copied to OUTPUT", options.input.string(), entry);
     }
   }
-  if (log && checkpoint.has_index) {
-    // Copied like any other file (section 5), but probably not what the user meant.
-    for (const std::string& name : checkpoint.other_files) {
-      if (name.ends_with(".safetensors")) {
-        log->warn("{}: not listed in {}; copied unchanged, not quantized", name, kIndexFileName);
-      }
+  if (log) {
+    // Not part of the checkpoint the index describes: not written (vLLM and
+    // model_free_ptq read only the listed shards and tensors).
+    for (const std::string& name : checkpoint.unlisted_files) {
+      log->warn("{}: a .safetensors file {} does not list; not copied to OUTPUT", name,
+                kIndexFileName);
+    }
+    for (const auto& [file, tensor] : checkpoint.unindexed) {
+      log->warn("{}: tensor '{}' is not listed in {}; not written", file, tensor,
+                kIndexFileName);
     }
   }
   QuantizeSummary summary;

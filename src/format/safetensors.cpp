@@ -467,6 +467,16 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
         fmt::format("{}: header is not valid UTF-8 (byte {} of the header)", file_label, bad));
   }
 
+  // nlohmann's lexer takes a NUL byte for the end of the input, so a header
+  // padded with NULs (or hiding bytes after one) would parse; the reference
+  // reader (serde_json::from_str in safetensors' read_metadata) accepts only
+  // JSON whitespace around the object. A NUL is never valid JSON text.
+  if (const auto nul = header_json.find('\0'); nul != std::string_view::npos) {
+    throw bad_input(fmt::format(
+        "{}: header holds a NUL byte at byte {} of the header; only JSON whitespace (space, "
+        "tab, newline, carriage return) may pad it (section 1)",
+        file_label, nul));
+  }
   HeaderReader reader(file_label, header);
   json::sax_parse(header_json.begin(), header_json.end(), &reader);
   if (!reader.root_not_object().empty()) {

@@ -12,6 +12,7 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "lint/roles_lint.hpp"
 
 namespace ctquant {
 
@@ -174,27 +175,19 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
                             const std::vector<std::vector<std::string>>& matches,
                             ModuleMatcher::Role role, std::vector<Finding>& out) {
   const char* what = role == ModuleMatcher::Role::kIgnore ? "ignore" : "targets";
-  // The default lists ({"lm_head"}, {"Linear"}) were not written by the
-  // user: a draft without lm_head, or a file with nothing to quantize (L9),
-  // is not a mistake in them.
+  // The default entries were not written by the user (the default ignore
+  // entries are made from the modules they keep; a file with nothing to
+  // quantize is L9's).
   if (role == ModuleMatcher::Role::kTargets && entries == kDefaultTargets) return;
-  const bool default_list = role == ModuleMatcher::Role::kIgnore && entries == kDefaultIgnore;
+  const std::size_t first_given =
+      role == ModuleMatcher::Role::kIgnore ? ctx.plan.n_default_ignore : 0;
   const ModuleMatcher matcher(entries, role);
-  for (std::size_t i = 0; i < entries.size(); ++i) {
+  for (std::size_t i = first_given; i < entries.size(); ++i) {
     if (i < matches.size() && !matches[i].empty()) continue;
     const std::string& entry = entries[i];
     const std::vector<std::string> anywhere = ctx.modules_matching(matcher, i);
     Finding f;
     f.id = "L1";
-    if (default_list && anywhere.empty()) {
-      f.severity = Severity::kInfo;
-      f.message = fmt::format(
-          "the default ignore entry '{}' matched 0 modules: this checkpoint has no such module",
-          entry);
-      f.fix = "none needed";
-      out.push_back(std::move(f));
-      continue;
-    }
     if (!anywhere.empty()) {
       // It names real modules, but none the quantizer could take.
       f.severity = Severity::kInfo;
@@ -223,7 +216,10 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
     for (const auto& m : near) {
       if (const TensorDecision* w = ctx.weight_of(m)) f.tensors.push_back(w->name);
     }
-    if (near.empty()) {
+    if (const auto hint = detail::entry_near_miss(ctx.plan, ctx.modules, entry, what)) {
+      f.message = fmt::format("{} entry '{}' matched 0 modules: {}", what, entry, hint->first);
+      f.fix = hint->second;
+    } else if (near.empty()) {
       f.message = word.empty()
                       ? fmt::format("{} entry '{}' matched 0 modules", what, entry)
                       : fmt::format("{} entry '{}' matched 0 modules; no module name contains '{}'",
@@ -248,34 +244,6 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
             "inspect`), or remove it";
       }
     }
-    out.push_back(std::move(f));
-  }
-}
-
-// ---- L2: literal entries that vLLM's prefixed names will not match ----
-void lint_literal_entries(const LintContext& ctx, const std::vector<std::string>& entries,
-                          ModuleMatcher::Role role, std::vector<Finding>& out) {
-  if (!names_prefixed_at_load(ctx.checkpoint)) return;
-  const bool ignore = role == ModuleMatcher::Role::kIgnore;
-  for (const std::string& entry : entries) {
-    if (regex_pattern(entry) || (!ignore && entry == "Linear")) continue;
-    if (entry.starts_with("model.") || !ctx.decisions_of.contains(entry)) continue;
-    // The shortest re: entry taking exactly this module among the stored names.
-    std::string fix = fmt::format("re:.*{}$", regex_escape(entry));
-    const ModuleMatcher loose({fix}, role);
-    if (ctx.modules_matching(loose, 0).size() > 1) {
-      fix = fmt::format("re:(.*\\.)?{}$", regex_escape(entry));
-    }
-    Finding f;
-    f.id = "L2";
-    f.severity = Severity::kWarning;
-    if (const TensorDecision* w = ctx.weight_of(entry)) f.tensors.push_back(w->name);
-    f.message = fmt::format(
-        "{} entry '{}' is a literal name from a checkpoint whose module names vLLM prefixes at "
-        "load time (it will be 'model.{}' there), so vLLM will not match it{}",
-        ignore ? "ignore" : "targets", entry, entry,
-        ignore ? " and will expect the layer packed" : "");
-    f.fix = fmt::format("use --{} '{}' instead", ignore ? "ignore" : "targets", fix);
     out.push_back(std::move(f));
   }
 }
@@ -402,17 +370,21 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
           "experts of a layer as one fused MoE layer with one scheme",
           plural(s.parents.size(), "MoE layer"), join(s.parents, 3),
           plural(s.n_quantized, "expert weight"), s.n_kept, join(reasons, 3, "; "));
-      f.fix = fmt::format("quantize all experts of a layer or none, e.g. --ignore '{}'",
-                          "re:.*\\.experts\\..*");
+      std::vector<std::string> members;
+      for (const auto& t : s.tensors) members.push_back(parent_of(t));
+      f.fix = fmt::format("quantize all experts of a layer or none: {}",
+                          detail::ignore_fix(ctx.plan.roles, members));
     } else {
       f.message = fmt::format(
           "fused layer {} is split in {} ({}): {} quantized but {} not, or not the same way ({}); "
           "vLLM fuses them into one {} that needs one scheme",
           kind, plural(s.parents.size(), "block"), join(s.parents, 3), join(quantized, 8),
           join(kept, 8), join(reasons, 3, "; "), kind);
+      std::vector<std::string> members;
+      for (const auto& t : s.tensors) members.push_back(parent_of(t));
       f.fix = fmt::format(
-          "quantize them all (narrow the ignore entry that takes {} out) or none (--ignore '{}')",
-          join(kept, 8), last_component_entry(s.member_names, s.top_level));
+          "quantize them all (narrow the ignore entry that takes {} out) or none ({})",
+          join(kept, 8), detail::ignore_fix(ctx.plan.roles, members));
     }
     out.push_back(std::move(f));
   }
@@ -566,14 +538,26 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
         problems_text(s.problems),
         unloadable ? "" : " (current vLLM pads these shapes; older releases refuse them)",
         working.empty() ? fmt::format("none of {}", join(tried, 8)) : join(working, 8));
-    std::set<std::string> entry_names = s.names;
-    entry_names.insert(s.fused_siblings.begin(), s.fused_siblings.end());
+    // Exactly these modules and the rest of their fused groups, no more.
+    std::vector<std::string> keep;
+    for (const auto& t : s.tensors) {
+      const std::string module = parent_of(t);
+      keep.push_back(module);
+      for (const auto& sibling : s.fused_siblings) {
+        const std::string other =
+            parent_of(module).empty() ? sibling : parent_of(module) + "." + sibling;
+        if (ctx.weight_of(other) != nullptr &&
+            std::find(keep.begin(), keep.end(), other) == keep.end()) {
+          keep.push_back(other);
+        }
+      }
+    }
     const std::vector<std::string> siblings(s.fused_siblings.begin(), s.fused_siblings.end());
     f.fix = fmt::format(
-        "keep {}{} in 16 bits: --ignore '{}'{}", s.tensors.size() == 1 ? "it" : "them",
+        "keep {}{} in 16 bits: {}{}", s.tensors.size() == 1 ? "it" : "them",
         siblings.empty() ? std::string()
                          : fmt::format(" with the rest of the fused group ({})", join(siblings, 8)),
-        last_component_entry(entry_names, s.top_level),
+        detail::ignore_fix(ctx.plan.roles, keep),
         working.empty() ? std::string()
                         : fmt::format(", or serve with --tp {}", join(working, 8, " or ")));
     out.push_back(std::move(f));
@@ -699,36 +683,6 @@ void lint_tied_lm_head(const LintContext& ctx, std::vector<Finding>& out) {
   }
 }
 
-// ---- L7: stacked (3-D) expert weights that no ignore entry covers ----
-void lint_stacked_experts(const LintContext& ctx, std::vector<Finding>& out) {
-  const ModuleMatcher ignore(ctx.plan.options.ignore, ModuleMatcher::Role::kIgnore);
-  Finding f;
-  f.id = "L7";
-  f.severity = Severity::kError;
-  std::set<std::string> names;
-  bool top_level = false;
-  std::vector<std::string> described;
-  for (const TensorDecision& d : ctx.plan.decisions) {
-    const TensorEntry& t = ctx.entry(d);
-    if (param_of(d.name) != "weight" || d.module.empty() || t.shape.size() != 3) continue;
-    if (d.fate == Fate::kSplit) continue;
-    if (ignore.first_match(d.module)) continue;
-    f.tensors.push_back(d.name);
-    described.push_back(fmt::format("{} {} {}", d.name, dtype_tag(t.dtype), shape_string(t.shape)));
-    names.insert(last_component(d.module));
-    if (parent_of(d.module).empty()) top_level = true;
-  }
-  if (f.tensors.empty()) return;
-  f.message = fmt::format(
-      "{} stacked-expert weight{} (3-D .weight) would be copied unquantized while the "
-      "config's targets cover them, so vLLM would expect them packed: {}; ctquant splits only "
-      "stacked gate_up_proj / down_proj tensors",
-      f.tensors.size(), f.tensors.size() == 1 ? "" : "s", join(described, 4));
-  f.fix = fmt::format("keep them in 16 bits and say so: --ignore '{}'",
-                      last_component_entry(names, top_level));
-  out.push_back(std::move(f));
-}
-
 // ---- L8: re: entries that take modules by a prefix of their names ----
 void lint_prefix_matches(const std::vector<std::string>& entries,
                          const std::vector<std::vector<std::string>>& matches,
@@ -772,7 +726,7 @@ void lint_nothing_quantized(const LintContext& ctx, std::vector<Finding>& out) {
   if (any) return;
   Finding f;
   f.id = "L9";
-  f.severity = Severity::kWarning;
+  f.severity = Severity::kError;
   f.message = fmt::format(
       "no tensor would be quantized (of {}): OUTPUT would hold the input's tensors unchanged "
       "under a quantization_config that says they are quantized",
@@ -789,6 +743,7 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
                               const LintOptions& options) {
   if (options.tp == 0) throw usage_error("--tp must be at least 1");
   const LintContext ctx(checkpoint, plan);
+  const detail::RolesLint roles(checkpoint, plan);
   std::vector<Finding> findings;
   lint_unmatched_entries(ctx, plan.options.ignore, plan.ignore_matches,
                          ModuleMatcher::Role::kIgnore, findings);
@@ -796,15 +751,12 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
     lint_unmatched_entries(ctx, plan.options.groups[g].targets, plan.target_matches[g],
                            ModuleMatcher::Role::kTargets, findings);
   }
-  lint_literal_entries(ctx, plan.options.ignore, ModuleMatcher::Role::kIgnore, findings);
-  for (const SchemeGroup& g : plan.options.groups) {
-    lint_literal_entries(ctx, g.targets, ModuleMatcher::Role::kTargets, findings);
-  }
+  roles.literal_entries(findings);
   lint_fused_groups(ctx, findings);
   lint_dflash_qkv(ctx, findings);
   lint_kernel_shapes(ctx, options.tp, findings);
   lint_tied_lm_head(ctx, findings);
-  lint_stacked_experts(ctx, findings);
+  roles.stacked_experts(findings);
   lint_prefix_matches(plan.options.ignore, plan.ignore_matches, ModuleMatcher::Role::kIgnore,
                       findings, ctx);
   for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
@@ -814,6 +766,8 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
   lint_kernel_args(ctx, findings);
   lint_group_assignment(ctx, findings);
   lint_nothing_quantized(ctx, findings);
+  roles.unloadable_modules(findings);
+  roles.vllm_expectations(findings);
   return findings;
 }
 

@@ -404,6 +404,25 @@ std::uint64_t checked_bytes(std::uint64_t n, std::uint64_t element_bits, const s
 
 }  // namespace
 
+IgnoreList effective_ignore(const RoleAnalysis& roles, const PlanOptions& options) {
+  IgnoreList list;
+  if (options.default_ignore) {
+    for (DefaultIgnoreEntry& d : default_ignore_entries(roles)) {
+      list.entries.push_back(std::move(d.entry));
+      list.reasons.push_back(std::move(d.reason));
+      list.keeps.push_back(std::move(d.modules));
+    }
+  }
+  list.n_default = list.entries.size();
+  for (const std::string& e : options.ignore) {
+    if (std::find(list.entries.begin(), list.entries.end(), e) != list.entries.end()) continue;
+    list.entries.push_back(e);
+    list.reasons.push_back("--ignore");
+    list.keeps.emplace_back();
+  }
+  return list;
+}
+
 void check_plan_options(const PlanOptions& options) {
   std::string problems;
   const auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "\n") + p; };
@@ -529,10 +548,17 @@ void assign_amax_sets(const Checkpoint& checkpoint, QuantizePlan& plan) {
 
 }  // namespace
 
-QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
-  check_plan_options(options);
+QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
+  check_plan_options(given);
   QuantizePlan plan;
-  plan.options = options;
+  plan.roles = analyze_roles(checkpoint, RoleOptions{.quantize_vision = given.quantize_vision});
+  plan.options = given;
+  IgnoreList ignore = effective_ignore(plan.roles, given);
+  plan.options.ignore = std::move(ignore.entries);
+  plan.ignore_reasons = std::move(ignore.reasons);
+  plan.ignore_keeps = std::move(ignore.keeps);
+  plan.n_default_ignore = ignore.n_default;
+  const PlanOptions& options = plan.options;
   SelectionRules rules(options, plan);
   plan.input_quantization = classify_input_quantization(checkpoint.config);
   const InputQuantization& q = plan.input_quantization;
@@ -577,7 +603,15 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
       std::vector<std::string> found;
       bool both_keys = false;
       const auto key = stacked_key(t.name, both_keys);
-      if (t.name.find(':') != std::string::npos) {
+      // Stacked experts vLLM reads only stacked (roles.hpp): kept whole.
+      const ModuleInfo* role = key && t.shape.size() == 3 ? plan.roles.find(t.name) : nullptr;
+      if (!checkpoint.holds(d.source)) {
+        d.fate = Fate::kDrop;
+        d.rule = fmt::format("not listed in {} (not written)", kIndexFileName);
+        ++plan.n_unindexed;
+      } else if (role != nullptr && role->action == DefaultAction::kKeep) {
+        d.rule = role->reason;
+      } else if (t.name.find(':') != std::string::npos) {
         d.rule = "unknown layout (':' in the name)";
         colon_names.push_back(t.name);
       } else if (q.is_fp8() && !d.module.empty() && param == q.scale_param()) {
@@ -811,7 +845,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
           break;
         }
         case Fate::kDrop:
-          ++plan.n_dropped;
+          if (checkpoint.holds(d.source)) ++plan.n_dropped;
           break;
         case Fate::kSplit:
           ++plan.n_split;

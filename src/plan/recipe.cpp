@@ -748,9 +748,10 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
     r.ignore = {};
     r.ignore_origin = recipe_origin(*recipe, recipe->modifier_line,
                                     "QuantizationModifier without ignore: llm-compressor's "
-                                    "default, nothing ignored");
+                                    "default, nothing ignored beyond the default list");
   } else {
-    r.ignore = kDefaultIgnore;
+    // The plan starts from the module roles' default list (plan.hpp).
+    r.ignore = {};
   }
   return r;
 }
@@ -830,7 +831,9 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
       }
     }
   }
-  text += fmt::format("      ignore: {}\n", yaml_list(r.ignore));
+  // The list written to config.json: the module roles' defaults and the
+  // given entries.
+  text += fmt::format("      ignore: {}\n", yaml_list(plan.options.ignore));
   return text;
 }
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/report/roles_report.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -265,6 +266,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   for (const auto& [name, n] : fate_counts(plan)) {
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);
   }
+  text += render_roles_text(checkpoint, plan);
   text += fmt::format("tensors ({}): {}\n", plan.decisions.size(), counts);
   std::size_t fate_w = 4;
   std::size_t name_w = 6;
@@ -305,13 +307,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
                           m.source.rows, m.source.cols, what, outputs, grouped(bytes));
     }
   }
-  text += "ignore entries (modules each matched among the 2-D weights ignore can affect):\n";
-  if (o.ignore.empty()) text += "  (none)\n";
-  for (std::size_t i = 0; i < o.ignore.size(); ++i) {
-    const auto& modules = plan.ignore_matches[i];
-    text += fmt::format("  {}: {}\n", o.ignore[i], plural(modules.size(), "module"));
-    for (const auto& m : modules) text += fmt::format("    {}\n", m);
-  }
+  text += render_ignore_text(plan);
   text += "targets:\n";
   for (std::size_t g = 0; g < o.groups.size(); ++g) {
     const std::vector<std::string>& targets = o.groups[g].targets;
@@ -362,10 +358,7 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   }
   json counts = json::object();
   for (const auto& [name, n] : fate_counts(plan)) counts[name] = n;
-  json ignore = json::array();
-  for (std::size_t i = 0; i < o.ignore.size(); ++i) {
-    ignore.push_back(json{{"entry", o.ignore[i]}, {"modules", plan.ignore_matches[i]}});
-  }
+  const json ignore = ignore_json(plan);
   json groups = json::array();
   for (std::size_t g = 0; g < o.groups.size(); ++g) {
     const SchemeGroup& group = o.groups[g];
@@ -424,6 +417,7 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
               {"ignore", ignore},
               {"outputs", outputs},
               {"copied_files", plan.copied_files},
+              {"roles", roles_json(checkpoint, plan)},
               {"expected_output_bytes", expected_output_bytes(checkpoint, plan)},
               {"input_bytes", input_bytes(checkpoint)}};
 }

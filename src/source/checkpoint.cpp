@@ -20,6 +20,11 @@ const TensorEntry* Checkpoint::find(const std::string& name) const {
   return it == tensors.end() ? nullptr : &entry(it->second);
 }
 
+bool Checkpoint::holds(const TensorLocation& at) const {
+  const auto it = tensors.find(entry(at).name);
+  return it != tensors.end() && it->second.shard == at.shard && it->second.entry == at.entry;
+}
+
 std::uint64_t Checkpoint::total_tensor_bytes() const {
   std::uint64_t total = 0;
   for (const auto& shard : shards) total += shard.header().data_size;
@@ -232,7 +237,8 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
       const bool is_shard =
           std::find(shard_names.begin(), shard_names.end(), name) != shard_names.end();
       if (!is_shard && name != kIndexFileName && name != kConfigFileName) {
-        ckpt.other_files.push_back(name);
+        (ckpt.has_index && is_safetensors_name(name) ? ckpt.unlisted_files : ckpt.other_files)
+            .push_back(name);
       }
     }
     if (listed(kConfigFileName)) {
@@ -268,6 +274,12 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     const auto& header = ckpt.shards[s].header();
     for (std::size_t e = 0; e < header.tensors.size(); ++e) {
       const std::string& name = header.tensors[e].name;
+      if (ckpt.has_index && !ckpt.index["weight_map"].contains(name)) {
+        // A tensor the index does not list is not part of the checkpoint
+        // (model_free_ptq and vLLM read only the listed ones).
+        ckpt.unindexed.emplace_back(ckpt.shards[s].label(), name);
+        continue;
+      }
       const auto [it, inserted] = ckpt.tensors.emplace(name, TensorLocation{s, e});
       if (!inserted) {
         problems.add(
@@ -288,14 +300,6 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
             fmt::format("{}: weight_map lists tensor '{}' in '{}', but that file does "
                         "not hold it",
                         kIndexFileName, it.key(), file));
-      }
-    }
-    for (const SafetensorsFile& shard : ckpt.shards) {
-      for (const TensorEntry& t : shard.header().tensors) {
-        if (!weight_map.contains(t.name)) {
-          problems.add(fmt::format("{}: tensor '{}' is not listed in {}'s weight_map",
-                                   shard.label(), t.name, kIndexFileName));
-        }
       }
     }
   }

@@ -22,6 +22,7 @@
 #include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/source/weight_rows.hpp"
+#include "ctquant/verify/loadability.hpp"
 #include "ctquant/util/error.hpp"
 #include "verify/side.hpp"
 
@@ -632,7 +633,8 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   report.output = output.string();
   report.reference = input.string();
   const Side out = open_side(output, "OUTPUT");
-  const Side src = open_side(input, "INPUT");
+  Side src = open_side(input, "INPUT");
+  restrict_to_index(src);
   // Section 6: the kinds of input quantize converts, and only those.
   InputQuantization q;
   try {
@@ -641,7 +643,8 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
     throw Error(e.kind(), fmt::format("--against-source: INPUT {}", e.what()));
   }
   report.input_quantization = q.describe();
-  const PlanOptions plan_options = plan_options_of(out);
+  PlanOptions plan_options = plan_options_of(out);
+  plan_options.default_ignore = false;  // the written list is the whole list
   report.tensors_output = out.n_tensors();
   report.tensors_reference = src.n_tensors();
   Collector c(report);
@@ -650,6 +653,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   check_index(out, c);
   compare_configs(out, src, labels, /*compare_qc=*/false, c);
   compare_other_files(out, src, labels, c);
+  check_loadability(out.config, out.shards, report);
 
   // Read-only: links out of the directory (a cache snapshot) are followed.
   const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});

@@ -3,6 +3,7 @@
 
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/verify/loadability.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant {
@@ -155,6 +156,7 @@ VerifyReport verify_checkpoints(const fs::path& output, const fs::path& golden,
   compare_indexes(a, b, labels, placement_is_note, c);
   compare_configs(a, b, labels, /*compare_qc=*/true, c);
   compare_other_files(a, b, labels, c);
+  check_loadability(a.config, a.shards, report);
   return report;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -37,6 +38,29 @@ std::string read_text(const fs::path& path, const std::string& label) {
   return text.str();
 }
 
+
+void restrict_to_index(Side& side) {
+  if (!side.index || !side.index->is_object() || !side.index->contains("weight_map") ||
+      !(*side.index)["weight_map"].is_object()) {
+    return;
+  }
+  const json& weight_map = (*side.index)["weight_map"];
+  std::set<std::string> listed;
+  for (const auto& [tensor, file] : weight_map.items()) {
+    if (file.is_string()) listed.insert(file.get<std::string>());
+  }
+  std::vector<SafetensorsFile> kept;
+  for (SafetensorsFile& shard : side.shards) {
+    if (listed.contains(shard.label())) kept.push_back(std::move(shard));
+  }
+  side.shards = std::move(kept);
+  side.where.clear();
+  for (std::size_t s = 0; s < side.shards.size(); ++s) {
+    for (const TensorEntry& t : side.shards[s].header().tensors) {
+      if (weight_map.contains(t.name)) side.where[t.name].push_back(s);
+    }
+  }
+}
 
 Side open_side(const fs::path& path, const std::string& label) {
   Side side;

@@ -69,6 +69,11 @@ using Ref = Side::Ref;
 // not exist, Error{kBadInput} for a broken shard or a directory without one.
 Side open_side(const std::filesystem::path& path, const std::string& label);
 
+// An INPUT as quantize reads it (open_checkpoint): with an index, only the
+// files it lists are shards and only the tensors it lists exist; the rest
+// is never written, so OUTPUT is not compared with it.
+void restrict_to_index(Side& side);
+
 // A whole file's bytes; Error{kIo} naming label when it cannot be read.
 std::string read_text(const std::filesystem::path& path, const std::string& label);
 

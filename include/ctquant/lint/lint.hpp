@@ -3,7 +3,7 @@
 //
 // run_lint() looks at the checkpoint's headers and config.json and at the
 // plan (each tensor's fate, the modules each ignore and targets entry
-// matched) and returns findings. Each finding has an id (L1..L9), a
+// matched) and returns findings. Each finding has an id (L1..L13), a
 // severity, the tensors concerned, what was found and the fix. The reasons
 // behind the rules are section 7 of the format spec:
 //
@@ -11,8 +11,9 @@
 //               listed); info when it matched only modules that are never
 //               quantized anyway (embeddings, norms, non-2-D tensors) and for
 //               the default ignore list's lm_head; default targets not checked
-//   L2 warning  a literal entry names a module of a checkpoint whose names
-//               vLLM prefixes at load time (no `model.` prefix, DFlash drafts)
+//   L2 error    a literal ignore entry that vLLM, after mapping it to its
+//               own names (roles.hpp), does not match for a module kept in
+//               16 bits; info when another entry covers the module
 //   L3 error    a fused layer split between quantized and not (q/k/v_proj of
 //               one attention, gate/up_proj of one MLP, the experts of one
 //               MoE layer)
@@ -26,15 +27,27 @@
 //               gate/up group
 //   L6 error    tie_word_embeddings is true and lm_head.weight is quantized
 //   L7 error    a 3-D .weight that is not a stacked gate_up_proj / down_proj
-//               tensor (those are split) and that no ignore entry covers
+//               tensor (those are split) and that no ignore entry covers;
+//               stacked experts that are not split while the family's vLLM
+//               loader reads experts per expert, or kept while vLLM's MoE
+//               probes say their layer is quantized
 //   L8 info     an unanchored `re:` entry that matches some modules only by a
 //               prefix of their names (`re:.*gate` also takes `gate_proj`)
-//   L9 warning  no tensor would be quantized at all
+//   L9 error    no tensor would be quantized at all
 //   L10 error   a scheme group whose arguments no vLLM kernel runs
 //               (SchemeFamily::vllm_args_rule: a bit width, or a group size
 //               Marlin does not take)
 //   L11 error   a module vLLM's target matching would give to another scheme
 //               group than the one ctquant quantized it with
+//   L12 error   a module vLLM loads unquantized (output head, embedding,
+//               router, shared-expert gate, plain nn.Linear) would be packed
+//   L13 error   the written ignore list and targets, evaluated as vLLM does
+//               on vLLM's names (vllm_match.hpp), disagree with what OUTPUT
+//               holds, or vLLM raises on them; warning for a quantizable
+//               layer neither matches
+//
+// L2, L7 (stacked experts), L12 and L13 read the module roles
+// (src/lint/roles_lint.hpp); docs/loadability.md lists them with sources.
 //
 // Whether findings stop `quantize` is decided by blocking_findings(): errors
 // unless allow_unloadable, warnings under strict; infos never.
@@ -58,7 +71,7 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L11"
+  std::string id;  // "L1" .. "L13"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes

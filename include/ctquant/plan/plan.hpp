@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/plan/roles.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/fp8.hpp"
@@ -42,7 +43,8 @@ enum class Fate {
   kQuantize,    // replaced by its scheme's output tensors (weight_packed, weight_scale, ...)
   kDequantize,  // an FP8 weight not quantized: written as a BF16 .weight (section 6)
   kDrop,        // not written: an FP8 weight's scale (consumed by its dequantization), an
-                // activation / KV-cache parameter of an FP8 input (kActivationParams)
+                // activation / KV-cache parameter of an FP8 input (kActivationParams), or a
+                // shard tensor the index does not list
   kSplit,       // a stacked 3-D expert tensor: written as one 2-D weight per expert and
                 // projection, each quantized or kept in 16 bits (schemes.md 8)
 };
@@ -131,21 +133,41 @@ struct ShardPlan {
   std::uint64_t file_size = 0;
 };
 
-// The ignore list and targets used when none are given (`ctquant quantize`
-// with no --ignore / --targets): keep lm_head in 16 bits, quantize every
-// Linear module.
-inline const std::vector<std::string> kDefaultIgnore{"lm_head"};
+// The targets used when none are given: every Linear module.
 inline const std::vector<std::string> kDefaultTargets{"Linear"};
 
 struct PlanOptions {
   // Tried in order; a module goes to the first group whose targets match it
   // (schemes.md 9.3). Default: W4A16 on every Linear.
   std::vector<SchemeGroup> groups{preset_group("W4A16")};
-  std::vector<std::string> ignore = kDefaultIgnore;  // applies to every group
+  // Entries added to the default ignore list (never replacing one of it);
+  // the list applies to every group.
+  std::vector<std::string> ignore;
+  // Start from the default ignore list of the module roles (roles.hpp:
+  // embeddings, output heads, routers, shared-expert gates, modules vLLM
+  // builds unquantized, draft modules vLLM reads as 16-bit weights, stacked
+  // experts vLLM loads only stacked, vision/audio towers and projectors).
+  // False: the ignore list is `ignore` alone (--no-default-ignore).
+  bool default_ignore = true;
+  // Quantize vision/audio towers and projectors like the language model
+  // (--quantize-vision); their plain modules stay in the default list.
+  bool quantize_vision = false;
 };
 
 struct QuantizePlan {
+  // The options, with options.ignore the ignore list written to config.json:
+  // the default entries first (unless default_ignore is false), then the
+  // given entries not already in it.
   PlanOptions options;
+  RoleAnalysis roles;  // every weight's role (roles.hpp)
+  // Why each entry of options.ignore is there: the default entries' reasons,
+  // "--ignore" for the given ones.
+  std::vector<std::string> ignore_reasons;
+  // For each default entry of options.ignore, the modules it keeps (the
+  // roles it was made for; ignore_matches counts only modules section 2
+  // could quantize, so an embedding's entry matches none there).
+  std::vector<std::vector<std::string>> ignore_keeps;
+  std::size_t n_default_ignore = 0;  // options.ignore[0, n) are default entries
   InputQuantization input_quantization;  // what the input's quantization_config says
   std::vector<TensorDecision> decisions;
   std::vector<PlannedModule> modules;
@@ -172,6 +194,7 @@ struct QuantizePlan {
   std::size_t n_copied = 0;            // input tensors copied
   std::size_t n_dequantized = 0;       // FP8 weights written as BF16
   std::size_t n_dropped = 0;           // FP8 scales and activation parameters not written
+  std::size_t n_unindexed = 0;         // shard tensors the index does not list, not written
   std::size_t n_split = 0;             // stacked expert tensors split
   std::uint64_t tensor_bytes_out = 0;  // sum of output tensor byte sizes
   std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
@@ -193,6 +216,18 @@ struct QuantizePlan {
 // missing or has the wrong dtype or shape; each scale without its F8
 // weight; each stacked expert tensor whose layout cannot be split.
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
+
+// The ignore list written for these roles and options: the default entries
+// (default_ignore_entries(), unless options.default_ignore is false), then
+// options.ignore's entries not already in it, each with its reason
+// ("--ignore" for given ones) and, for default entries, the modules it keeps.
+struct IgnoreList {
+  std::vector<std::string> entries;
+  std::vector<std::string> reasons;             // per entry
+  std::vector<std::vector<std::string>> keeps;  // per entry: the modules a default entry keeps
+  std::size_t n_default = 0;                    // entries[0, n) are default entries
+};
+IgnoreList effective_ignore(const RoleAnalysis& roles, const PlanOptions& options);
 
 // Checks the options alone, before any file is read. Throws Error{kUsage}
 // for no group, a group whose scheme no family writes or ctquant does not

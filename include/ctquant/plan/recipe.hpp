@@ -127,7 +127,8 @@ struct EffectiveRecipe {
 
 // Merges a recipe (or none) with the command line: a command-line value
 // replaces the recipe's, which replaces the default (W4A16, targets
-// ["Linear"], ignore ["lm_head"]). A --quantization-config file gives the
+// ["Linear"], no ignore entry: the plan starts from the module roles'
+// default list, PlanOptions::default_ignore). A --quantization-config file gives the
 // config groups and the ignore list (--ignore entries appended). Throws
 // Error{kUsage} naming the recipe's file, line and key when they cannot be
 // merged: --group-size, --targets, --scheme or --scheme-for together with

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -46,12 +47,24 @@ struct Checkpoint {
   // Entries of the directory that are not read or copied (subdirectories,
   // FIFOs, ...), each "name (what it is)", sorted.
   std::vector<std::string> skipped_entries;
-  std::unordered_map<std::string, TensorLocation> tensors;  // every tensor of every shard
+  // Every tensor of every shard, except the ones the index does not list.
+  std::unordered_map<std::string, TensorLocation> tensors;
+  // With an index: .safetensors files of the directory it does not list (a
+  // consolidated copy beside the shards), sorted. Neither read nor copied.
+  std::vector<std::string> unlisted_files;
+  // With an index: tensors a shard holds that the index does not list, as
+  // (shard file, tensor). They are not written (model_free_ptq reads only
+  // what the index lists). A tensor the index lists for another shard is an
+  // error, as before.
+  std::vector<std::pair<std::string, std::string>> unindexed;
 
   const TensorEntry& entry(const TensorLocation& at) const {
     return shards[at.shard].header().tensors[at.entry];
   }
   const TensorEntry* find(const std::string& name) const;
+  // Whether the tensor at `at` is part of the checkpoint (false for a tensor
+  // the index does not list).
+  bool holds(const TensorLocation& at) const;
   std::uint64_t total_tensor_bytes() const;
   std::uint64_t total_file_bytes() const;  // shards plus copied files
 };
@@ -91,10 +104,13 @@ std::vector<std::string> list_checkpoint_files(const std::filesystem::path& dir,
 // Error{kBadInput} for a checkpoint that breaks section 1 of the format spec
 // (each shard's header; the index naming a missing file, a path outside the
 // directory or a tensor its file does not hold, or naming a tensor twice; a
-// shard tensor the index does not list; the same tensor in two shards;
+// the same tensor in two shards;
 // several safetensors files without an index; a config.json that is not a
 // JSON object) or has such entries, listing every problem of the phase at
-// once; Error{kIo} when a file cannot be read.
+// once; Error{kIo} when a file cannot be read. With an index, a .safetensors
+// file it does not list goes to unlisted_files and a shard tensor it does not
+// list at all goes to unindexed (callers warn about both): neither is an
+// error.
 Checkpoint open_checkpoint(const std::filesystem::path& input, const OpenOptions& options = {});
 
 }  // namespace ctquant

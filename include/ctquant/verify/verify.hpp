@@ -61,7 +61,7 @@ enum class VerifyMode { kGolden, kAgainstSource };
 // One difference or note. kind is a stable word for scripts:
 //   missing_file, extra_file, missing_tensor, extra_tensor, misplaced_tensor,
 //   duplicate_tensor, dtype, shape, bytes, codes, scale, zero_point, index,
-//   config, file, metadata, source, fate, layout
+//   config, file, metadata, source, fate, layout, loadability (loadability.hpp)
 struct VerifyItem {
   std::string kind;
   std::string file;    // the file concerned, relative to its checkpoint ("" if none)

@@ -1,0 +1,311 @@
+// Module roles: what each weight of a checkpoint is to vLLM, decided from
+// the tensor headers and config.json only.
+//
+// analyze_roles() gives every 2-D weight (a module's `.weight`, or another
+// 2-D parameter) and every 3-D expert tensor a role (a Linear vLLM builds
+// with the quantization config, an expert of a fused MoE layer, stacked
+// experts, an embedding, an output head, a router, a shared-expert gate, a
+// module vLLM builds as a plain torch Linear, a draft module that must stay
+// in 16 bits), the component it belongs to (language model, vision or audio
+// tower, multimodal projector, MTP layer, draft model), how vLLM builds it
+// (quantizable, quantized only when a target names it, or always 16-bit),
+// the names vLLM and transformers give it, and what ctquant does with it by
+// default (quantize, keep in 16 bits, or refuse to write it).
+//
+// The per-family knowledge is one table, family_table(): each row matches
+// config.json's `architectures` or `model_type` and names the vLLM model file
+// (path and commit) it was read from; docs/loadability.md lists it. A
+// checkpoint whose architecture no row matches gets roles from name and shape
+// rules only, and RoleAnalysis::fallback says so.
+//
+// default_ignore_entries() turns the modules kept in 16 bits into the ignore
+// entries written to config.json, each with its reason: literal names where
+// the checkpoint, vLLM and transformers agree on a name, otherwise anchored
+// `re:` entries checked to match every such module under all three names and
+// no other module.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/source/checkpoint.hpp"
+
+namespace ctquant {
+
+enum class ModuleRole : std::uint8_t {
+  kLinear,            // a Linear vLLM builds with the quantization config
+  kExpert,            // one projection of one expert of a fused MoE layer (2-D)
+  kStackedExperts,    // every expert of a layer in one 3-D tensor
+  kEmbedding,         // token or position embedding (any prefix, or [vocab, hidden])
+  kHead,              // output head (`*.lm_head`, MTP `shared_head.head`)
+  kRouter,            // MoE router
+  kSharedExpertGate,  // gate of a shared expert
+  kPlainLinear,       // vLLM builds it as torch.nn.Linear or without the quantization config
+  kDraftKeep,         // a draft module vLLM reads as a 16-bit .weight (DFlash qkv_proj)
+  kNorm,              // a 2-D weight of a module whose name ends in "norm"
+  kParameter,         // a 2-D tensor that is not a module's .weight (a raw nn.Parameter)
+};
+
+enum class Component : std::uint8_t {
+  kLanguage,   // the language model
+  kVision,     // vision tower
+  kAudio,      // audio tower
+  kProjector,  // multimodal projector
+  kMtp,        // multi-token-prediction layer
+  kDraft,      // a speculative-decoding draft model (EAGLE, DFlash)
+};
+
+// How vLLM builds the layer (vllm_roles.md section 0.1).
+enum class VllmBuild : std::uint8_t {
+  kQuantizable,  // built with the quantization config: packed unless the ignore list matches
+  kIfTargeted,   // ParallelLMHead / VocabParallelEmbedding: packed only if a target names it
+  kPlain,        // torch.nn.Linear, quant_config=None or a raw parameter: always 16-bit
+};
+
+// What ctquant does with the module when no option says otherwise.
+enum class DefaultAction : std::uint8_t {
+  kQuantize,  // packed
+  kKeep,      // kept in 16 bits and named in the written ignore list
+  kRefuse,    // cannot be written loadably (stacked experts vLLM reads only per expert)
+};
+
+const char* role_name(ModuleRole role);
+const char* component_name(Component component);
+const char* vllm_build_name(VllmBuild build);
+const char* default_action_name(DefaultAction action);
+
+// Extra conditions a name rule can carry.
+enum class RuleCondition : std::uint8_t {
+  kNone,
+  // SigLIP MLP fc1/fc2: vLLM passes the quantization config only when the
+  // vision hidden and intermediate sizes are both multiples of 64
+  // (siglip.py SiglipMLP); otherwise they are plain layers.
+  kSiglipMlpQuantizableIf64,
+};
+
+// One name rule of a family row: modules whose checkpoint name matches
+// `pattern` (an ignore-style entry: `re:` + Python re.match semantics, or a
+// literal) get this role.
+struct NameRule {
+  const char* pattern;
+  ModuleRole role;
+  VllmBuild build;
+  const char* reason;
+  // The ignore entry written for these modules when they are kept, as the
+  // family's published recipes spell it; checked like a generated entry and
+  // replaced by one when it matches other modules. nullptr: generated.
+  const char* entry = nullptr;
+  RuleCondition condition = RuleCondition::kNone;
+};
+
+// A checkpoint layout of 3-D stacked experts.
+enum class StackedLayout : std::uint8_t {
+  kNone,
+  // transformers v5 Qwen3-MoE / Mixtral: gate_up_proj [E, 2I, H] (gate rows
+  // then up rows), down_proj [E, H, I]: out_features first.
+  kOutInHalves,
+  // gpt-oss: gate_up_proj [E, H, 2I] with gate and up columns interleaved
+  // (even gate, odd up), down_proj [E, I, H]: in_features first.
+  kInOutInterleaved,
+};
+
+// A group of checkpoint modules vLLM fuses into one layer.
+struct FusedSpec {
+  const char* fused;                // "qkv_proj"
+  std::vector<const char*> shards;  // {"q_proj", "k_proj", "v_proj"}
+  // vLLM's packed_modules_mapping lists the group only when one of these
+  // config.json keys is truthy or non-empty (comma-separated); nullptr:
+  // always listed. When not listed, ignore is tested on the fused name.
+  const char* listed_if_config = nullptr;
+};
+
+// One row of the role table: a model family as vLLM builds it.
+struct FamilyRow {
+  const char* name;                         // "Qwen3-MoE"
+  std::vector<const char*> architectures;   // exact entries of config.json "architectures"
+  std::vector<const char*> model_types;     // config.json "model_type"
+  const char* architecture_substring;       // or any architecture containing this (nullptr: none)
+  const char* config_key;                   // or a config.json holding this key (nullptr: none)
+  const char* vllm_file;                    // the vLLM model file the row was read from
+  const char* vllm_commit;                  // its commit
+  std::vector<NameRule> rules;              // first match wins, before the generic rules
+  // hf_to_vllm_mapper: orig_to_new_substr, _prefix, _suffix (tensor names).
+  std::vector<std::pair<const char*, const char*>> mapper_substr;
+  std::vector<std::pair<const char*, const char*>> mapper_prefix;
+  std::vector<std::pair<const char*, const char*>> mapper_suffix;
+  // A prefix vLLM's module tree adds to every name outside the mapper
+  // (drafts: "model."), except names starting with keep_names_prefix.
+  const char* load_prefix = "";
+  const char* load_prefix_except = nullptr;
+  // Whether the quantization config vLLM matches ignore with is the model's
+  // own (apply_vllm_mapper maps literal entries, packed_modules_mapping is
+  // set): false for drafts, whose config comes from get_draft_quant_config.
+  bool top_level_quant_config = true;
+  std::vector<FusedSpec> fused;
+  // transformers' module names: prefix rewrites, first match wins (an
+  // identity rule stops later ones).
+  std::vector<std::pair<const char*, const char*>> hf_prefix;
+  // MoE: checkpoint names of the per-expert projections, the config key of
+  // the expert intermediate size, the stacked layout, and whether vLLM's
+  // loader reads the stacked layout (and only it).
+  const char* expert_gate = "gate_proj";
+  const char* expert_up = "up_proj";
+  const char* expert_down = "down_proj";
+  const char* intermediate_key = "moe_intermediate_size";
+  StackedLayout stacked = StackedLayout::kNone;
+  bool vllm_loads_stacked = false;
+  bool vllm_loads_per_expert = true;
+};
+
+// Every family row, in match order.
+const std::vector<FamilyRow>& family_table();
+
+// Sizes read from config.json (top level, or text_config for multimodal
+// models; vision sizes from vision_config).
+struct ModelDims {
+  std::optional<std::uint64_t> vocab;
+  std::optional<std::uint64_t> draft_vocab;
+  std::optional<std::uint64_t> hidden;
+  std::optional<std::uint64_t> intermediate;      // dense MLP
+  std::optional<std::uint64_t> moe_intermediate;  // one expert (the row's intermediate_key)
+  std::optional<std::uint64_t> experts;           // num_experts / num_local_experts / n_routed_experts
+  std::optional<std::uint64_t> layers;            // num_hidden_layers
+  std::uint64_t nextn_layers = 0;                 // num_nextn_predict_layers
+  bool tied = false;                              // tie_word_embeddings (top level or text_config)
+  std::optional<std::uint64_t> vision_hidden;
+  std::optional<std::uint64_t> vision_intermediate;
+};
+
+// One 3-D stacked-experts tensor [E, a, b], what the planner needs to split
+// it into experts.{e}.gate_proj/up_proj/down_proj or to keep it.
+struct StackedExperts {
+  std::string tensor;     // "model.layers.0.mlp.experts.gate_up_proj"
+  std::string moe_layer;  // "model.layers.0.mlp.experts" (checkpoint name)
+  enum class Kind : std::uint8_t { kGateUp, kDown, kUnknown } kind = Kind::kUnknown;
+  std::uint64_t experts = 0;       // E (dim 0)
+  std::uint64_t intermediate = 0;  // I of one expert (0: unknown)
+  std::uint64_t hidden = 0;        // H (0: unknown)
+  // kOutIn: [E, out_features, in_features]; kInOut: [E, in_features, out_features].
+  enum class Orientation : std::uint8_t { kOutIn, kInOut, kUnknown } orientation =
+      Orientation::kUnknown;
+  // How the orientation is known: the dims alone (they differ), the other
+  // stacked tensor of the same layer, the family's documented layout.
+  enum class Proof : std::uint8_t { kShape, kSibling, kFamily, kNone } proof = Proof::kNone;
+  bool interleaved = false;       // gate/up alternate along out_features (gpt-oss)
+  bool interleave_known = false;  // the family says which
+  bool vllm_loads_stacked = false;
+  bool vllm_loads_per_expert = true;
+  std::string problem;  // why the dims do not fit the config ("" when they do)
+};
+
+const char* orientation_name(StackedExperts::Orientation orientation);
+const char* proof_name(StackedExperts::Proof proof);
+
+// The role of one weight.
+struct ModuleInfo {
+  std::string module;  // checkpoint module name (a stacked tensor: its tensor name)
+  std::string tensor;  // the tensor the role is about
+  std::vector<std::uint64_t> shape;
+  ModuleRole role = ModuleRole::kLinear;
+  Component component = Component::kLanguage;
+  VllmBuild build = VllmBuild::kQuantizable;
+  DefaultAction action = DefaultAction::kQuantize;
+  std::string reason;  // "router: vLLM builds ReplicatedLinear(quant_config=None)"
+  std::string source;  // "vllm/model_executor/models/mixtral.py@f0e26957" ("" for generic rules)
+  // vLLM's names: the name the ignore list is tested against (a shard of a
+  // fused layer keeps its own name), the layer vLLM builds (the fused name,
+  // or the MoE layer whose experts.0.*_proj names vLLM probes).
+  std::string vllm_name;
+  std::string vllm_layer;
+  std::string hf_name;  // transformers' module name
+  std::optional<std::size_t> stacked;  // index into RoleAnalysis::stacked
+  const char* entry = nullptr;         // the family's spelling of its ignore entry, if any
+  std::size_t rule = SIZE_MAX;         // the row rule that decided the role (SIZE_MAX: generic)
+};
+
+struct RoleOptions {
+  bool quantize_vision = false;  // vision/audio towers and projectors are quantized too
+};
+
+struct RoleAnalysis {
+  const FamilyRow* family = nullptr;  // nullptr: no row matched
+  std::string architecture;           // config.json architectures[0] ("" when none)
+  std::string model_type;
+  // Set when no row matched: roles come from name and shape rules.
+  std::string fallback;
+  ModelDims dims;
+  std::vector<ModuleInfo> modules;  // in checkpoint order
+  std::vector<StackedExperts> stacked;
+
+  const ModuleInfo* find(std::string_view module) const;
+  // The family's description for the plan: "Qwen3-MoE (vllm/.../qwen3_moe.py@2e0831b0)".
+  std::string family_text() const;
+
+  std::map<std::string, std::size_t, std::less<>> index;  // module -> position in modules
+};
+
+// Roles of the weights of a checkpoint: every 2-D tensor and every 3-D
+// tensor of an `experts` module, from headers and config.json only.
+RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options = {});
+
+// The same from config.json and a list of (tensor name, shape): every 2-D
+// tensor and every 3-D expert tensor of the list gets a role. A packed
+// module of a written checkpoint is given as its `M.weight` with its
+// unpacked shape.
+RoleAnalysis analyze_roles(
+    const std::optional<nlohmann::json>& config,
+    const std::vector<std::pair<std::string, std::vector<std::uint64_t>>>& tensors,
+    const RoleOptions& options = {});
+
+// The row matching config.json, or nullptr.
+const FamilyRow* match_family(const std::optional<nlohmann::json>& config);
+
+// vLLM's name of a checkpoint tensor: the row's hf_to_vllm_mapper
+// (substring, prefix, suffix rules, longest key first, first hit of each
+// kind), then the load prefix. Identity without a row.
+std::string vllm_tensor_name(const FamilyRow* family, const std::string& tensor);
+// vLLM's name of a checkpoint module (its `.weight` mapped, then cut).
+std::string vllm_module_name(const FamilyRow* family, const std::string& module);
+// A literal ignore or targets entry as vLLM matches it: mapped by
+// apply_vllm_mapper when the row's quantization config is the model's own;
+// `re:` entries unchanged.
+std::string vllm_entry(const FamilyRow* family, const std::string& entry);
+// transformers' module name of a checkpoint module.
+std::string hf_module_name(const FamilyRow* family, const std::string& module);
+
+// One entry of the default ignore list.
+struct DefaultIgnoreEntry {
+  std::string entry;
+  std::string reason;                // "output head: vLLM builds ParallelLMHead ..."
+  std::vector<std::string> modules;  // checkpoint modules it keeps
+};
+
+// The ignore entries that keep every module whose action is kKeep, in a
+// fixed role order (heads, embeddings, routers, shared-expert gates, plain
+// modules, draft modules, stacked experts, towers and projectors). Each
+// entry matches its modules under their checkpoint, vLLM and transformers
+// names (and, for MoE layers, vLLM's experts.0.{gate,up,down}_proj probes)
+// and no other module of the checkpoint under any of those names.
+std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles);
+
+// The narrowest ignore entries that keep exactly `modules` (checkpoint
+// names): one `re:` entry per name template (layer numbers as \d+) when it
+// matches no other module, otherwise each name in every form vLLM and
+// transformers use. For lint fixes.
+std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
+                                               const std::vector<std::string>& modules);
+
+// Every name form of a module: checkpoint, vLLM (the name ignore is tested
+// on; for MoE layers the three experts.0 probes), transformers.
+std::vector<std::string> name_forms(const ModuleInfo& module);
+
+}  // namespace ctquant

@@ -1,0 +1,1589 @@
+#include "ctquant/plan/roles.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "ctquant/plan/matcher.hpp"
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------
+// The role table. Each row was read from the vLLM model file it names
+// (repository vllm-project/vllm, at the commit given); docs/loadability.md
+// lists the rows with their sources. Matching rules common to all rows are
+// compressed_tensors/utils.py@008014e8 (should_ignore_layer: exact name or
+// Python re.match; fused layers tested shard by shard) and
+// compressed_tensors_moe/compressed_tensors_moe.py@0043d6b5 (MoE layers
+// probed by <layer>.0.gate_proj / .0.up_proj / .0.down_proj).
+
+namespace {
+
+const std::vector<FusedSpec> kLlamaFused = {
+    {"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
+    {"gate_up_proj", {"gate_proj", "up_proj"}},
+};
+
+// transformers >= 4.52 names of LLaVA-style models (the checkpoint may hold
+// the older language_model.model.* names).
+const std::vector<std::pair<const char*, const char*>> kLlavaHfPrefix = {
+    {"model.", "model."},
+    {"lm_head", "lm_head"},
+    {"language_model.model.", "model.language_model."},
+    {"language_model.lm_head", "lm_head"},
+    {"vision_tower.", "model.vision_tower."},
+    {"multi_modal_projector.", "model.multi_modal_projector."},
+};
+
+const std::vector<std::pair<const char*, const char*>> kLlavaVllmPrefix = {
+    {"model.language_model.", "language_model.model."},
+    {"model.vision_tower.", "vision_tower."},
+    {"model.multi_modal_projector.", "multi_modal_projector."},
+    {"lm_head.", "language_model.lm_head."},
+};
+
+std::vector<FamilyRow> make_family_table() {
+  std::vector<FamilyRow> rows;
+  {
+    FamilyRow r{};
+    r.name = "Llama";
+    r.architectures = {"LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM",
+                       "AquilaForCausalLM", "InternLMForCausalLM", "InternLM3ForCausalLM",
+                       "XverseForCausalLM"};
+    r.model_types = {"llama", "mistral"};
+    r.vllm_file = "vllm/model_executor/models/llama.py";
+    r.vllm_commit = "e06c9ba2ea923a84add30f5dafaea126429b81";
+    r.fused = kLlamaFused;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Qwen3";
+    r.architectures = {"Qwen3ForCausalLM"};
+    r.model_types = {"qwen3"};
+    r.vllm_file = "vllm/model_executor/models/qwen3.py";
+    r.vllm_commit = "e745bafffc44744aa601169f8c6f325e47ca7cd5";
+    r.fused = kLlamaFused;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Qwen3-MoE";
+    r.architectures = {"Qwen3MoeForCausalLM"};
+    r.model_types = {"qwen3_moe"};
+    r.vllm_file = "vllm/model_executor/models/qwen3_moe.py";
+    r.vllm_commit = "2e0831b0ab951c8896d4dd5d6cb9c3350a4574de";
+    r.rules = {
+        {"re:.*\\.mlp\\.gate$", ModuleRole::kRouter, VllmBuild::kQuantizable,
+         "router: vLLM builds ReplicatedLinear(hidden, num_experts, quant_config=quant_config), "
+         "so the Linear target takes it unless the ignore list names it",
+         "re:.*mlp.gate$"},
+        {"re:.*\\.mlp\\.shared_expert_gate$", ModuleRole::kSharedExpertGate, VllmBuild::kPlain,
+         "shared-expert gate: vLLM builds ReplicatedLinear(hidden, 1, quant_config=None)"},
+    };
+    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
+               {"gate_up_proj", {"gate_proj", "up_proj"}, "mlp_only_layers"}};
+    r.stacked = StackedLayout::kOutInHalves;
+    r.vllm_loads_stacked = false;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Qwen2-MoE";
+    r.architectures = {"Qwen2MoeForCausalLM"};
+    r.model_types = {"qwen2_moe"};
+    r.vllm_file = "vllm/model_executor/models/qwen2_moe.py";
+    r.vllm_commit = "8bbabf03350e7821e2ffc6a5b3d9931e5f6df4c0";
+    r.rules = {
+        {"re:.*\\.mlp\\.gate$", ModuleRole::kRouter, VllmBuild::kPlain,
+         "router: vLLM builds ReplicatedLinear(hidden, num_experts, quant_config=None)"},
+        {"re:.*\\.mlp\\.shared_expert_gate$", ModuleRole::kSharedExpertGate, VllmBuild::kPlain,
+         "shared-expert gate: vLLM builds torch.nn.Linear(hidden, 1)"},
+    };
+    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
+               {"gate_up_proj",
+                {"gate_proj", "up_proj"},
+                "shared_expert_intermediate_size,mlp_only_layers"}};
+    r.stacked = StackedLayout::kOutInHalves;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Mixtral";
+    r.architectures = {"MixtralForCausalLM"};
+    r.model_types = {"mixtral"};
+    r.vllm_file = "vllm/model_executor/models/mixtral.py";
+    r.vllm_commit = "f0e26957c6af4d1ce3d0642120b011949da65885";
+    r.rules = {
+        {"re:.*\\.block_sparse_moe\\.gate$", ModuleRole::kRouter, VllmBuild::kPlain,
+         "router: vLLM builds ReplicatedLinear(hidden, num_experts, quant_config=None) (\"Gate "
+         "always runs at half / full precision\")"},
+    };
+    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}}};
+    r.expert_gate = "w1";
+    r.expert_up = "w3";
+    r.expert_down = "w2";
+    r.intermediate_key = "intermediate_size";
+    r.stacked = StackedLayout::kOutInHalves;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "DeepSeek-V2/V3";
+    r.architectures = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                       "DeepseekV32ForCausalLM"};
+    r.model_types = {"deepseek_v2", "deepseek_v3", "deepseek_v32"};
+    r.vllm_file = "vllm/model_executor/models/deepseek_v2.py";
+    r.vllm_commit = "b863fe5bf4e19680572603b4e166faefc5725551";
+    r.rules = {
+        {"re:.*\\.mlp\\.gate$", ModuleRole::kRouter, VllmBuild::kPlain,
+         "router: vLLM builds DeepSeekV2Gate, which asserts quant_config is None"},
+        {"re:.*\\.indexer\\.weights_proj$", ModuleRole::kPlainLinear, VllmBuild::kPlain,
+         "indexer weights_proj: vLLM builds ReplicatedLinear(quant_config=None)"},
+        {"re:.*\\.eh_proj$", ModuleRole::kPlainLinear, VllmBuild::kPlain,
+         "MTP eh_proj: vLLM builds torch.nn.Linear(2 * hidden, hidden) "
+         "(deepseek_mtp.py@4f7c1440)"},
+        {"re:.*\\.shared_head\\.head$", ModuleRole::kHead, VllmBuild::kIfTargeted,
+         "MTP output head: vLLM builds ParallelLMHead (deepseek_mtp.py@4f7c1440), quantized "
+         "only when a target names it"},
+    };
+    r.fused = {{"gate_up_proj", {"gate_proj", "up_proj"}},
+               {"fused_qkv_a_proj", {"q_a_proj", "kv_a_proj_with_mqa"}, "q_lora_rank"}};
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "LLaVA";
+    r.architectures = {"LlavaForConditionalGeneration", "MantisForConditionalGeneration"};
+    r.model_types = {"llava"};
+    r.vllm_file = "vllm/model_executor/models/llava.py";
+    r.vllm_commit = "35d3c24b11a03faf6108c5f9e7b81634ea1c3e5d";
+    r.mapper_prefix = kLlavaVllmPrefix;
+    r.fused = kLlamaFused;
+    r.hf_prefix = kLlavaHfPrefix;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Mistral3";
+    r.architectures = {"Mistral3ForConditionalGeneration"};
+    r.model_types = {"mistral3"};
+    r.vllm_file = "vllm/model_executor/models/mistral3.py";
+    r.vllm_commit = "577477b558219164dea7597e6e0356e455a86a61";
+    r.rules = {
+        {"re:.*multi_modal_projector\\.patch_merger\\.merging_layer$", ModuleRole::kPlainLinear,
+         VllmBuild::kPlain, "patch merger: vLLM builds torch.nn.Linear(vision_hidden * merge^2, "
+         "vision_hidden)"},
+    };
+    r.mapper_prefix = kLlavaVllmPrefix;
+    r.fused = kLlamaFused;
+    r.hf_prefix = kLlavaHfPrefix;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Gemma3 VLM";
+    r.architectures = {"Gemma3ForConditionalGeneration"};
+    r.model_types = {"gemma3"};
+    r.vllm_file = "vllm/model_executor/models/gemma3_mm.py";
+    r.vllm_commit = "e5fa94509b708330e28208a55c84aba8a7781675";
+    r.rules = {
+        {"re:.*vision_tower\\..*\\.mlp\\.fc[12]$", ModuleRole::kLinear, VllmBuild::kQuantizable,
+         "SigLIP MLP (siglip.py@0c028ba4): quantizable only when the vision hidden and "
+         "intermediate sizes are multiples of 64",
+         nullptr, RuleCondition::kSiglipMlpQuantizableIf64},
+    };
+    r.mapper_prefix = kLlavaVllmPrefix;
+    r.fused = kLlamaFused;
+    r.hf_prefix = kLlavaHfPrefix;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "Qwen2.5-VL";
+    r.architectures = {"Qwen2_5_VLForConditionalGeneration"};
+    r.model_types = {"qwen2_5_vl"};
+    r.vllm_file = "vllm/model_executor/models/qwen2_5_vl.py";
+    r.vllm_commit = "fb33ec8cf0a73c82af00a2128dee4ad058d16e9b";
+    r.mapper_prefix = {
+        {"model.language_model.", "language_model.model."},
+        {"model.visual.", "visual."},
+        {"lm_head.", "language_model.lm_head."},
+        {"model.", "language_model.model."},
+    };
+    r.fused = kLlamaFused;
+    // transformers' _checkpoint_conversion_mapping: ^visual -> model.visual,
+    // ^model(?!.(language_model|visual)) -> model.language_model.
+    r.hf_prefix = {
+        {"model.language_model.", "model.language_model."},
+        {"model.visual.", "model.visual."},
+        {"visual.", "model.visual."},
+        {"model.", "model.language_model."},
+    };
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "gpt-oss";
+    r.architectures = {"GptOssForCausalLM"};
+    r.model_types = {"gpt_oss"};
+    r.vllm_file = "vllm/model_executor/models/gpt_oss.py";
+    r.vllm_commit = "a6b6cfaa0cedff84872a0118380c6cfea91b635d";
+    r.rules = {
+        {"re:.*\\.mlp\\.router$", ModuleRole::kRouter, VllmBuild::kPlain,
+         "router: vLLM builds torch.nn.Linear(hidden, num_local_experts) with bias"},
+        {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
+         "output head: vLLM builds ParallelLMHead without quant_config"},
+        {"re:.*\\.embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
+         "embedding: vLLM builds VocabParallelEmbedding without quant_config (model.embedding)"},
+    };
+    r.mapper_substr = {{".self_attn.", ".attn."}};
+    r.mapper_suffix = {
+        {".embed_tokens.weight", ".embedding.weight"}, {".gate_up_proj_blocks", ".w13_weight"},
+        {".down_proj_blocks", ".w2_weight"},           {".gate_up_proj_scales", ".w13_weight_scale"},
+        {".down_proj_scales", ".w2_weight_scale"},     {".gate_up_proj", ".w13_weight"},
+        {".down_proj", ".w2_weight"},                  {".gate_up_proj_bias", ".w13_bias"},
+        {".down_proj_bias", ".w2_bias"},
+    };
+    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}}};
+    r.intermediate_key = "intermediate_size";
+    r.stacked = StackedLayout::kInOutInterleaved;
+    r.vllm_loads_stacked = true;
+    r.vllm_loads_per_expert = false;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "EAGLE-3 draft";
+    r.architectures = {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3",
+                       "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM"};
+    r.vllm_file = "vllm/model_executor/models/llama_eagle3.py";
+    r.vllm_commit = "583507d13075783a12ccbd774575974d10ca4959";
+    r.rules = {
+        {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
+         "draft output head: vLLM builds ParallelLMHead(draft_vocab_size, hidden) without "
+         "quant_config"},
+        {"re:(.*\\.)?embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
+         "draft embedding: shared with the target or built without quant_config"},
+        {"re:(.*\\.)?fc$", ModuleRole::kLinear, VllmBuild::kQuantizable,
+         "fc over the target's aux hidden states: ReplicatedLinear(quant_config) in current vLLM "
+         "(prefix model.fc)"},
+    };
+    r.mapper_substr = {{"midlayer.", "layers.0."}};
+    r.load_prefix = "model.";
+    r.load_prefix_except = "lm_head";
+    r.top_level_quant_config = false;
+    r.fused = kLlamaFused;
+    rows.push_back(std::move(r));
+  }
+  {
+    FamilyRow r{};
+    r.name = "DFlash draft";
+    r.architecture_substring = "DFlash";
+    r.config_key = "dflash_config";
+    r.vllm_file = "vllm/model_executor/models/qwen3_dflash.py";
+    r.vllm_commit = "036a00d1f5d00d449d02dce9babdd15a5b4d06c9";
+    r.rules = {
+        {"re:.*\\.qkv_proj$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
+         "DFlash qkv_proj: vLLM builds the context-KV buffer by reading qkv_proj.weight "
+         "directly (_build_context_kv_buffers), so it must stay a 16-bit .weight",
+         "re:.*qkv_proj$"},
+        {"re:.*\\.self_attn\\.[qkv]_proj$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
+         "DFlash q/k/v_proj: stacked into qkv_proj, whose .weight vLLM reads directly "
+         "(_build_context_kv_buffers), so they must stay 16-bit",
+         "re:.*[qkv]_proj$"},
+        {"re:.*\\.g_proj$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
+         "DFlash attention gate g_proj: out_features is the number of heads, too narrow for "
+         "Marlin (out_features % 64), kept in 16 bits",
+         "re:.*g_proj$"},
+        {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
+         "draft output head: vLLM builds ParallelLMHead without quant_config"},
+        {"re:(.*\\.)?embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
+         "draft embedding: VocabParallelEmbedding without quant_config"},
+    };
+    r.mapper_substr = {{"midlayer.", "layers.0."},
+                       {"encoder.output_norm_enc.", "hidden_norm."},
+                       {"encoder.fc.", "fc."}};
+    r.load_prefix = "model.";
+    r.top_level_quant_config = false;
+    r.fused = kLlamaFused;
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// ---------------------------------------------------------------------------
+// Name helpers.
+
+std::string last_component(std::string_view name) {
+  const auto dot = name.rfind('.');
+  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
+}
+
+std::string parent_of(std::string_view name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string_view::npos ? std::string() : std::string(name.substr(0, dot));
+}
+
+std::vector<std::string> split_dots(std::string_view name) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (true) {
+    const auto dot = name.find('.', begin);
+    parts.emplace_back(name.substr(begin, dot == std::string_view::npos ? dot : dot - begin));
+    if (dot == std::string_view::npos) break;
+    begin = dot + 1;
+  }
+  return parts;
+}
+
+std::string join_dots(const std::vector<std::string>& parts, std::size_t from = 0,
+                      std::size_t to = std::string::npos) {
+  std::string out;
+  for (std::size_t i = from; i < parts.size() && i < to; ++i) {
+    if (i > from) out += '.';
+    out += parts[i];
+  }
+  return out;
+}
+
+bool is_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(),
+                                   [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  if (from.empty()) return text;
+  std::size_t at = 0;
+  while ((at = text.find(from, at)) != std::string::npos) {
+    text.replace(at, from.size(), to);
+    at += to.size();
+  }
+  return text;
+}
+
+std::optional<std::uint64_t> uint_field(const json& object, const char* key) {
+  if (!object.is_object()) return std::nullopt;
+  const auto it = object.find(key);
+  if (it == object.end() || !it->is_number_integer()) return std::nullopt;
+  const auto v = it->get<std::int64_t>();
+  if (v < 0) return std::nullopt;
+  return static_cast<std::uint64_t>(v);
+}
+
+bool truthy_field(const json& object, const char* key) {
+  if (!object.is_object()) return false;
+  const auto it = object.find(key);
+  if (it == object.end()) return false;
+  if (it->is_boolean()) return it->get<bool>();
+  if (it->is_number()) return it->get<double>() != 0.0;
+  if (it->is_array() || it->is_object() || it->is_string()) return !it->empty();
+  return false;
+}
+
+// A rule list's key sorted longest first, as vLLM's WeightsMapper does.
+std::vector<std::pair<std::string, std::string>> longest_first(
+    const std::vector<std::pair<const char*, const char*>>& rules) {
+  std::vector<std::pair<std::string, std::string>> out(rules.begin(), rules.end());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  return out;
+}
+
+// WeightsMapper._map_name: substring, then prefix, then suffix rules, each
+// kind longest key first and first hit only.
+std::string map_name(const FamilyRow& row, std::string key) {
+  for (const auto& [from, to] : longest_first(row.mapper_substr)) {
+    const auto at = key.find(from);
+    if (at != std::string::npos) {
+      key.replace(at, from.size(), to);
+      break;
+    }
+  }
+  for (const auto& [from, to] : longest_first(row.mapper_prefix)) {
+    if (key.starts_with(from)) {
+      key = to + key.substr(from.size());
+      break;
+    }
+  }
+  for (const auto& [from, to] : longest_first(row.mapper_suffix)) {
+    if (key.ends_with(from)) {
+      key = key.substr(0, key.size() - from.size()) + to;
+      break;
+    }
+  }
+  return key;
+}
+
+// The packed_modules_mapping vLLM matches ignore with: for the row's own
+// quantization config, its listed fused groups; none for drafts.
+bool fused_listed(const FusedSpec& spec, const std::optional<json>& config) {
+  if (spec.listed_if_config == nullptr) return true;
+  if (!config) return false;
+  const json* text = &*config;
+  if (const auto it = config->find("text_config"); it != config->end() && it->is_object()) {
+    text = &*it;
+  }
+  for (const std::string& key : split_dots(replace_all(spec.listed_if_config, ",", "."))) {
+    if (truthy_field(*config, key.c_str()) || truthy_field(*text, key.c_str())) return true;
+  }
+  return false;
+}
+
+const std::vector<FusedSpec>& fused_of(const FamilyRow* family) {
+  return family == nullptr ? kLlamaFused : family->fused;
+}
+
+ModelDims read_dims(const std::optional<json>& config, const FamilyRow* family) {
+  ModelDims d;
+  if (!config || !config->is_object()) return d;
+  const json& top = *config;
+  const json* text = &top;
+  if (const auto it = top.find("text_config"); it != top.end() && it->is_object()) text = &*it;
+  const auto pick = [&](const char* key) {
+    auto v = uint_field(*text, key);
+    return v ? v : uint_field(top, key);
+  };
+  d.vocab = pick("vocab_size");
+  d.draft_vocab = pick("draft_vocab_size");
+  d.hidden = pick("hidden_size");
+  d.intermediate = pick("intermediate_size");
+  const char* key = family ? family->intermediate_key : "moe_intermediate_size";
+  d.moe_intermediate = pick(key);
+  if (!d.moe_intermediate) d.moe_intermediate = pick("moe_intermediate_size");
+  if (!d.moe_intermediate) d.moe_intermediate = pick("intermediate_size");
+  for (const char* k : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    if (!d.experts) d.experts = pick(k);
+  }
+  d.layers = pick("num_hidden_layers");
+  d.nextn_layers = pick("num_nextn_predict_layers").value_or(0);
+  d.tied = truthy_field(top, "tie_word_embeddings") || truthy_field(*text, "tie_word_embeddings");
+  if (const auto it = top.find("vision_config"); it != top.end() && it->is_object()) {
+    d.vision_hidden = uint_field(*it, "hidden_size");
+    d.vision_intermediate = uint_field(*it, "intermediate_size");
+  }
+  return d;
+}
+
+// Components by path: the first path component naming a tower or
+// projector; its prefix (through that component) is the tower's root.
+struct ComponentAt {
+  Component component = Component::kLanguage;
+  std::string root;  // "model.vision_tower" ("" for the language model)
+};
+
+ComponentAt component_of(const std::string& module, const ModelDims& dims,
+                         const FamilyRow* family) {
+  static const std::set<std::string> kVision = {
+      "vision_tower", "visual", "vision_model", "vision_encoder", "image_encoder", "vision"};
+  static const std::set<std::string> kAudio = {"audio_tower", "audio_model", "audio_encoder",
+                                               "audio"};
+  static const std::set<std::string> kProjector = {"multi_modal_projector", "mm_projector",
+                                                   "multimodal_projector", "connector"};
+  const std::vector<std::string> parts = split_dots(module);
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    const auto at = [&](Component c) { return ComponentAt{c, join_dots(parts, 0, i + 1)}; };
+    if (kVision.contains(p)) return at(Component::kVision);
+    if (kAudio.contains(p)) return at(Component::kAudio);
+    if (kProjector.contains(p)) return at(Component::kProjector);
+  }
+  const bool draft = family != nullptr && !family->top_level_quant_config;
+  if (draft) return {Component::kDraft, ""};
+  if (!parts.empty() && (parts[0] == "mtp" || (parts.size() > 1 && parts[1] == "mtp"))) {
+    return {Component::kMtp, ""};
+  }
+  if (dims.layers && dims.nextn_layers > 0) {
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      if (parts[i] == "layers" && is_digits(parts[i + 1]) && parts[i + 1].size() < 10) {
+        const auto index = std::stoull(parts[i + 1]);
+        if (index >= *dims.layers) return {Component::kMtp, ""};
+        break;
+      }
+    }
+  }
+  return {};
+}
+
+struct RoleDecision {
+  ModuleRole role = ModuleRole::kLinear;
+  VllmBuild build = VllmBuild::kQuantizable;
+  std::string reason;
+  bool from_family = false;
+  const char* entry = nullptr;
+  std::size_t rule = SIZE_MAX;
+};
+
+// The generic name and shape rules (every checkpoint; the only ones for an
+// architecture the table does not know).
+RoleDecision generic_role(const std::string& module, const std::string& tensor,
+                          const std::vector<std::uint64_t>& shape, const ModelDims& dims,
+                          bool is_weight) {
+  RoleDecision r;
+  const std::string last = last_component(module);
+  const std::string parent_last = last_component(parent_of(module));
+  const std::vector<std::string> parts = split_dots(module);
+  const bool numbered = std::any_of(parts.begin(), parts.end(), is_digits);
+  if (shape.size() == 3) {
+    r.role = ModuleRole::kStackedExperts;
+    r.reason = "stacked experts: every expert of the layer in one 3-D tensor";
+    return r;
+  }
+  if (!is_weight) {
+    r.role = ModuleRole::kParameter;
+    r.build = VllmBuild::kPlain;
+    r.reason = fmt::format(
+        "'{}' is a raw parameter, not a module's .weight: never quantized (section 2)",
+        last_component(tensor));
+    return r;
+  }
+  if (last.ends_with("norm")) {
+    r.role = ModuleRole::kNorm;
+    r.build = VllmBuild::kPlain;
+    r.reason = "norm: vLLM builds RMSNorm / LayerNorm, never quantized (section 2)";
+    return r;
+  }
+  if (last == "lm_head" || module.ends_with("shared_head.head")) {
+    r.role = ModuleRole::kHead;
+    r.build = VllmBuild::kIfTargeted;
+    r.reason =
+        "output head: vLLM builds ParallelLMHead, quantized only when a target names it (a "
+        "Linear target does not)";
+    return r;
+  }
+  if (last.find("embed") != std::string::npos || last == "wte" || last == "wpe") {
+    r.role = ModuleRole::kEmbedding;
+    r.build = VllmBuild::kIfTargeted;
+    r.reason =
+        "embedding: vLLM builds VocabParallelEmbedding, quantized only when a target names it "
+        "(a Linear target does not)";
+    return r;
+  }
+  if (last == "shared_expert_gate") {
+    r.role = ModuleRole::kSharedExpertGate;
+    r.build = VllmBuild::kPlain;
+    r.reason = "shared-expert gate: a [1, hidden] gate vLLM builds without the quantization config";
+    return r;
+  }
+  static const std::set<std::string> kMoeBlocks = {"mlp", "block_sparse_moe", "feed_forward",
+                                                   "moe"};
+  if (last == "router" ||
+      (last == "gate" && kMoeBlocks.contains(parent_last) && shape.size() == 2 &&
+       (!dims.experts || shape[0] == *dims.experts))) {
+    r.role = ModuleRole::kRouter;
+    r.reason =
+        "router: [num_experts, hidden] gate of a MoE layer; kept in 16 bits and named in "
+        "ignore (vLLM builds routers without the quantization config, or as a Linear the "
+        "target would take)";
+    return r;
+  }
+  for (std::size_t i = 0; i + 2 < parts.size(); ++i) {
+    if (parts[i] == "experts" && is_digits(parts[i + 1])) {
+      r.role = ModuleRole::kExpert;
+      r.reason = "expert projection: vLLM loads the experts of a layer into one fused MoE layer";
+      return r;
+    }
+  }
+  if (last == "eh_proj") {
+    r.role = ModuleRole::kPlainLinear;
+    r.build = VllmBuild::kPlain;
+    r.reason = "MTP eh_proj: vLLM builds torch.nn.Linear";
+    return r;
+  }
+  // [vocab, hidden] names an embedding or head only outside the decoder
+  // blocks (a projection may happen to have that shape).
+  static const std::set<std::string> kBlockWords = {
+      "layers", "blocks", "h", "midlayer", "self_attn", "attn", "attention", "mlp",
+      "feed_forward", "ffn", "experts"};
+  const bool in_block =
+      numbered || last.ends_with("_proj") ||
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) {
+        return kBlockWords.contains(p);
+      });
+  if (!in_block && shape.size() == 2 && dims.vocab && dims.hidden &&
+      ((shape[0] == *dims.vocab && shape[1] == *dims.hidden) ||
+       (dims.draft_vocab && shape[0] == *dims.draft_vocab && shape[1] == *dims.hidden))) {
+    const bool head = last.find("head") != std::string::npos || last == "output";
+    r.role = head ? ModuleRole::kHead : ModuleRole::kEmbedding;
+    r.build = VllmBuild::kIfTargeted;
+    r.reason = fmt::format("{} by its shape [vocab_size, hidden_size] = [{}, {}]",
+                           head ? "output head" : "embedding", shape[0], shape[1]);
+    return r;
+  }
+  r.reason = "Linear: vLLM builds it with the quantization config";
+  return r;
+}
+
+struct CompiledRule {
+  const NameRule* rule;
+  ModuleMatcher matcher;
+};
+
+std::string short_commit(const char* commit) { return std::string(commit).substr(0, 8); }
+
+std::string row_source(const FamilyRow& row) {
+  return fmt::format("{}@{}", row.vllm_file, short_commit(row.vllm_commit));
+}
+
+// The checkpoint module name a 3-D expert tensor belongs to: its path through
+// the last `experts` component.
+std::string moe_layer_of(const std::string& name) {
+  const std::vector<std::string> parts = split_dots(name);
+  for (std::size_t i = parts.size(); i-- > 0;) {
+    if (parts[i] == "experts") return join_dots(parts, 0, i + 1);
+  }
+  return parent_of(name);
+}
+
+bool is_3d_expert_tensor(const std::string& name, const std::vector<std::uint64_t>& shape) {
+  if (shape.size() != 3) return false;
+  const std::vector<std::string> parts = split_dots(name);
+  return std::find(parts.begin(), parts.end(), "experts") != parts.end();
+}
+
+StackedExperts::Kind stacked_kind(const std::string& tensor) {
+  std::string last = last_component(tensor);
+  if (last == "weight") last = last_component(parent_of(tensor));
+  if (last == "gate_up_proj" || last == "w13" || last == "gate_up" || last == "w13_weight") {
+    return StackedExperts::Kind::kGateUp;
+  }
+  if (last == "down_proj" || last == "w2" || last == "w2_weight") {
+    return StackedExperts::Kind::kDown;
+  }
+  return StackedExperts::Kind::kUnknown;
+}
+
+// Fills E, I, H and the orientation of one stacked tensor from its shape and
+// the config; the sibling pass and the family layout come later.
+void size_stacked(StackedExperts& s, const std::vector<std::uint64_t>& shape,
+                  const ModelDims& dims) {
+  s.experts = shape[0];
+  s.hidden = dims.hidden.value_or(0);
+  s.intermediate = dims.moe_intermediate.value_or(0);
+  if (dims.experts && *dims.experts != shape[0]) {
+    s.problem = fmt::format("dim 0 is {}, but config.json says {} experts", shape[0],
+                            *dims.experts);
+    return;
+  }
+  if (s.hidden == 0 || s.intermediate == 0) {
+    s.problem = "config.json gives no hidden size or expert intermediate size to read the dims by";
+    return;
+  }
+  const std::uint64_t h = s.hidden;
+  std::uint64_t out = 0;
+  std::uint64_t in = 0;
+  switch (s.kind) {
+    case StackedExperts::Kind::kGateUp:
+      out = 2 * s.intermediate;
+      in = h;
+      break;
+    case StackedExperts::Kind::kDown:
+      out = h;
+      in = s.intermediate;
+      break;
+    case StackedExperts::Kind::kUnknown:
+      s.problem = "its name says neither gate_up_proj nor down_proj";
+      return;
+  }
+  if (shape[1] == out && shape[2] == in) {
+    s.orientation = StackedExperts::Orientation::kOutIn;
+  } else if (shape[1] == in && shape[2] == out) {
+    s.orientation = StackedExperts::Orientation::kInOut;
+  } else {
+    s.problem = fmt::format(
+        "dims [{}, {}] are not [{}, {}] in either order (E={}, I={}, H={} from config.json)",
+        shape[1], shape[2], out, in, s.experts, s.intermediate, h);
+    return;
+  }
+  if (out != in) {
+    s.proof = StackedExperts::Proof::kShape;
+  } else {
+    s.orientation = StackedExperts::Orientation::kUnknown;  // square: either way
+  }
+}
+
+}  // namespace
+
+const std::vector<FamilyRow>& family_table() {
+  static const std::vector<FamilyRow> table = make_family_table();
+  return table;
+}
+
+const char* role_name(ModuleRole role) {
+  switch (role) {
+    case ModuleRole::kLinear:
+      return "linear";
+    case ModuleRole::kExpert:
+      return "expert";
+    case ModuleRole::kStackedExperts:
+      return "stacked experts";
+    case ModuleRole::kEmbedding:
+      return "embedding";
+    case ModuleRole::kHead:
+      return "output head";
+    case ModuleRole::kRouter:
+      return "router";
+    case ModuleRole::kSharedExpertGate:
+      return "shared-expert gate";
+    case ModuleRole::kPlainLinear:
+      return "plain linear";
+    case ModuleRole::kDraftKeep:
+      return "draft module kept";
+    case ModuleRole::kNorm:
+      return "norm";
+    case ModuleRole::kParameter:
+      return "parameter";
+  }
+  return "?";
+}
+
+const char* component_name(Component component) {
+  switch (component) {
+    case Component::kLanguage:
+      return "language model";
+    case Component::kVision:
+      return "vision tower";
+    case Component::kAudio:
+      return "audio tower";
+    case Component::kProjector:
+      return "projector";
+    case Component::kMtp:
+      return "MTP layer";
+    case Component::kDraft:
+      return "draft model";
+  }
+  return "?";
+}
+
+const char* vllm_build_name(VllmBuild build) {
+  switch (build) {
+    case VllmBuild::kQuantizable:
+      return "quantizable";
+    case VllmBuild::kIfTargeted:
+      return "quantized only if targeted";
+    case VllmBuild::kPlain:
+      return "always 16-bit";
+  }
+  return "?";
+}
+
+const char* default_action_name(DefaultAction action) {
+  switch (action) {
+    case DefaultAction::kQuantize:
+      return "quantize";
+    case DefaultAction::kKeep:
+      return "keep";
+    case DefaultAction::kRefuse:
+      return "refuse";
+  }
+  return "?";
+}
+
+const char* orientation_name(StackedExperts::Orientation orientation) {
+  switch (orientation) {
+    case StackedExperts::Orientation::kOutIn:
+      return "[E, out, in]";
+    case StackedExperts::Orientation::kInOut:
+      return "[E, in, out]";
+    case StackedExperts::Orientation::kUnknown:
+      return "unknown";
+  }
+  return "?";
+}
+
+const char* proof_name(StackedExperts::Proof proof) {
+  switch (proof) {
+    case StackedExperts::Proof::kShape:
+      return "proven by the dims";
+    case StackedExperts::Proof::kSibling:
+      return "proven by the layer's other stacked tensor";
+    case StackedExperts::Proof::kFamily:
+      return "the family's documented layout, not proven by the dims";
+    case StackedExperts::Proof::kNone:
+      return "not proven";
+  }
+  return "?";
+}
+
+const ModuleInfo* RoleAnalysis::find(std::string_view module) const {
+  const auto it = index.find(module);
+  return it == index.end() ? nullptr : &modules[it->second];
+}
+
+std::string RoleAnalysis::family_text() const {
+  if (family == nullptr) return "no row of the role table";
+  return fmt::format("{} ({})", family->name, row_source(*family));
+}
+
+const FamilyRow* match_family(const std::optional<json>& config) {
+  if (!config || !config->is_object()) return nullptr;
+  std::vector<std::string> architectures;
+  if (const auto it = config->find("architectures"); it != config->end() && it->is_array()) {
+    for (const json& a : *it) {
+      if (a.is_string()) architectures.push_back(a.get<std::string>());
+    }
+  }
+  std::string model_type;
+  if (const auto it = config->find("model_type"); it != config->end() && it->is_string()) {
+    model_type = it->get<std::string>();
+  }
+  // Drafts first: a DFlash draft of a Qwen3 target says model_type qwen3.
+  for (const FamilyRow& row : family_table()) {
+    const bool by_substring =
+        row.architecture_substring != nullptr &&
+        std::any_of(architectures.begin(), architectures.end(), [&](const std::string& a) {
+          return a.find(row.architecture_substring) != std::string::npos;
+        });
+    if (by_substring || (row.config_key != nullptr && config->contains(row.config_key))) {
+      return &row;
+    }
+  }
+  for (const FamilyRow& row : family_table()) {
+    for (const std::string& a : architectures) {
+      if (std::find_if(row.architectures.begin(), row.architectures.end(),
+                       [&](const char* x) { return a == x; }) != row.architectures.end()) {
+        return &row;
+      }
+    }
+  }
+  if (!architectures.empty()) return nullptr;  // an architecture the table does not know
+  for (const FamilyRow& row : family_table()) {
+    if (std::find_if(row.model_types.begin(), row.model_types.end(),
+                     [&](const char* x) { return model_type == x; }) != row.model_types.end()) {
+      return &row;
+    }
+  }
+  return nullptr;
+}
+
+std::string vllm_tensor_name(const FamilyRow* family, const std::string& tensor) {
+  if (family == nullptr) return tensor;
+  std::string name = map_name(*family, tensor);
+  if (*family->load_prefix != '\0' &&
+      !(family->load_prefix_except != nullptr && name.starts_with(family->load_prefix_except))) {
+    name = family->load_prefix + name;
+  }
+  return name;
+}
+
+std::string vllm_module_name(const FamilyRow* family, const std::string& module) {
+  const std::string mapped = vllm_tensor_name(family, module + ".weight");
+  return mapped.ends_with(".weight") ? mapped.substr(0, mapped.size() - 7) : parent_of(mapped);
+}
+
+std::string vllm_entry(const FamilyRow* family, const std::string& entry) {
+  if (family == nullptr || !family->top_level_quant_config || regex_pattern(entry)) return entry;
+  return map_name(*family, entry);
+}
+
+std::string hf_module_name(const FamilyRow* family, const std::string& module) {
+  if (family == nullptr) return module;
+  for (const auto& [from, to] : family->hf_prefix) {
+    const std::string f(from);
+    if (module.starts_with(f)) return std::string(to) + module.substr(f.size());
+  }
+  return module;
+}
+
+RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options) {
+  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors;
+  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
+    const auto& entries = checkpoint.shards[s].header().tensors;
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      if (!checkpoint.holds(TensorLocation{s, e})) continue;
+      tensors.emplace_back(entries[e].name, entries[e].shape);
+    }
+  }
+  return analyze_roles(checkpoint.config, tensors, options);
+}
+
+RoleAnalysis analyze_roles(
+    const std::optional<json>& config,
+    const std::vector<std::pair<std::string, std::vector<std::uint64_t>>>& tensors,
+    const RoleOptions& options) {
+  RoleAnalysis a;
+  a.family = match_family(config);
+  if (config && config->is_object()) {
+    if (const auto it = config->find("architectures");
+        it != config->end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
+      a.architecture = (*it)[0].get<std::string>();
+    }
+    if (const auto it = config->find("model_type"); it != config->end() && it->is_string()) {
+      a.model_type = it->get<std::string>();
+    }
+  }
+  if (a.family == nullptr) {
+    a.fallback = fmt::format(
+        "architecture '{}'{} is not in the role table: roles come from name and shape rules "
+        "only, vLLM names are assumed equal to the checkpoint's",
+        a.architecture.empty() ? "(none)" : a.architecture,
+        a.model_type.empty() ? "" : fmt::format(" (model_type {})", a.model_type));
+  }
+  a.dims = read_dims(config, a.family);
+  const FamilyRow* row = a.family;
+
+  std::vector<CompiledRule> rules;
+  if (row != nullptr) {
+    for (const NameRule& r : row->rules) {
+      rules.push_back(CompiledRule{&r, ModuleMatcher({r.pattern}, ModuleMatcher::Role::kIgnore)});
+    }
+  }
+  // The fused groups vLLM lists in packed_modules_mapping, by shard name.
+  struct FusedAt {
+    const FusedSpec* spec;
+    bool listed;
+  };
+  std::map<std::string, FusedAt> shard_to_fused;
+  for (const FusedSpec& spec : fused_of(row)) {
+    const bool listed = (row == nullptr || row->top_level_quant_config) && fused_listed(spec, config);
+    for (const char* shard : spec.shards) shard_to_fused[shard] = {&spec, listed};
+  }
+  // A group is fused only where every shard is there (a layout missing one
+  // does not load as that model anyway; partial layouts are tested alone).
+  std::set<std::string> weight_modules;
+  for (const auto& [name, shape] : tensors) {
+    if (name.ends_with(".weight")) weight_modules.insert(parent_of(name));
+  }
+
+  for (const auto& [name, shape] : tensors) {
+    const bool stacked_tensor = is_3d_expert_tensor(name, shape);
+    if (shape.size() != 2 && !stacked_tensor) continue;
+    const bool is_weight = name.ends_with(".weight") && name.find('.') != std::string::npos;
+    ModuleInfo m;
+    m.tensor = name;
+    m.shape = shape;
+    m.module = (is_weight && !stacked_tensor) ? parent_of(name) : name;
+    if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan
+    if (stacked_tensor && name.ends_with(".weight")) m.module = parent_of(name);
+
+    const ComponentAt at = component_of(m.module, a.dims, row);
+    m.component = at.component;
+
+    RoleDecision decision;
+    bool decided = false;
+    if (is_weight && !stacked_tensor) {
+      for (const CompiledRule& r : rules) {
+        if (!r.matcher.entry_matches(0, m.module)) continue;
+        decision.role = r.rule->role;
+        decision.build = r.rule->build;
+        decision.reason = r.rule->reason;
+        decision.from_family = true;
+        decision.entry = r.rule->entry;
+        decision.rule = static_cast<std::size_t>(&r - rules.data());
+        if (r.rule->condition == RuleCondition::kSiglipMlpQuantizableIf64) {
+          const bool ok = a.dims.vision_hidden && a.dims.vision_intermediate &&
+                          *a.dims.vision_hidden % 64 == 0 && *a.dims.vision_intermediate % 64 == 0;
+          if (!ok) {
+            decision.role = ModuleRole::kPlainLinear;
+            decision.build = VllmBuild::kPlain;
+            decision.reason = fmt::format(
+                "SigLIP MLP: vision hidden_size {} and intermediate_size {} are not both "
+                "multiples of 64, so vLLM builds fc1/fc2 without the quantization config "
+                "(siglip.py@0c028ba4)",
+                a.dims.vision_hidden ? std::to_string(*a.dims.vision_hidden) : "?",
+                a.dims.vision_intermediate ? std::to_string(*a.dims.vision_intermediate) : "?");
+          }
+        }
+        decided = true;
+        break;
+      }
+    }
+    if (!decided) decision = generic_role(m.module, name, shape, a.dims, is_weight);
+    m.role = decision.role;
+    m.build = decision.build;
+    m.reason = decision.reason;
+    m.entry = decision.entry;
+    m.rule = decision.rule;
+    m.source = decision.from_family ? row_source(*row) : (row ? row_source(*row) : std::string());
+
+    // vLLM's names.
+    if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
+      // The MoE layer: vLLM probes <layer>.0.{gate,up,down}_proj.
+      m.vllm_layer = vllm_module_name(row, moe_layer_of(m.role == ModuleRole::kStackedExperts
+                                                            ? name
+                                                            : parent_of(m.module)));
+      m.vllm_name = m.vllm_layer;
+    } else if (m.role == ModuleRole::kParameter) {
+      m.vllm_name = vllm_tensor_name(row, name);
+      m.vllm_layer = m.vllm_name;
+    } else {
+      m.vllm_name = vllm_module_name(row, m.module);
+      m.vllm_layer = m.vllm_name;
+      const std::string last = last_component(m.vllm_name);
+      const auto f = shard_to_fused.find(last);
+      bool fused = f != shard_to_fused.end();
+      if (fused) {
+        const std::string parent = parent_of(m.module);
+        for (const char* shard : f->second.spec->shards) {
+          if (!weight_modules.contains(parent.empty() ? std::string(shard)
+                                                      : parent + "." + shard)) {
+            fused = false;
+          }
+        }
+      }
+      if (fused) {
+        m.vllm_layer = parent_of(m.vllm_name);
+        m.vllm_layer = (m.vllm_layer.empty() ? "" : m.vllm_layer + ".") + f->second.spec->fused;
+        // A group vLLM does not list is tested under its fused name.
+        if (!f->second.listed) m.vllm_name = m.vllm_layer;
+      }
+    }
+    m.hf_name = hf_module_name(row, m.module);
+
+    // Stacked experts: the dims.
+    if (m.role == ModuleRole::kStackedExperts) {
+      StackedExperts s;
+      s.tensor = name;
+      s.moe_layer = moe_layer_of(name);
+      s.kind = stacked_kind(name);
+      s.vllm_loads_stacked = row != nullptr && row->vllm_loads_stacked;
+      s.vllm_loads_per_expert = row == nullptr || row->vllm_loads_per_expert;
+      if (row != nullptr && row->stacked != StackedLayout::kNone) {
+        s.interleave_known = true;
+        s.interleaved = row->stacked == StackedLayout::kInOutInterleaved;
+      }
+      size_stacked(s, shape, a.dims);
+      m.stacked = a.stacked.size();
+      a.stacked.push_back(std::move(s));
+    }
+
+    // The default action.
+    const bool tower = m.component == Component::kVision || m.component == Component::kAudio ||
+                       m.component == Component::kProjector;
+    switch (m.role) {
+      case ModuleRole::kLinear:
+      case ModuleRole::kExpert:
+        m.action = m.build == VllmBuild::kPlain || (tower && !options.quantize_vision)
+                       ? DefaultAction::kKeep
+                       : DefaultAction::kQuantize;
+        break;
+      case ModuleRole::kStackedExperts:
+        // Read only stacked by vLLM: kept whole. Otherwise the planner splits
+        // them into per-expert weights (schemes.md 8), quantized like
+        // experts.
+        m.action = a.stacked[*m.stacked].vllm_loads_stacked ? DefaultAction::kKeep
+                                                            : DefaultAction::kQuantize;
+        break;
+      default:
+        m.action = DefaultAction::kKeep;
+        break;
+    }
+    if (tower && m.action == DefaultAction::kKeep &&
+        (m.role == ModuleRole::kLinear || m.role == ModuleRole::kExpert)) {
+      m.reason += fmt::format("; part of the {} '{}', kept in 16 bits by default "
+                              "(--quantize-vision quantizes it)",
+                              component_name(m.component), at.root);
+    }
+    a.index.emplace(m.module, a.modules.size());
+    a.modules.push_back(std::move(m));
+  }
+
+  // Orientation of square stacked tensors: from the layer's other stacked
+  // tensor, else from the family's layout.
+  for (StackedExperts& s : a.stacked) {
+    if (s.orientation != StackedExperts::Orientation::kUnknown || !s.problem.empty()) continue;
+    for (const StackedExperts& t : a.stacked) {
+      if (&t == &s || t.moe_layer != s.moe_layer || t.proof != StackedExperts::Proof::kShape) {
+        continue;
+      }
+      s.orientation = t.orientation;
+      s.proof = StackedExperts::Proof::kSibling;
+      break;
+    }
+    if (s.orientation == StackedExperts::Orientation::kUnknown && row != nullptr &&
+        row->stacked != StackedLayout::kNone) {
+      s.orientation = row->stacked == StackedLayout::kOutInHalves
+                          ? StackedExperts::Orientation::kOutIn
+                          : StackedExperts::Orientation::kInOut;
+      s.proof = StackedExperts::Proof::kFamily;
+    }
+  }
+  for (ModuleInfo& m : a.modules) {
+    if (!m.stacked) continue;
+    const StackedExperts& s = a.stacked[*m.stacked];
+    m.reason = fmt::format(
+        "stacked experts {}: E={}, I={}, H={}, orientation {} ({}){}{}", 
+        s.kind == StackedExperts::Kind::kGateUp ? "gate_up_proj"
+        : s.kind == StackedExperts::Kind::kDown ? "down_proj"
+                                                : "(unknown projection)",
+        s.experts, s.intermediate, s.hidden, orientation_name(s.orientation), proof_name(s.proof),
+        s.interleave_known ? (s.interleaved ? ", gate/up interleaved" : "") : ", interleaving unknown",
+        s.problem.empty() ? std::string() : "; " + s.problem);
+    if (s.vllm_loads_stacked) {
+      m.reason += "; vLLM's loader reads only the stacked layout, so it is kept in 16 bits and "
+                  "its MoE layer named in ignore";
+    } else {
+      m.reason += "; vLLM loads per-expert experts.{e}.gate_proj/up_proj/down_proj tensors, so "
+                  "the planner splits it";
+    }
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// Ignore entries.
+
+std::vector<std::string> name_forms(const ModuleInfo& m) {
+  std::vector<std::string> forms{m.module};
+  const auto add = [&](const std::string& f) {
+    if (std::find(forms.begin(), forms.end(), f) == forms.end()) forms.push_back(f);
+  };
+  if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+      add(fmt::format("{}.0.{}", m.vllm_layer, p));
+    }
+  } else {
+    add(m.vllm_name);
+  }
+  add(m.hf_name);
+  return forms;
+}
+
+namespace {
+
+// A name as a regex: dots escaped, the numeric components at positions in
+// `vary` replaced by \d+.
+std::string templated(const std::string& name, const std::set<std::size_t>& vary) {
+  const std::vector<std::string> parts = split_dots(name);
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out += "\\.";
+    out += vary.contains(i) && is_digits(parts[i]) ? "\\d+" : regex_escape(parts[i]);
+  }
+  return out;
+}
+
+// Numeric component positions whose value differs among names of the same
+// component count.
+std::set<std::size_t> varying_digits(const std::vector<std::string>& names) {
+  std::set<std::size_t> vary;
+  if (names.empty()) return vary;
+  const std::vector<std::string> first = split_dots(names[0]);
+  for (const std::string& n : names) {
+    const std::vector<std::string> parts = split_dots(n);
+    if (parts.size() != first.size()) continue;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (is_digits(parts[i]) && parts[i] != first[i]) vary.insert(i);
+    }
+  }
+  return vary;
+}
+
+// The regex entry matching every form: common suffix of templated forms
+// (by components), alternatives for the prefixes. subtree: the forms are
+// roots and the entry takes everything under them.
+std::string entry_from_forms(const std::vector<std::string>& forms, bool subtree) {
+  std::vector<std::vector<std::string>> split;  // templated forms split on "\."
+  std::set<std::string> distinct(forms.begin(), forms.end());
+  for (const std::string& f : distinct) {
+    std::vector<std::string> parts;
+    std::size_t begin = 0;
+    while (true) {
+      const auto at = f.find("\\.", begin);
+      parts.push_back(f.substr(begin, at == std::string::npos ? at : at - begin));
+      if (at == std::string::npos) break;
+      begin = at + 2;
+    }
+    split.push_back(std::move(parts));
+  }
+  std::size_t common = 0;  // components shared at the end
+  while (true) {
+    bool same = true;
+    for (const auto& parts : split) {
+      if (parts.size() <= common ||
+          parts[parts.size() - 1 - common] != split[0][split[0].size() - 1 - common]) {
+        same = false;
+        break;
+      }
+    }
+    if (!same) break;
+    ++common;
+  }
+  std::string suffix;
+  for (std::size_t i = split[0].size() - common; i < split[0].size(); ++i) {
+    suffix += (suffix.empty() ? "" : "\\.") + split[0][i];
+  }
+  std::set<std::string> prefixes;
+  for (const auto& parts : split) {
+    std::string p;
+    for (std::size_t i = 0; i + common < parts.size(); ++i) p += parts[i] + "\\.";
+    prefixes.insert(p);
+  }
+  std::string head;
+  const bool optional = prefixes.contains("");
+  std::vector<std::string> alternatives;
+  for (const auto& p : prefixes) {
+    if (p.empty()) continue;
+    // No common end: the alternatives are whole names (no trailing dot).
+    alternatives.push_back(suffix.empty() ? p.substr(0, p.size() - 2) : p);
+  }
+  if (alternatives.size() == 1 && !optional) {
+    head = alternatives[0];
+  } else if (!alternatives.empty()) {
+    head = fmt::format("({}){}", fmt::join(alternatives, "|"), optional ? "?" : "");
+  }
+  return fmt::format("re:^{}{}{}", head, suffix, subtree ? "\\..*" : "$");
+}
+
+// Whether entry matches every name of `members` and none of `others`.
+bool entry_is_exact(const std::string& entry, const std::vector<std::string>& members,
+                    const std::vector<std::string>& others) {
+  try {
+    const ModuleMatcher m({entry}, ModuleMatcher::Role::kIgnore);
+    for (const std::string& n : members) {
+      if (!m.entry_matches(0, n)) return false;
+    }
+    for (const std::string& n : others) {
+      if (m.entry_matches(0, n)) return false;
+    }
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+struct Group {
+  std::vector<const ModuleInfo*> members;
+  bool subtree = false;
+  std::vector<std::string> roots;  // subtree: the root in every form
+  std::string reason;
+};
+
+// Every name of every module outside `members`, and the forms of members.
+void collect_names(const RoleAnalysis& roles, const std::vector<const ModuleInfo*>& members,
+                   std::vector<std::string>& member_names, std::vector<std::string>& other_names) {
+  std::set<const ModuleInfo*> in(members.begin(), members.end());
+  for (const ModuleInfo& m : roles.modules) {
+    // Raw parameters and norms are no layers: ignore entries do nothing to them.
+    const bool layer = m.role != ModuleRole::kParameter && m.role != ModuleRole::kNorm;
+    if (!in.contains(&m) && !layer) continue;
+    for (const std::string& f : name_forms(m)) {
+      (in.contains(&m) ? member_names : other_names).push_back(f);
+    }
+  }
+  // A name can be a member's and another module's form at once (a shard
+  // and its MoE probe never are); such names are not "others".
+  std::set<std::string> mine(member_names.begin(), member_names.end());
+  other_names.erase(std::remove_if(other_names.begin(), other_names.end(),
+                                   [&](const std::string& n) { return mine.contains(n); }),
+                    other_names.end());
+}
+
+// A name as an entry that matches exactly it in vLLM too: the literal name,
+// unless vLLM's mapper would rewrite the literal (gpt-oss maps a trailing
+// ".down_proj" to ".w2_weight"), then an anchored re: entry.
+std::string exact_entry(const RoleAnalysis& roles, const std::string& name) {
+  return vllm_entry(roles.family, name) == name ? name
+                                                : fmt::format("re:^{}$", regex_escape(name));
+}
+
+std::vector<std::string> literal_entries(const RoleAnalysis& roles,
+                                         const std::vector<std::string>& member_names) {
+  std::vector<std::string> out;
+  for (const std::string& n : member_names) {
+    const std::string e = exact_entry(roles, n);
+    if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+  }
+  return out;
+}
+
+// Entries for one group: the family's spelling, a generated regex, or the
+// literal names.
+std::vector<std::string> group_entries(const RoleAnalysis& roles, const Group& g) {
+  std::vector<std::string> member_names;
+  std::vector<std::string> other_names;
+  collect_names(roles, g.members, member_names, other_names);
+  const ModuleInfo& first = *g.members.front();
+  if (first.entry != nullptr && !g.subtree &&
+      entry_is_exact(first.entry, member_names, other_names)) {
+    return {first.entry};
+  }
+  std::vector<std::string> forms;
+  if (g.subtree) {
+    const std::set<std::size_t> vary = varying_digits(g.roots);
+    for (const std::string& r : g.roots) forms.push_back(templated(r, vary));
+  } else {
+    std::vector<std::string> by_form;  // all names, to find the varying positions
+    for (const ModuleInfo* m : g.members) {
+      for (const std::string& f : name_forms(*m)) by_form.push_back(f);
+    }
+    const std::set<std::size_t> vary =
+        g.members.size() > 1 ? varying_digits(by_form) : std::set<std::size_t>{};
+    // Single module whose names agree: the literal name.
+    if (g.members.size() == 1) {
+      const auto names = name_forms(first);
+      if (names.size() == 1 && entry_is_exact(names[0], member_names, other_names)) {
+        return {exact_entry(roles, names[0])};
+      }
+    }
+    // MoE layers: their entry covers the layer subtree (the probes).
+    for (const ModuleInfo* m : g.members) {
+      for (const std::string& f : name_forms(*m)) forms.push_back(templated(f, vary));
+    }
+  }
+  const std::string generated = entry_from_forms(forms, g.subtree);
+  if (entry_is_exact(generated, member_names, other_names)) return {generated};
+  return literal_entries(roles, member_names);
+}
+
+int role_order(const ModuleInfo& m) {
+  switch (m.role) {
+    case ModuleRole::kHead:
+      return 0;
+    case ModuleRole::kEmbedding:
+      return 1;
+    case ModuleRole::kRouter:
+      return 2;
+    case ModuleRole::kSharedExpertGate:
+      return 3;
+    case ModuleRole::kPlainLinear:
+      return 4;
+    case ModuleRole::kDraftKeep:
+      return 5;
+    case ModuleRole::kStackedExperts:
+      return 6;
+    default:
+      return 7;
+  }
+}
+
+std::string role_reason(const ModuleInfo& m) {
+  std::string text = m.reason;
+  if (!m.source.empty() && text.find(".py@") == std::string::npos) {
+    text += fmt::format(" [{}]", m.source);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles) {
+  // Group the kept modules: towers by root, MoE layers of stacked experts by
+  // layer template, the rest by role and name template.
+  std::vector<Group> groups;
+  std::map<std::string, std::size_t> by_key;
+  // Towers whose Linear layers are kept because they are towers: one entry
+  // takes the whole tower.
+  std::set<std::string> kept_towers;
+  for (const ModuleInfo& m : roles.modules) {
+    if (m.action == DefaultAction::kKeep && m.build != VllmBuild::kPlain &&
+        (m.role == ModuleRole::kLinear || m.role == ModuleRole::kExpert)) {
+      const ComponentAt at = component_of(m.module, roles.dims, roles.family);
+      if (!at.root.empty()) kept_towers.insert(at.root);
+    }
+  }
+  for (const ModuleInfo& m : roles.modules) {
+    if (m.action != DefaultAction::kKeep || m.role == ModuleRole::kParameter ||
+        m.role == ModuleRole::kNorm) {
+      continue;
+    }
+    const ComponentAt at = component_of(m.module, roles.dims, roles.family);
+    const bool tower_kept = !at.root.empty() && kept_towers.contains(at.root);
+    std::string key;
+    Group proto;
+    if (tower_kept) {
+      key = "tower:" + at.root;
+      proto.subtree = true;
+      // A root maps like the modules under it ("vision_tower." rules).
+      const std::string vroot = parent_of(vllm_module_name(roles.family, at.root + ".x"));
+      const std::string hroot = parent_of(hf_module_name(roles.family, at.root + ".x"));
+      proto.roots = {at.root};
+      for (const std::string& r : {vroot, hroot}) {
+        if (std::find(proto.roots.begin(), proto.roots.end(), r) == proto.roots.end()) {
+          proto.roots.push_back(r);
+        }
+      }
+      proto.reason = fmt::format(
+          "{} '{}': vLLM builds its Linear layers with the quantization config; kept in 16 "
+          "bits by default (--quantize-vision quantizes it)",
+          component_name(m.component), at.root);
+    } else if (m.role == ModuleRole::kStackedExperts) {
+      const std::string layer = moe_layer_of(m.tensor);
+      // Group every MoE layer of the same template (layer numbers vary).
+      std::vector<std::string> parts = split_dots(layer);
+      for (auto& p : parts) {
+        if (is_digits(p)) p = "#";
+      }
+      key = "moe:" + join_dots(parts);
+      proto.subtree = true;
+      proto.reason = role_reason(m);
+    } else {
+      std::vector<std::string> parts = split_dots(m.module);
+      for (auto& p : parts) {
+        if (is_digits(p)) p = "#";
+      }
+      key = fmt::format("{}:{}", role_order(m), join_dots(parts));
+      proto.reason = role_reason(m);
+    }
+    auto [it, inserted] = by_key.try_emplace(key, groups.size());
+    if (inserted) groups.push_back(std::move(proto));
+    Group& g = groups[it->second];
+    g.members.push_back(&m);
+    if (m.role == ModuleRole::kStackedExperts && !tower_kept) {
+      const std::string layer = moe_layer_of(m.tensor);
+      for (const std::string& r : {layer, vllm_module_name(roles.family, layer)}) {
+        if (std::find(g.roots.begin(), g.roots.end(), r) == g.roots.end()) g.roots.push_back(r);
+      }
+    }
+  }
+  // Role order first, then towers, each by first appearance.
+  std::vector<std::size_t> order(groups.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const auto rank = [&](const Group& g) {
+      return g.subtree && g.members.front()->role != ModuleRole::kStackedExperts
+                 ? 8
+                 : role_order(*g.members.front());
+    };
+    // Same role: generic rules first, then the row's in its order, then by
+    // name (towers by root).
+    const auto rule = [](const Group& g) {
+      const std::size_t r = g.members.front()->rule;
+      return g.subtree || r == SIZE_MAX ? 0 : r + 1;
+    };
+    const auto name = [](const Group& g) {
+      return g.roots.empty() ? g.members.front()->module : g.roots.front();
+    };
+    return std::make_tuple(rank(groups[a]), rule(groups[a]), name(groups[a])) <
+           std::make_tuple(rank(groups[b]), rule(groups[b]), name(groups[b]));
+  });
+  std::vector<DefaultIgnoreEntry> out;
+  for (std::size_t i : order) {
+    const Group& g = groups[i];
+    std::vector<std::string> modules;
+    for (const ModuleInfo* m : g.members) modules.push_back(m->module);
+    for (const std::string& e : group_entries(roles, g)) {
+      if (std::any_of(out.begin(), out.end(),
+                      [&](const DefaultIgnoreEntry& d) { return d.entry == e; })) {
+        continue;
+      }
+      out.push_back(DefaultIgnoreEntry{e, g.reason, modules});
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
+                                               const std::vector<std::string>& modules) {
+  const std::set<std::string> wanted(modules.begin(), modules.end());
+  // MoE layers every expert of which is wanted: one entry for the layer
+  // (vLLM decides it by its experts.0 probes).
+  std::map<std::string, std::vector<const ModuleInfo*>> experts_of;
+  for (const ModuleInfo& m : roles.modules) {
+    if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
+      experts_of[moe_layer_of(m.role == ModuleRole::kExpert ? parent_of(m.module) : m.tensor)]
+          .push_back(&m);
+    }
+  }
+  std::set<std::string> whole_layers;
+  for (const auto& [layer, members] : experts_of) {
+    if (std::all_of(members.begin(), members.end(),
+                    [&](const ModuleInfo* m) { return wanted.contains(m->module); })) {
+      whole_layers.insert(layer);
+    }
+  }
+  std::vector<Group> groups;
+  std::map<std::string, std::size_t> by_key;
+  std::vector<std::string> unknown;  // modules without a role: their names as given
+  const auto key_of = [](const std::string& name) {
+    std::vector<std::string> parts = split_dots(name);
+    for (auto& p : parts) {
+      if (is_digits(p)) p = "#";
+    }
+    return join_dots(parts);
+  };
+  for (const std::string& name : modules) {
+    const ModuleInfo* m = roles.find(name);
+    if (m == nullptr) {
+      unknown.push_back(name);
+      continue;
+    }
+    const bool expert = m->role == ModuleRole::kExpert || m->role == ModuleRole::kStackedExperts;
+    const std::string layer =
+        expert ? moe_layer_of(m->role == ModuleRole::kExpert ? parent_of(m->module) : m->tensor)
+               : std::string();
+    if (expert && whole_layers.contains(layer)) {
+      auto [it, inserted] = by_key.try_emplace("moe:" + key_of(layer), groups.size());
+      if (inserted) {
+        groups.emplace_back();
+        groups.back().subtree = true;
+      }
+      Group& g = groups[it->second];
+      g.members.push_back(m);
+      for (const std::string& r : {layer, m->vllm_layer}) {
+        if (std::find(g.roots.begin(), g.roots.end(), r) == g.roots.end()) g.roots.push_back(r);
+      }
+      continue;
+    }
+    auto [it, inserted] = by_key.try_emplace(key_of(name), groups.size());
+    if (inserted) groups.emplace_back();
+    groups[it->second].members.push_back(m);
+  }
+  // Groups that differ only in the last component (q_proj, k_proj, v_proj
+  // of the same layers) become one entry with an alternation, when it is
+  // exact.
+  std::vector<std::vector<std::size_t>> merged;
+  std::map<std::string, std::size_t> by_parent;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    bool mergeable = !g.subtree;
+    for (const ModuleInfo* m : g.members) {
+      const std::string last = last_component(m->module);
+      for (const std::string& f : name_forms(*m)) {
+        if (last_component(f) != last || parent_of(f).empty()) mergeable = false;
+      }
+    }
+    if (!mergeable) {
+      merged.push_back({i});
+      continue;
+    }
+    auto [it, inserted] =
+        by_parent.try_emplace(key_of(parent_of(g.members.front()->module)), merged.size());
+    if (inserted) merged.emplace_back();
+    merged[it->second].push_back(i);
+  }
+  std::vector<std::string> out;
+  const auto add = [&](const std::string& e) {
+    if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+  };
+  for (const auto& set : merged) {
+    if (set.size() > 1) {
+      std::vector<const ModuleInfo*> members;
+      std::vector<std::string> parents;
+      std::set<std::string> lasts;
+      for (std::size_t i : set) {
+        for (const ModuleInfo* m : groups[i].members) {
+          members.push_back(m);
+          lasts.insert(regex_escape(last_component(m->module)));
+          for (const std::string& f : name_forms(*m)) parents.push_back(parent_of(f));
+        }
+      }
+      const std::set<std::size_t> vary = varying_digits(parents);
+      std::vector<std::string> forms;
+      for (const std::string& p : parents) forms.push_back(templated(p, vary));
+      std::string entry = entry_from_forms(forms, /*subtree=*/false);
+      entry = entry.substr(0, entry.size() - 1) +
+              fmt::format("\\.({})$", fmt::join(lasts, "|"));
+      std::vector<std::string> member_names;
+      std::vector<std::string> other_names;
+      collect_names(roles, members, member_names, other_names);
+      if (entry_is_exact(entry, member_names, other_names)) {
+        add(entry);
+        continue;
+      }
+    }
+    for (std::size_t i : set) {
+      for (const std::string& e : group_entries(roles, groups[i])) add(e);
+    }
+  }
+  for (const std::string& n : unknown) add(n);
+  return out;
+}
+
+}  // namespace ctquant
