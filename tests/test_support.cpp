@@ -340,14 +340,32 @@ std::string diff_bytes(const fs::path& actual, const fs::path& expected) {
 
 namespace ctquant::test {
 
-CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOptions& options) {
+CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOptions& options)
+    : CtquantProcess(ctquant_binary(), args, options) {}
+
+CtquantProcess::CtquantProcess(const fs::path& program, const std::vector<std::string>& args,
+                               const RunOptions& options) {
   const fs::path out_path = capture_ / "stdout";
   const fs::path err_path = capture_ / "stderr";
-  std::vector<std::string> storage{ctquant_binary().string()};
+  std::vector<std::string> storage{program.string()};
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
   argv.push_back(nullptr);
+  // The child's environment, built before fork (nothing allocates after it).
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(options.env.begin(), options.env.end(), [&](const std::string& x) {
+      return x.substr(0, x.find('=')) == name;
+    });
+    if (!replaced) env_storage.push_back(entry);
+  }
+  env_storage.insert(env_storage.end(), options.env.begin(), options.env.end());
+  std::vector<char*> envp;
+  for (auto& s : env_storage) envp.push_back(s.data());
+  envp.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
@@ -365,8 +383,12 @@ CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOp
       const rlimit limit{options.file_size_limit, options.file_size_limit};
       if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
     }
+    if (options.open_files_limit > 0) {
+      const rlimit limit{options.open_files_limit, options.open_files_limit};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
+    }
     if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) ::_exit(125);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
 }
@@ -409,6 +431,13 @@ CommandResult CtquantProcess::wait() {
 
 CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options) {
   CtquantProcess process(args, options);
+  return process.wait();
+}
+
+CommandResult run_shell(const std::string& script, const RunOptions& options) {
+  RunOptions with_binary = options;
+  with_binary.env.push_back("CTQUANT=" + ctquant_binary().string());
+  CtquantProcess process("/bin/sh", {"-c", script}, with_binary);
   return process.wait();
 }
 

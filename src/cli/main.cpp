@@ -2,12 +2,14 @@
 //
 // Exit codes (docs/cli.md): 0 success, 1 failure (bad input, I/O, full disk,
 // interrupted), 2 usage error, 3 verification found differences.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -59,6 +61,17 @@ void install_signal_handlers() {
   // stderr pipe must not kill it before it has cleaned up either.
   std::signal(SIGXFSZ, SIG_IGN);
   std::signal(SIGPIPE, SIG_IGN);
+}
+
+// Raises the soft limit on open files to the hard limit. ctquant keeps a
+// bounded number of shards open (FdPool), sized from this limit: the common
+// soft limit of 1024 would otherwise make a checkpoint of thousands of shards
+// reopen files more often than it needs to.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);  // best effort: the pools adapt to what is in force
 }
 
 const char* signal_name(int signal_number) {
@@ -338,6 +351,7 @@ int run_verify(const VerifyArgs& args, int verbosity) {
 
 int main(int argc, char** argv) {
   install_signal_handlers();
+  raise_open_file_limit();
   CLI::App app{
       "ctquant: quantize safetensors checkpoints to compressed-tensors pack-quantized "
       "W4A16 for vLLM"};

@@ -107,15 +107,27 @@ class Executor {
     stats.seconds_stream = std::chrono::duration<double>(streamed - start).count();
     stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
     stats.bytes_read = bytes_total_;
-    for (const ShardPlan& shard : plan_.shards) stats.bytes_written += shard.file_size;
+    for (const ShardPlan& shard : plan_.shards) {
+      if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
+    }
     return stats;
   }
 
  private:
+  // Whether this run writes the output file `name` (ExecuteOptions::files).
+  bool selected(const std::string& name) const {
+    return !options_.files || options_.files->count(name) > 0;
+  }
+
+  const OutputFile* shard_file(std::size_t shard) const {
+    return outputs_[shard_output_[shard]].get();
+  }
+
   void build_jobs() {
     const QuantScheme& scheme = plan_.options.scheme;
     for (std::size_t s = 0; s < plan_.shards.size(); ++s) {
       const ShardPlan& shard = plan_.shards[s];
+      if (!selected(shard.file_name)) continue;
       for (const PlannedTensor& t : shard.tensors) {
         switch (t.role) {
           case OutputRole::kCopy: {
@@ -202,8 +214,12 @@ class Executor {
   }
 
   void open_outputs() {
-    for (const ShardPlan& shard : plan_.shards) {
-      auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name);
+    shard_output_.assign(plan_.shards.size(), 0);
+    for (std::size_t s = 0; s < plan_.shards.size(); ++s) {
+      const ShardPlan& shard = plan_.shards[s];
+      if (!selected(shard.file_name)) continue;
+      shard_output_[s] = outputs_.size();
+      auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name, output_fds_);
       file->reserve(shard.file_size);
       file->write_at(0, std::as_bytes(std::span(shard.header)));
       // weight_shape tensors are 16 bytes each: write them now.
@@ -252,7 +268,7 @@ class Executor {
     OutputBuffers* buffers = nullptr;
     std::array<Piece, 3> pieces{};
     std::size_t n_pieces = 0;
-    int in_fd = -1;
+    FdLease in_file;  // a copy's input, kept open until the copy is written
     std::uint64_t in_offset = 0;
     std::uint64_t out_offset = 0;
     std::uint64_t length = 0;
@@ -325,7 +341,7 @@ class Executor {
       lock.unlock();
       if (!failed_.load()) {
         try {
-          slice.file->copy_from(slice.in_fd, slice.in_offset, slice.out_offset, n);
+          slice.file->copy_from(slice.in_file->get(), slice.in_offset, slice.out_offset, n);
           wrote(*slice.file, n);
           if (last) job_written(slice.job);
         } catch (...) {
@@ -446,7 +462,7 @@ class Executor {
     const std::uint64_t row_bytes = loaded_row_bytes(d, w);
     WriteRequest request;
     request.job = job_index;
-    request.file = outputs_[job.shard].get();
+    request.file = shard_file(job.shard);
     request.buffers = &buf.input_write;
     request.pieces[request.n_pieces++] = {
         plan_.shards[job.shard].data_start + job.tensor->offset + job.begin * row_bytes,
@@ -491,7 +507,7 @@ class Executor {
     const std::uint64_t base = plan_.shards[m.shard].data_start;
     WriteRequest request;
     request.job = job_index;
-    request.file = outputs_[m.shard].get();
+    request.file = shard_file(m.shard);
     request.buffers = &out;
     request.pieces[request.n_pieces++] = {
         base + m.packed->offset + job.begin * words * 4,
@@ -518,8 +534,8 @@ class Executor {
     const SafetensorsFile& in = ckpt_.shards[d.source.shard];
     WriteRequest request;
     request.job = job_index;
-    request.file = outputs_[job.shard].get();
-    request.in_fd = in.fd();
+    request.file = shard_file(job.shard);
+    request.in_file = in.descriptor();
     request.in_offset = in.header().data_start + src.begin + job.begin;
     request.out_offset = plan_.shards[job.shard].data_start + job.tensor->offset + job.begin;
     request.length = job.end - job.begin;
@@ -596,9 +612,9 @@ class Executor {
     return Progress{bytes_done_.load(), bytes_total_, tensors_done_.load(), tensors_total_};
   }
 
-  // The input bytes a job reads: descriptor, file offset, length.
+  // The input bytes a job reads: file, file offset, length.
   struct InputRange {
-    int fd = -1;
+    const SafetensorsFile* file = nullptr;
     std::uint64_t offset = 0;
     std::uint64_t length = 0;
   };
@@ -606,7 +622,7 @@ class Executor {
     if (job.kind == Job::Kind::kCopy) {
       const TensorDecision& d = plan_.decisions[job.tensor->decision];
       const SafetensorsFile& in = ckpt_.shards[d.source.shard];
-      return {in.fd(), in.header().data_start + ckpt_.entry(d.source).begin + job.begin,
+      return {&in, in.header().data_start + ckpt_.entry(d.source).begin + job.begin,
               job.end - job.begin};
     }
     const TensorDecision& d =
@@ -615,7 +631,7 @@ class Executor {
     const SafetensorsFile& in = ckpt_.shards[d.source.shard];
     const TensorEntry& w = ckpt_.entry(d.source);
     const std::uint64_t row_bytes = w.byte_size() / w.shape[0];
-    return {in.fd(), in.header().data_start + w.begin + job.begin * row_bytes, job.input_bytes};
+    return {&in, in.header().data_start + w.begin + job.begin * row_bytes, job.input_bytes};
   }
 
   // Asks the kernel to read the input of the jobs after the workers' current
@@ -628,8 +644,12 @@ class Executor {
     for (std::size_t i = first; i < read_ahead_job_; ++i) ahead += jobs_[i].input_bytes;
     for (; read_ahead_job_ < jobs_.size() && ahead < kReadAheadBytes; ++read_ahead_job_) {
       const InputRange r = input_range(jobs_[read_ahead_job_]);
-      ::posix_fadvise(r.fd, static_cast<off_t>(r.offset), static_cast<off_t>(r.length),
-                      POSIX_FADV_WILLNEED);
+      try {
+        ::posix_fadvise(r.file->descriptor()->get(), static_cast<off_t>(r.offset),
+                        static_cast<off_t>(r.length), POSIX_FADV_WILLNEED);
+      } catch (const Error&) {
+        // Advice only: the job's own read reports a file that cannot be reopened.
+      }
       ahead += r.length;
     }
   }
@@ -695,14 +715,16 @@ class Executor {
 
   void write_text_file(const std::string& name, const std::string& text) {
     check_cancel();
-    auto file = std::make_unique<OutputFile>(out_dir_ / name);
+    auto file = std::make_unique<OutputFile>(out_dir_ / name, output_fds_);
     file->write_at(0, std::as_bytes(std::span(text)));
     outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
   void write_json_files() {
-    if (plan_.index) write_text_file(kIndexFileName, dump_json(*plan_.index));
-    write_text_file(kConfigFileName, dump_json(plan_.config));
+    if (plan_.index && selected(kIndexFileName)) {
+      write_text_file(kIndexFileName, dump_json(*plan_.index));
+    }
+    if (selected(kConfigFileName)) write_text_file(kConfigFileName, dump_json(plan_.config));
   }
 
   // Files of the input directory other than shards, index and config.json,
@@ -710,10 +732,11 @@ class Executor {
   // INPUT; open_input_file() checks again that what is opened is one.
   void copy_other_files() {
     for (const std::string& name : plan_.copied_files) {
+      if (!selected(name)) continue;
       check_cancel();
       std::uint64_t size = 0;
       const detail::UniqueFd in = detail::open_input_file(ckpt_.root / name, name, size);
-      auto file = std::make_unique<OutputFile>(out_dir_ / name);
+      auto file = std::make_unique<OutputFile>(out_dir_ / name, output_fds_);
       file->reserve(size);
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
@@ -750,7 +773,11 @@ class Executor {
 
   std::vector<QuantizedModule> modules_;
   std::vector<Job> jobs_;
+  // The output files' descriptors: a bounded set, so that a checkpoint of
+  // thousands of shards is written within the open-file limit.
+  std::shared_ptr<FdPool> output_fds_ = std::make_shared<FdPool>(FdPool::default_capacity());
   std::vector<std::unique_ptr<OutputFile>> outputs_;
+  std::vector<std::size_t> shard_output_;  // plan shard -> index into outputs_ (selected shards)
   // Largest per-job buffer sizes, so each thread allocates once.
   std::uint64_t max_in_bytes_ = 0;
   std::uint64_t max_packed_words_ = 0;

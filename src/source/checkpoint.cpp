@@ -246,12 +246,14 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     throw bad_input(fmt::format("{}: not a regular file or directory", input.string()));
   }
 
-  // Every shard's header, each problem reported.
+  // Every shard's header, each problem reported. The shards share one
+  // bounded set of descriptors, so any number of shards can be opened.
   {
     Problems problems;
+    const auto descriptors = std::make_shared<FdPool>(FdPool::default_capacity());
     for (const std::string& name : shard_names) {
       try {
-        ckpt.shards.emplace_back(ckpt.root / name, name);
+        ckpt.shards.emplace_back(ckpt.root / name, name, descriptors);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kBadInput) throw;
         problems.add(e.what());
