@@ -25,6 +25,7 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/escape.hpp"
 #include "ctquant/report/inspect.hpp"
+#include "ctquant/source/hf_cache.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/verify/verify.hpp"
@@ -195,6 +196,13 @@ ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
   return options;
 }
 
+void add_revision_option(CLI::App* app, std::optional<std::string>& revision) {
+  app->add_option_function<std::string>(
+      "--revision", [&revision](const std::string& value) { revision = value; },
+      "With a Hugging Face repository id (ORG/NAME): the branch, tag or commit hash of the cached "
+      "snapshot to read (default main)");
+}
+
 void add_verbosity_flags(CLI::App* app, int& verbosity) {
   app->add_flag_function(
       "-q,--quiet", [&](std::int64_t) { verbosity = -1; }, "Print errors only");
@@ -230,6 +238,7 @@ void print_error(const std::string& message) {
 
 struct QuantizeArgs {
   std::string input;
+  std::optional<std::string> revision;
   std::string output;
   PlanArgs plan;
   unsigned threads = 0;
@@ -244,6 +253,7 @@ struct QuantizeArgs {
 int run_quantize(const QuantizeArgs& args, int verbosity) {
   ctquant::QuantizeOptions options = ctquant::default_quantize_options();
   options.input = args.input;
+  options.revision = args.revision;
   options.output = args.output;
   options.plan = to_plan_options(args.plan);
   options.tp = args.plan.tp;
@@ -301,6 +311,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
 
 struct InspectArgs {
   std::string input;
+  std::optional<std::string> revision;
   PlanArgs plan;
   bool show_plan = false;
   bool json = false;
@@ -311,7 +322,8 @@ int run_inspect(const InspectArgs& args, bool plan_requested) {
   options.plan = args.show_plan || plan_requested;
   if (options.plan) options.plan_options = to_plan_options(args.plan);
   options.lint.tp = args.plan.tp;
-  const ctquant::InspectReport report = ctquant::inspect_checkpoint(args.input, options);
+  const ctquant::InspectReport report = ctquant::inspect_checkpoint(
+      ctquant::resolve_checkpoint_input(args.input, args.revision), options);
   if (args.json) {
     print_json_report(ctquant::inspect_json(report));
   } else {
@@ -327,6 +339,7 @@ int run_inspect(const InspectArgs& args, bool plan_requested) {
 struct VerifyArgs {
   std::string output;
   std::string reference;
+  std::optional<std::string> revision;
   bool against_source = false;
   std::uint64_t scale_ulp = 0;
   bool json = false;
@@ -336,9 +349,11 @@ int run_verify(const VerifyArgs& args, int verbosity) {
   ctquant::VerifyOptions options;
   options.scale_ulp = args.scale_ulp;
   options.logger = make_logger(verbosity);
+  const std::filesystem::path reference =
+      ctquant::resolve_checkpoint_input(args.reference, args.revision);
   const ctquant::VerifyReport report =
-      args.against_source ? ctquant::verify_against_source(args.output, args.reference, options)
-                          : ctquant::verify_checkpoints(args.output, args.reference, options);
+      args.against_source ? ctquant::verify_against_source(args.output, reference, options)
+                          : ctquant::verify_checkpoints(args.output, reference, options);
   if (args.json) {
     print_json_report(ctquant::verify_json(report));
   } else {
@@ -362,9 +377,14 @@ int main(int argc, char** argv) {
   QuantizeArgs q;
   CLI::App* quantize = app.add_subcommand(
       "quantize", "Quantize a checkpoint to a pack-quantized checkpoint (RTN, data-free)");
-  quantize->add_option("INPUT", q.input, "Checkpoint directory or a .safetensors file")->required();
+  quantize
+      ->add_option("INPUT", q.input,
+                   "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
+                   "cache")
+      ->required();
   quantize->add_option("OUTPUT", q.output, "Output directory (created; must not exist)")
       ->required();
+  add_revision_option(quantize, q.revision);
   add_plan_options(quantize, q.plan);
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
@@ -387,7 +407,12 @@ int main(int argc, char** argv) {
   InspectArgs in;
   CLI::App* inspect = app.add_subcommand(
       "inspect", "List a checkpoint's tensors; with quantize options, print the plan and lint");
-  inspect->add_option("INPUT", in.input, "Checkpoint directory or a .safetensors file")->required();
+  inspect
+      ->add_option("INPUT", in.input,
+                   "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
+                   "cache")
+      ->required();
+  add_revision_option(inspect, in.revision);
   const std::vector<CLI::Option*> inspect_plan_options = add_plan_options(inspect, in.plan);
   inspect->add_flag("--plan", in.show_plan,
                     "Print the plan and lint findings for the default (or given) options");
@@ -404,6 +429,7 @@ int main(int argc, char** argv) {
       ->add_option("GOLDEN", ver.reference,
                    "Golden checkpoint; with --against-source, the INPUT it was made from")
       ->required();
+  add_revision_option(verify, ver.revision);
   verify->add_flag("--against-source", ver.against_source,
                    "Unpack, recompute and dequantize every packed weight from the source INPUT");
   verify

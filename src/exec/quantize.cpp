@@ -13,6 +13,7 @@
 #include "ctquant/report/inspect.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/output_dir.hpp"
+#include "ctquant/source/hf_cache.hpp"
 
 namespace ctquant {
 
@@ -95,10 +96,14 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
   check_plan_options(options.plan);  // usage errors before any file is read
 
-  check_output_path(options.output, options.input, options.force);
+  const fs::path input = resolve_checkpoint_input(options.input, options.revision);
+  if (log && input != options.input) {
+    log->info("{}: the Hugging Face cache snapshot {}", options.input.string(), input.string());
+  }
+  check_output_path(options.output, input, options.force);
   check_cancel(options.cancel);
   Checkpoint checkpoint =
-      open_checkpoint(options.input, OpenOptions{.follow_links_outside = options.follow_symlinks});
+      open_checkpoint(input, OpenOptions{.follow_links_outside = options.follow_symlinks});
   check_cancel(options.cancel);
   if (log) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),

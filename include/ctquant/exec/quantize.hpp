@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include <spdlog/logger.h>
 
@@ -25,7 +27,10 @@
 namespace ctquant {
 
 struct QuantizeOptions {
-  std::filesystem::path input;   // checkpoint directory or .safetensors file
+  // Checkpoint directory or .safetensors file, or a Hugging Face repository
+  // id ORG/NAME looked up in the local hub cache (resolve_checkpoint_input).
+  std::filesystem::path input;
+  std::optional<std::string> revision;  // of a repository id; default "main"
   std::filesystem::path output;  // directory to create (must not exist unless force)
   PlanOptions plan;              // scheme, ignore list, targets
   unsigned threads = 1;          // worker threads (>= 1)
