@@ -26,6 +26,8 @@ namespace fs = std::filesystem;
 
 fs::path golden_dir() { return CTQUANT_GOLDEN_DIR; }
 fs::path ctquant_binary() { return CTQUANT_BINARY; }
+fs::path make_checkpoint_binary() { return CTQUANT_MAKE_CHECKPOINT; }
+fs::path layouts_dir() { return CTQUANT_LAYOUTS_DIR; }
 fs::path real_dir() { return CTQUANT_REAL_DIR; }
 
 TempDir::TempDir() {

@@ -21,6 +21,10 @@ namespace ctquant::test {
 std::filesystem::path golden_dir();
 // The ctquant executable under test.
 std::filesystem::path ctquant_binary();
+// The synthetic checkpoint generator (tools/make_checkpoint.cpp) and the
+// layout manifests of tests/layouts.
+std::filesystem::path make_checkpoint_binary();
+std::filesystem::path layouts_dir();
 
 // A fresh directory under the system temp dir, removed with everything in it.
 class TempDir {
