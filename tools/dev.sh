@@ -15,6 +15,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   googletest libgtest-dev libpcre2-dev libbenchmark-dev
+  libssl-dev
 )
 BUILD_DIR=${CTQUANT_BUILD_DIR:-build}
 # The sanitizer and fuzzing build (tools/dev.sh sanitize, tools/fuzz.sh).

@@ -248,6 +248,9 @@ struct QuantizeArgs {
   bool dry_run = false;
   bool allow_unloadable = false;
   bool strict = false;
+  std::optional<std::string> part;
+  std::optional<std::string> stage;
+  bool resume = false;
 };
 
 int run_quantize(const QuantizeArgs& args, int verbosity) {
@@ -266,6 +269,9 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
   options.strict = args.strict;
   options.logger = make_logger(verbosity);
   options.cancel = &g_cancel;
+  if (args.part) options.part = ctquant::parse_part(*args.part);
+  if (args.stage) options.stage = *args.stage;
+  options.resume = args.resume;
   if (args.dry_run) {
     options.on_plan = [](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
                          const std::vector<ctquant::Finding>&) {
@@ -298,6 +304,14 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
             ? std::string()
             : fmt::format(", {} FP8 written as BF16, {} scale/activation dropped",
                           summary.tensors_dequantized, summary.tensors_dropped);
+    if (summary.part && options.part) {
+      std::fprintf(stderr,
+                   "ctquant: part %s done: %zu of %zu file(s) written, %zu kept; %s; %.2f s\n",
+                   ctquant::part_name(*options.part).c_str(), summary.part->files_written,
+                   summary.part->files_assigned, summary.part->files_kept,
+                   ctquant::human_bytes(summary.part->bytes_assigned).c_str(), summary.seconds);
+      return 0;
+    }
     std::fprintf(stderr,
                  "ctquant: %s %zu tensors quantized (%s), %zu copied%s; %s in, %s out, ratio "
                  "%.2fx; %.2f s\n",
@@ -305,6 +319,30 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
                  options.plan.scheme.name.c_str(), summary.tensors_copied, fp8.c_str(),
                  ctquant::human_bytes(summary.bytes_in).c_str(),
                  ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
+  }
+  return 0;
+}
+
+struct FinalizeArgs {
+  std::string output;
+  std::optional<std::string> stage;
+  bool force = false;
+  bool no_sync = false;
+};
+
+int run_finalize(const FinalizeArgs& args, int verbosity) {
+  ctquant::FinalizeOptions options;
+  options.output = args.output;
+  if (args.stage) options.stage = *args.stage;
+  options.force = args.force;
+  options.fsync = !args.no_sync;
+  options.logger = make_logger(verbosity);
+  options.cancel = &g_cancel;
+  const ctquant::FinalizeSummary summary = ctquant::finalize_parts(options);
+  if (verbosity >= 0) {
+    std::fprintf(stderr, "ctquant: done: %s from %u part(s): %zu file(s), %s\n",
+                 args.output.c_str(), summary.parts, summary.files,
+                 ctquant::human_bytes(summary.bytes).c_str());
   }
   return 0;
 }
@@ -402,7 +440,32 @@ int main(int argc, char** argv) {
   quantize->add_flag("--allow-unloadable", q.allow_unloadable,
                      "Write even when lint finds errors (a checkpoint vLLM may refuse)");
   quantize->add_flag("--strict", q.strict, "Lint warnings stop the run too");
+  quantize->add_option_function<std::string>(
+      "--part", [&q](const std::string& value) { q.part = value; },
+      "I/N: write only part I of N (from 1) into the staging directory; `ctquant finalize "
+      "OUTPUT` assembles the parts");
+  quantize->add_option_function<std::string>(
+      "--stage", [&q](const std::string& value) { q.stage = value; },
+      "Staging directory of --part and --resume (default .OUTPUT.ctquant-parts beside OUTPUT)");
+  quantize->add_flag("--resume", q.resume,
+                     "Keep the files an earlier, interrupted run of the same plan finished "
+                     "(sha256 checked) and write the rest; without --part, stage the run so "
+                     "that it can be resumed");
   add_verbosity_flags(quantize, verbosity);
+
+  FinalizeArgs fin;
+  CLI::App* finalize = app.add_subcommand(
+      "finalize", "Assemble OUTPUT from the parts written by quantize --part I/N");
+  finalize->add_option("OUTPUT", fin.output, "Output directory (created; must not exist)")
+      ->required();
+  finalize->add_option_function<std::string>(
+      "--stage", [&fin](const std::string& value) { fin.stage = value; },
+      "Staging directory the parts wrote into (default .OUTPUT.ctquant-parts beside OUTPUT)");
+  finalize->add_flag("--force", fin.force,
+                     "Replace an existing OUTPUT, as quantize --force does");
+  finalize->add_flag("--no-sync", fin.no_sync,
+                     "Do not fsync OUTPUT's directory before and after the rename");
+  add_verbosity_flags(finalize, verbosity);
 
   InspectArgs in;
   CLI::App* inspect = app.add_subcommand(
@@ -451,7 +514,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string message = e.what();
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
-      message = fmt::format("unknown command '{}' (commands: quantize, inspect, verify)", argv[1]);
+      message = fmt::format("unknown command '{}' (commands: quantize, finalize, inspect, verify)",
+                            argv[1]);
     }
     print_error(message + "\nRun with --help for more information.");
     return ctquant::exit_status(ctquant::ErrorKind::kUsage);
@@ -459,6 +523,7 @@ int main(int argc, char** argv) {
 
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity);
+    if (finalize->parsed()) return run_finalize(fin, verbosity);
     if (inspect->parsed()) {
       const bool plan_requested =
           std::any_of(inspect_plan_options.begin(), inspect_plan_options.end(),
@@ -467,7 +532,12 @@ int main(int argc, char** argv) {
     }
     if (verify->parsed()) return run_verify(ver, verbosity);
   } catch (const ctquant::Error& e) {
-    if (e.kind() == ctquant::ErrorKind::kInterrupted) {
+    if (e.kind() == ctquant::ErrorKind::kInterrupted && quantize->parsed() &&
+        (q.part || q.resume)) {
+      print_error(fmt::format("{} ({}); the files finished so far are kept in the staging "
+                              "directory: rerun the same command with --resume to go on",
+                              e.what(), signal_name(g_signal.load())));
+    } else if (e.kind() == ctquant::ErrorKind::kInterrupted) {
       print_error(
           fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
                       "removed",

@@ -94,6 +94,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
+  if (options.stage && !options.part && !options.resume) {
+    throw usage_error("--stage names the staging directory of --part or --resume; give one of them");
+  }
   check_plan_options(options.plan);  // usage errors before any file is read
 
   const fs::path input = resolve_checkpoint_input(options.input, options.revision);
@@ -154,14 +157,41 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     return summary;
   }
 
-  StagedOutput staged(options.output, options.input, options.force);
-  if (log) log->debug("writing into {}", staged.dir().string());
   ExecuteOptions exec;
   exec.threads = options.threads;
   exec.chunk_bytes = options.chunk_bytes;
   exec.on_progress = options.on_progress;
   exec.cancel = options.cancel;
   exec.fsync = options.fsync;
+  if (options.part || options.resume) {
+    // Staged as files that survive the process (parts.hpp).
+    PartOptions part;
+    part.part = options.part.value_or(PartSpec{1, 1});
+    part.stage = options.stage.value_or(default_stage_dir(options.output));
+    part.resume = options.resume;
+    part.logger = log;
+    summary.part = run_part(checkpoint, summary.plan, part, exec);
+    summary.execute = summary.part->execute;
+    if (options.part) {
+      summary.bytes_out = summary.part->bytes_assigned;
+    } else {
+      FinalizeOptions finalize;
+      finalize.output = options.output;
+      finalize.stage = part.stage;
+      finalize.force = options.force;
+      finalize.fsync = options.fsync;
+      finalize.parts = 1;
+      finalize.logger = log;
+      finalize.cancel = options.cancel;
+      summary.bytes_out = finalize_parts(finalize).bytes;
+    }
+    summary.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return summary;
+  }
+
+  StagedOutput staged(options.output, input, options.force);
+  if (log) log->debug("writing into {}", staged.dir().string());
   summary.execute = execute_plan(checkpoint, summary.plan, staged.dir(), exec);
   if (log) {
     const ExecuteStats& st = summary.execute;

@@ -21,6 +21,7 @@
 #include <spdlog/logger.h>
 
 #include "ctquant/exec/executor.hpp"
+#include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
 
@@ -50,6 +51,17 @@ struct QuantizeOptions {
   // stop the run (the CLI prints the plan here under --dry-run). May be empty.
   std::function<void(const Checkpoint&, const QuantizePlan&, const std::vector<Finding>&)> on_plan;
   const std::atomic<bool>* cancel = nullptr;        // set by a signal handler
+  // A run split across processes (parts.hpp): write only this part's files
+  // into the staging directory, and leave OUTPUT to finalize_parts().
+  std::optional<PartSpec> part;
+  // Where parts (and a --resume run) stage their files; unset:
+  // default_stage_dir(output).
+  std::optional<std::filesystem::path> stage;
+  // Keep the files an earlier run of the same plan finished (sha256
+  // checked). Without part: a one-process run that stages as part 1/1, keeps
+  // the staging directory when it fails or is interrupted, and finalizes
+  // OUTPUT itself.
+  bool resume = false;
 };
 
 // Defaults: W4A16 (int4, symmetric, group 128), ignore ["lm_head"],
@@ -67,13 +79,17 @@ struct QuantizeSummary {
   ExecuteStats execute;                 // where the writing's time went (zero for a dry run)
   QuantizePlan plan;
   std::vector<Finding> findings;  // every lint finding, blocking or not
+  std::optional<PartSummary> part;  // a part's or a --resume run's files (kept, written)
 };
 
 // Runs the job. Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp
 // for the kinds; Error{kLint} when lint findings stop the run, also under
 // dry_run); on any error OUTPUT does not exist afterwards (or, with force,
 // still holds what it held before). With dry_run, bytes_out is the expected
-// output size and nothing is created.
+// output size and nothing is created. With part, only that part's files are
+// written, into the staging directory, and bytes_out counts them; with
+// resume, run_part() and finalize_parts() throw what they throw, and the
+// staging directory is kept on error.
 QuantizeSummary quantize(const QuantizeOptions& options);
 
 }  // namespace ctquant
