@@ -172,8 +172,19 @@ json record_json(const Record& r) {
               {"files_written", r.files_written}};
 }
 
-// Parses a record; the error says what is wrong with it.
+Record parse_record(const json& j, const std::string& file_name);
+
+// Parses a record; the error (Error{kBadInput}) says what is wrong with it.
 Record record_from_json(const json& j, const std::string& file_name) {
+  try {
+    return parse_record(j, file_name);
+  } catch (const json::exception& e) {
+    throw bad_input(
+        fmt::format("{}: not a part record ctquant can read: {}", file_name, e.what()));
+  }
+}
+
+Record parse_record(const json& j, const std::string& file_name) {
   const auto fail = [&](const std::string& what) {
     return bad_input(fmt::format("{}: not a part record ctquant can read: {}", file_name, what));
   };
@@ -192,6 +203,19 @@ Record record_from_json(const json& j, const std::string& file_name) {
     throw fail("no plan fingerprint");
   }
   r.plan = j["plan"];
+  const json& output = r.plan.value("output", json());
+  if (!output.is_object() || !output.value("files", json()).is_array() ||
+      !output.value("bytes", json()).is_number_unsigned() ||
+      !output.value("tensors", json()).is_number_unsigned() ||
+      !output.value("tensors_sha256", json()).is_string()) {
+    throw fail("no output files, bytes and tensors in the plan");
+  }
+  for (const json& f : output["files"]) {
+    if (!f.is_object() || !f.value("name", json()).is_string() ||
+        !f.value("size", json()).is_number_unsigned()) {
+      throw fail("a planned file without name and size");
+    }
+  }
   r.input_path = j.value("input_path", "");
   if (!j.contains("assigned") || !j["assigned"].is_array() || !j.contains("files") ||
       !j["files"].is_array() || !j.contains("complete") || !j["complete"].is_boolean()) {
@@ -531,7 +555,7 @@ std::map<std::string, FileEntry> logged_files(const fs::path& stage, const std::
         const Record r = record_from_json(read_json(it->path()), name);
         if (fingerprint_of(r.plan) != fingerprint) continue;
         for (const FileEntry& e : r.files) found.emplace(e.name, e);
-      } catch (const Error&) {
+      } catch (const std::exception&) {
         // Not a record this run can use; finalize reports it.
       }
     } else if (part_of_file_name(name, ".log")) {
@@ -659,6 +683,13 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
     }
   }
 
+  // Progress over the whole part, the files written one after another: the
+  // input bytes still to read, as planned_files estimates them.
+  std::uint64_t input_total = 0;
+  for (const PlannedFile* f : assigned) {
+    if (kept.count(f->name) == 0) input_total += f->work - f->size;
+  }
+  Progress before;  // what the files written so far consumed
   for (const PlannedFile* f : assigned) {
     if (kept.count(f->name) > 0) continue;
     if (execute.cancel != nullptr && execute.cancel->load()) {
@@ -666,7 +697,22 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
     }
     ExecuteOptions one = execute;
     one.files = std::set<std::string>{f->name};
+    Progress last;
+    if (execute.on_progress) {
+      one.on_progress = [&](const Progress& p) {
+        last = p;
+        Progress all;
+        all.bytes_done = before.bytes_done + p.bytes_done;
+        all.bytes_total = std::max(input_total, all.bytes_done);
+        all.tensors_done = before.tensors_done + p.tensors_done;
+        all.tensors_total = before.tensors_total + p.tensors_total;
+        execute.on_progress(all);
+      };
+    }
     const ExecuteStats stats = execute_plan(checkpoint, plan, work, one);
+    before.bytes_done += last.bytes_done;
+    before.tensors_done += last.tensors_done;
+    before.tensors_total += last.tensors_total;
     summary.execute.seconds_stream += stats.seconds_stream;
     summary.execute.seconds_flush += stats.seconds_flush;
     summary.execute.bytes_read += stats.bytes_read;
