@@ -443,34 +443,45 @@ std::vector<Fp8Weight> find_fp8_weights(const std::vector<Shard>& shards, const 
 }
 
 // Rounds float values to the nearest FP8 value, ties to even, saturating at
-// the largest finite value.
+// the largest finite value: the rounding of the mantissa done on the float's
+// bits (normal range) or on the value scaled to units of the smallest
+// subnormal (below it). Checked against a nearest-value search over the
+// code table for every float.
 class Fp8Encoder {
  public:
-  explicit Fp8Encoder(DType dtype) {
-    const std::uint8_t last = dtype == DType::kF8_E4M3 ? 0x7E : 0x7B;  // largest finite codes
-    for (unsigned c = 0; c <= last; ++c) {
-      const auto code = static_cast<std::uint8_t>(c);
-      values_.push_back(dtype == DType::kF8_E4M3 ? ctquant::f8_e4m3_to_float(code)
-                                                 : ctquant::f8_e5m2_to_float(code));
-    }
-  }
-  float max() const { return values_.back(); }
+  explicit Fp8Encoder(DType dtype)
+      : mantissa_bits_(dtype == DType::kF8_E4M3 ? 3 : 2),
+        bias_(dtype == DType::kF8_E4M3 ? 7 : 15),
+        max_code_(dtype == DType::kF8_E4M3 ? 0x7E : 0x7B),
+        max_(dtype == DType::kF8_E4M3 ? ctquant::f8_e4m3_to_float(0x7E)
+                                      : ctquant::f8_e5m2_to_float(0x7B)),
+        min_normal_(std::ldexp(1.0f, 1 - bias_)) {}
+  float max() const { return max_; }
   std::uint8_t encode(float x) const {
-    const float a = std::min(std::fabs(x), max());
-    const auto hi_it = std::lower_bound(values_.begin(), values_.end(), a);
-    auto code = static_cast<std::size_t>(hi_it - values_.begin());
-    if (code > 0 && values_[code] != a) {
-      const std::size_t lo = code - 1;
-      const float d_lo = a - values_[lo];
-      const float d_hi = values_[code] - a;
-      if (d_lo < d_hi || (d_lo == d_hi && lo % 2 == 0)) code = lo;
+    const float a = std::min(std::fabs(x), max_);
+    unsigned code = 0;
+    if (a < min_normal_) {
+      code = static_cast<unsigned>(std::nearbyint(std::ldexp(a, bias_ - 1 + mantissa_bits_)));
+    } else {
+      const int drop = 23 - mantissa_bits_;
+      std::uint32_t bits = std::bit_cast<std::uint32_t>(a);
+      bits += (1u << (drop - 1)) - 1 + ((bits >> drop) & 1u);  // round half to even
+      bits >>= drop;
+      const int exponent = static_cast<int>(bits >> mantissa_bits_) - 127 + bias_;
+      code = (static_cast<unsigned>(exponent) << mantissa_bits_) |
+             (bits & ((1u << mantissa_bits_) - 1));
+      code = std::min(code, max_code_);
     }
-    const auto magnitude = static_cast<std::uint8_t>(code);
-    return magnitude != 0 && x < 0 ? static_cast<std::uint8_t>(magnitude | 0x80u) : magnitude;
+    return code != 0 && x < 0 ? static_cast<std::uint8_t>(code | 0x80u)
+                              : static_cast<std::uint8_t>(code);
   }
 
  private:
-  std::vector<float> values_;  // value of each non-negative finite code, increasing
+  int mantissa_bits_;
+  int bias_;
+  unsigned max_code_;
+  float max_;
+  float min_normal_;
 };
 
 // The scale stored for a block of amax (in the scale's dtype), as a float.
