@@ -124,7 +124,7 @@ TEST(Cli, UsageErrorsExitTwo) {
       {{"quantize", in}, "OUTPUT"},
       {{"quantize", in, out, "--threads", "0"}, "--threads"},
       {{"quantize", in, out, "--threads", "many"}, "--threads"},
-      {{"quantize", in, out, "--scheme", "W3A16"}, "--scheme W3A16: unknown scheme"},
+      {{"quantize", in, out, "--scheme", "W3A16"}, "unknown scheme 'W3A16' (known presets: W4A16"},
       {{"quantize", in, out, "--group-size", "0"}, "--group-size 0: expected a positive number"},
       {{"quantize", in, out, "--group-size", "-2"}, "--group-size: -2 is not a whole number"},
       {{"quantize", in, out, "--group-size", "100000000000000000000"}, "--group-size"},
@@ -185,11 +185,19 @@ TEST(Cli, BadInputExitsOneNamingTheTensor) {
       run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "-q", "--ignore",
                    "re:.*up_proj$"});
   EXPECT_EQ(ignored.exit_code, 0) << ignored.err;
+  // Group size 20 divides it, but no vLLM kernel runs it (lint L10): written
+  // only when asked for.
   const CommandResult g20 = run_ctquant(
       {"quantize", (tmp / "in").string(), (tmp / "out20").string(), "-q", "--group-size", "20"});
-  EXPECT_EQ(g20.exit_code, 0) << g20.err;
+  EXPECT_EQ(g20.exit_code, 1) << g20.err;
+  EXPECT_TRUE(contains(g20.err, "L10 error")) << g20.err;
+  EXPECT_FALSE(fs::exists(tmp / "out20"));
+  const CommandResult g20_allowed =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out20").string(), "-q",
+                   "--group-size", "20", "--allow-unloadable"});
+  EXPECT_EQ(g20_allowed.exit_code, 0) << g20_allowed.err;
   EXPECT_EQ(read_json(tmp / "out20" / "config.json")["quantization_config"]["config_groups"]
-                                                    ["group_0"]["weights"]["group_size"],
+                                                    ["config_group_0"]["weights"]["group_size"],
             20);
 }
 
@@ -257,7 +265,7 @@ TEST(Cli, IgnoreAndTargetsReachConfig) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
   EXPECT_EQ(qc["ignore"], json({"re:.*q_proj$", "model.layers.0.mlp.down_proj"}));
-  EXPECT_EQ(qc["config_groups"]["group_0"]["targets"], json({"Linear"}));
+  EXPECT_EQ(qc["config_groups"]["W4A16"]["targets"], json({"Linear"}));
   // lm_head is no longer ignored: with the default gone it is quantized.
   const SafetensorsHeader h = read_header(tmp / "out" / "model.safetensors", "model.safetensors");
   EXPECT_NE(h.find("lm_head.weight_packed"), nullptr);
@@ -274,10 +282,12 @@ TEST(Cli, SchemesAndChannelWise) {
     int num_bits;
     bool symmetric;
     json group;
-  } cases[] = {{"W8A16", nullptr, 8, true, 128},
-               {"W4A16_ASYM", nullptr, 4, false, 128},
-               {"W4A16", "-1", 4, true, nullptr},
-               {"W4A16", "64", 4, true, 64}};
+    const char* key;  // the config_groups key: the preset, or a changed preset's
+  } cases[] = {{"W8A16", nullptr, 8, true, 128, "W8A16"},
+               {"W4A16_ASYM", nullptr, 4, false, 128, "W4A16_ASYM"},
+               {"W4A16", "-1", 4, true, nullptr, "config_group_0"},
+               {"W4A16", "64", 4, true, 64, "config_group_0"},
+               {"W4A16", "128", 4, true, 128, "W4A16"}};
   int i = 0;
   for (const auto& c : cases) {
     const fs::path out = tmp / ("out" + std::to_string(i++));
@@ -290,11 +300,63 @@ TEST(Cli, SchemesAndChannelWise) {
     const CommandResult r = run_ctquant(args);
     ASSERT_EQ(r.exit_code, 0) << c.scheme << r.err;
     const json w = read_json(
-        out / "config.json")["quantization_config"]["config_groups"]["group_0"]["weights"];
+        out / "config.json")["quantization_config"]["config_groups"][c.key]["weights"];
     EXPECT_EQ(w["num_bits"], c.num_bits) << c.scheme;
     EXPECT_EQ(w["symmetric"], c.symmetric) << c.scheme;
     EXPECT_EQ(w["group_size"], c.group) << c.scheme;
   }
+}
+
+// --scheme-for adds groups tried before --scheme; the config keys them by
+// preset; bad specs and flags that do not apply are usage errors.
+TEST(Cli, SchemeForAndQuantizationConfig) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const std::string in = (tmp / "in").string();
+  const CommandResult r = run_ctquant({"quantize", in, (tmp / "out").string(), "-q",
+                                       "--scheme-for", "re:.*self_attn\\..*=W8A16"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["config_groups"]["W8A16"]["targets"], json({"re:.*self_attn\\..*"}));
+  EXPECT_EQ(qc["config_groups"]["W4A16"]["targets"], json({"Linear"}));
+  EXPECT_EQ(qc["format"], "pack-quantized");
+  const SafetensorsHeader h = read_header(tmp / "out" / "model.safetensors", "model.safetensors");
+  // W8A16 packs 4 codes per int32, W4A16 8.
+  const TensorEntry* q = h.find("model.layers.0.self_attn.q_proj.weight_packed");
+  const TensorEntry* down = h.find("model.layers.0.mlp.down_proj.weight_packed");
+  ASSERT_TRUE(q != nullptr && down != nullptr);
+  EXPECT_EQ(q->shape[1] * 4, read_header(tmp / "in" / "model.safetensors", "in")
+                                 .find("model.layers.0.self_attn.q_proj.weight")
+                                 ->shape[1]);
+
+  write_file(tmp / "qc.json", R"({"config_groups": {"W8A16": ["re:.*mlp.*"]}, "ignore": ["lm_head"]})");
+  for (const auto& [args, fragment] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--scheme-for", "W8A16"}, "expected PATTERN=PRESET"},
+           {{"--scheme-for", "re:.*=W5A16"}, "unknown scheme 'W5A16'"},
+           {{"--quantization-config", (tmp / "qc.json").string(), "--scheme", "W8A16"},
+            "--scheme does not apply with --quantization-config"},
+           {{"--quantization-config", (tmp / "qc.json").string(), "--group-size", "64"},
+            "--group-size does not apply"},
+           {{"--scheme", "W4A16", "--group-size", "32", "--scheme-for", "a=W8A16"}, ""}}) {
+    std::vector<std::string> full{"quantize", in, (tmp / "bad").string(), "--dry-run", "-q"};
+    full.insert(full.end(), args.begin(), args.end());
+    const CommandResult bad = run_ctquant(full);
+    if (fragment.empty()) {
+      EXPECT_NE(bad.exit_code, 2) << bad.err;
+      continue;
+    }
+    EXPECT_EQ(bad.exit_code, 2) << fragment << bad.err;
+    EXPECT_TRUE(contains(bad.err, fragment)) << bad.err;
+    EXPECT_FALSE(fs::exists(tmp / "bad"));
+  }
+  const CommandResult cfg = run_ctquant({"quantize", in, (tmp / "cfg").string(), "-q",
+                                         "--quantization-config", (tmp / "qc.json").string(),
+                                         "--ignore", "model.embed_tokens"});
+  ASSERT_EQ(cfg.exit_code, 0) << cfg.err;
+  const json qc2 = read_json(tmp / "cfg" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc2["ignore"], json({"lm_head", "model.embed_tokens"}));
+  EXPECT_EQ(qc2["config_groups"]["W8A16"]["targets"], json({"re:.*mlp.*"}));
 }
 
 }  // namespace

@@ -181,9 +181,15 @@ void write_many_shards(const fs::path& dir, int n) {
     const std::string name = fmt::format("model.layers.{}.mlp.down_proj.weight", i);
     test::FakeTensor w = test::random_weight(name, DType::kBF16, 64, 128,
                                              static_cast<std::uint32_t>(i + 1));
-    total += w.data.size();
-    test::write_safetensors(dir / file, {w});
+    // A norm in every shard: copied tensors, whose input is read by the
+    // writer rather than the workers.
+    const std::string norm = fmt::format("model.layers.{}.post_attention_layernorm.weight", i);
+    test::FakeTensor norm_tensor{norm, DType::kBF16, {128},
+                       test::float_bytes(DType::kBF16, std::vector<float>(128, 1.0f))};
+    total += w.data.size() + norm_tensor.data.size();
+    test::write_safetensors(dir / file, {norm_tensor, w});
     index["weight_map"][name] = file;
+    index["weight_map"][norm] = file;
   }
   index["metadata"]["total_size"] = total;
   test::write_file(dir / "model.safetensors.index.json", index.dump(2));
@@ -231,7 +237,7 @@ TEST(ManyShards, QuantizeUnderShellUlimit) {
       (tmp / "in").string(), (tmp / "out").string()));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(test::read_json(tmp / "out" / "model.safetensors.index.json")["weight_map"].size(),
-            3u * kManyShards);
+            4u * kManyShards);
 }
 
 }  // namespace

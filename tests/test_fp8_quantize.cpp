@@ -45,7 +45,7 @@ QuantizeOptions options_for(const fs::path& in, const fs::path& out,
   o.input = in;
   o.output = out;
   o.plan.ignore = std::move(ignore);
-  o.plan.scheme.group_size = 0;  // channel-wise: any in_features is accepted
+  test::set_group_size(o.plan, 0);  // channel-wise: any in_features is accepted
   o.threads = 1;
   o.fsync = false;
   return o;
@@ -173,7 +173,7 @@ TEST(Fp8Quantize, BlockFp8PartialBlocksMatchReference) {
   // config.json: the new block only, nothing of the old one left.
   const json config = json::parse(test::read_file(dir / "out-1-4194304" / "config.json"));
   EXPECT_EQ(config["quantization_config"],
-            quantization_config(channel, {"lm_head", "re:.*down_proj$"}, {"Linear"}));
+            test::single_group_config(test::int_group(4, true, 0), {"lm_head", "re:.*down_proj$"}));
   EXPECT_EQ(config["model_type"], "llama");
 }
 
@@ -240,7 +240,7 @@ TEST(Fp8Plan, FatesOfBlockFp8Tensors) {
       FakeTensor{"a.q_proj.input_scale", DType::kF32, {}, test::float_bytes(DType::kF32, {1.0f})});
   write_checkpoint(dir / "in", block_config(kBh, kBw), tensors);
   PlanOptions p;
-  p.scheme.group_size = 0;
+  test::set_group_size(p, 0);
   p.ignore = {"lm_head", "re:.*v_proj$"};
   const QuantizePlan plan = make_plan(open_checkpoint(dir / "in"), p);
   std::map<std::string, Fate> fates;
@@ -435,7 +435,7 @@ INSTANTIATE_TEST_SUITE_P(
         BlockCorruptionCase{"ThreeDExpert",
                             BlockCorruption::kThreeDExpert,
                             {"tensor 'model.layers.0.mlp.up_proj.weight'",
-                             "3-D FP8 expert tensor [1, 5, 10]", "not supported yet"}},
+                             "3-D FP8 expert tensor [1, 5, 10]", "splits stacked experts only"}},
         BlockCorruptionCase{"FnuzWeight",
                             BlockCorruption::kFnuzWeight,
                             {"dtype F8_E4M3FNUZ is not dequantized", "must not carry F8 tensors"}},
@@ -521,10 +521,13 @@ TEST(Fp8Quantize, CompressedTensorsScaleShapesAndDtypes) {
     std::sort(names.begin(), names.end());
     EXPECT_EQ(names, (std::vector<std::string>{"lm_head.weight", "m.up_proj.weight"}));
     const json config = json::parse(test::read_file(dir / "out" / "config.json"));
-    QuantScheme channel;
-    channel.group_size = 0;
-    EXPECT_EQ(config["quantization_config"],
-              quantization_config(channel, {"lm_head", "m.up_proj"}, {"Linear"}));
+    // Nothing quantized: the group keeps format null, the top level is
+    // "dense" (schemes.md 9.2).
+    PlanOptions none;
+    none.groups = {test::int_group(4, true, 0)};
+    none.ignore = {"lm_head", "m.up_proj"};
+    EXPECT_EQ(config["quantization_config"], plan_quantization_config(none, {0}));
+    EXPECT_EQ(config["quantization_config"]["format"], "dense");
   }
 }
 

@@ -1,10 +1,13 @@
-// Golden end-to-end runs: every case of tests/golden/cases.json that ctquant
-// supports is quantized with the case's scheme and ignore list, and the output
-// must equal tests/golden/<case>/expected/ tensor by tensor (section 5 of the
-// format spec; tests/golden/README.md says what must match).
+// Golden end-to-end runs: every case of tests/golden/cases.json is quantized
+// with the case's scheme (or QuantizationConfig) and ignore list, and the
+// output must equal tests/golden/<case>/expected/ tensor by tensor (section 5
+// of the format spec; tests/golden/README.md says what must match). Adding a
+// case is adding its folder and its cases.json entry.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
+#include <stdexcept>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -13,6 +16,9 @@
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/exec/quantize.hpp"
+#include "ctquant/plan/quant_config.hpp"
+#include "ctquant/scheme/registry.hpp"
+#include "golden_support.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {
@@ -21,62 +27,20 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The golden cases these tests run, by their name in cases.json. Adding a
-// case is adding its name here. The FP8 inputs (section 6 of the format spec)
-// are dequantized exactly first; fp8-block's square weights have asymmetric
-// 128 x 128 scale grids, so it also pins the grid's orientation.
-const std::vector<std::string> kGoldenCases = {
-    "llama-bf16",       "llama-f16",       "llama-f32",          "dflash-bf16-sharded",
-    "llama-bf16-w8a16", "llama-bf16-asym", "llama-bf16-channel", "llama-bf16-g32",
-    "fp8-block",        "fp8-ct-channel",
-};
-
-// fp8-block ignores v_proj and down_proj but quantizes q/k_proj and
-// gate/up_proj: a split fused q/k/v group that vLLM would refuse, which lint
-// L3 stops (GoldenCases.Fp8BlockIgnoreListIsStoppedByLint). The fixture still
-// defines the bytes, so its runs pass allow_unloadable.
-bool splits_fused_group(const std::string& name) { return name == "fp8-block"; }
-
-// One entry of cases.json.
-struct GoldenCase {
-  std::string name;
-  std::string scheme;  // W4A16, W8A16, W4A16_ASYM
-  int num_bits = 0;
-  bool symmetric = true;
-  long long group_size = 0;  // -1: channel-wise
-  std::vector<std::string> ignore;
-};
-
-json load_cases() { return read_json(golden_dir() / "cases.json"); }
-
-GoldenCase find_case(const std::string& name) {
-  for (const json& c : load_cases()) {
-    if (c.at("case") != name) continue;
-    return GoldenCase{c.at("case"),       c.at("scheme"),
-                      c.at("num_bits"),   c.at("symmetric"),
-                      c.at("group_size"), c.at("ignore").get<std::vector<std::string>>()};
-  }
-  throw std::runtime_error("no golden case " + name + " in cases.json");
-}
-
-// The scheme of a case as the library takes it (group_size -1 -> 0, channel-wise).
-QuantScheme scheme_of(const GoldenCase& c) {
-  QuantScheme scheme;
-  scheme.name = c.scheme;
-  scheme.num_bits = c.num_bits;
-  scheme.symmetric = c.symmetric;
-  scheme.group_size = c.group_size == -1 ? 0 : static_cast<std::uint64_t>(c.group_size);
-  return scheme;
-}
-
-fs::path input_of(const GoldenCase& c) { return golden_dir() / c.name / "input"; }
-fs::path expected_of(const GoldenCase& c) { return golden_dir() / c.name / "expected"; }
+// Cases whose scheme has no family in the registry are skipped, naming it.
+#define SKIP_UNLESS_SUPPORTED(c)                                     \
+  do {                                                               \
+    try {                                                            \
+      check_plan_options(plan_of(c));                                \
+    } catch (const Error& e) {                                       \
+      GTEST_SKIP() << (c).name << ": not in the registry: " << e.what(); \
+    }                                                                \
+  } while (0)
 
 QuantizeSummary run_library(const GoldenCase& c, const fs::path& output, unsigned threads,
                             std::uint64_t chunk_bytes = 4u << 20) {
   QuantizeOptions options = test_options(input_of(c), output);
-  options.plan.scheme = scheme_of(c);
-  options.plan.ignore = c.ignore;
+  options.plan = plan_of(c);
   options.threads = threads;
   options.chunk_bytes = chunk_bytes;
   options.allow_unloadable = splits_fused_group(c.name);
@@ -87,36 +51,36 @@ class Golden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Golden, LibraryOutputEqualsExpected) {
   const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
   TempDir tmp;
   const auto input_before = snapshot_files(input_of(c));
   const QuantizeSummary summary = run_library(c, tmp / "out", 2);
-  EXPECT_EQ(diff_checkpoints(tmp / "out", expected_of(c)), "");
+  EXPECT_EQ(diff_golden(tmp / "out", expected_of(c), c.by_library), "");
   EXPECT_EQ(snapshot_files(input_of(c)), input_before) << "the input was modified";
   EXPECT_GT(summary.tensors_quantized, 0u);
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }
 
-// The config.json written is the expected one as a JSON value, and its
-// quantization_config carries the case's scheme (a check that the case was
-// run with the parameters cases.json gives, independent of the fixture).
+// The config.json written carries the case's groups and ignore list (a
+// check that the case was run with the parameters cases.json gives,
+// independent of the fixture), and equals the expected one as a JSON value.
 TEST_P(Golden, ConfigCarriesTheCaseScheme) {
   const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
   TempDir tmp;
   run_library(c, tmp / "out", 1);
   const json config = read_json(tmp / "out" / "config.json");
   const json& qc = config.at("quantization_config");
-  const json& weights = qc.at("config_groups").at("group_0").at("weights");
-  EXPECT_EQ(weights.at("num_bits"), c.num_bits);
-  EXPECT_EQ(weights.at("symmetric"), c.symmetric);
-  if (c.group_size == -1) {
-    EXPECT_EQ(weights.at("strategy"), "channel");
-    EXPECT_TRUE(weights.at("group_size").is_null());
-  } else {
-    EXPECT_EQ(weights.at("strategy"), "group");
-    EXPECT_EQ(weights.at("group_size"), c.group_size);
+  const PlanOptions plan = plan_of(c);
+  EXPECT_EQ(qc.at("config_groups").size(), plan.groups.size());
+  for (const SchemeGroup& g : plan.groups) {
+    const json* group = c.by_library ? &qc.at("config_groups").at(g.name)
+                                     : &qc.at("config_groups").begin().value();
+    EXPECT_EQ(group->at("weights"), quant_args_json(g.weights)) << g.name;
+    EXPECT_EQ(group->at("targets"), json(g.targets)) << g.name;
   }
-  EXPECT_EQ(qc.at("ignore"), json(c.ignore));
-  EXPECT_EQ(config, read_json(expected_of(c) / "config.json"));
+  EXPECT_EQ(qc.at("ignore"), json(plan.ignore));
+  EXPECT_EQ(diff_golden(tmp / "out", expected_of(c), c.by_library), "");
 }
 
 // Output bytes never depend on the thread count or on how rows are chunked:
@@ -124,9 +88,10 @@ TEST_P(Golden, ConfigCarriesTheCaseScheme) {
 // chunks (every quantized weight split into many row chunks).
 TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
   TempDir tmp;
   run_library(c, tmp / "t1", 1);
-  ASSERT_EQ(diff_checkpoints(tmp / "t1", expected_of(c)), "");
+  ASSERT_EQ(diff_golden(tmp / "t1", expected_of(c), c.by_library), "");
   run_library(c, tmp / "t2", 2);
   EXPECT_EQ(diff_bytes(tmp / "t2", tmp / "t1"), "");
   run_library(c, tmp / "t8", 8);
@@ -140,11 +105,17 @@ TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
 // The real binary with the CLI flags a user would type for the case.
 TEST_P(Golden, BinaryOutputEqualsExpected) {
   const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
   TempDir tmp;
-  std::vector<std::string> args{
-      "quantize", input_of(c).string(), (tmp / "out").string(),       "--scheme",
-      c.scheme,   "--group-size",       std::to_string(c.group_size), "--threads",
-      "3"};
+  std::vector<std::string> args{"quantize", input_of(c).string(), (tmp / "out").string(),
+                                "--threads", "3"};
+  if (c.scheme == "config") {
+    write_file(tmp / "config.json", c.config.dump());
+    args.insert(args.end(), {"--quantization-config", (tmp / "config.json").string()});
+  } else {
+    args.insert(args.end(), {"--scheme", c.scheme});
+    if (c.group_size) args.insert(args.end(), {"--group-size", std::to_string(*c.group_size)});
+  }
   for (const std::string& entry : c.ignore) {
     args.push_back("--ignore");
     args.push_back(entry);
@@ -157,10 +128,10 @@ TEST_P(Golden, BinaryOutputEqualsExpected) {
     EXPECT_NE(r.err.find("FP8 weights are dequantized to BF16 exactly"), std::string::npos)
         << r.err;
   }
-  EXPECT_EQ(diff_checkpoints(tmp / "out", expected_of(c)), "");
+  EXPECT_EQ(diff_golden(tmp / "out", expected_of(c), c.by_library), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(kGoldenCases),
+INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(case_names()),
                          [](const ::testing::TestParamInfo<std::string>& param) {
                            std::string name = param.param;
                            for (char& ch : name) {
@@ -168,20 +139,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(kGoldenCases),
                            }
                            return name;
                          });
-
-// cases.json and the list above agree: every listed case exists, and every
-// case of cases.json is listed.
-TEST(GoldenCases, ListCoversCasesJson) {
-  std::vector<std::string> in_json;
-  for (const json& c : load_cases()) in_json.push_back(c.at("case"));
-  for (const std::string& name : kGoldenCases) {
-    EXPECT_NE(std::find(in_json.begin(), in_json.end(), name), in_json.end()) << name;
-  }
-  for (const std::string& name : in_json) {
-    EXPECT_NE(std::find(kGoldenCases.begin(), kGoldenCases.end(), name), kGoldenCases.end())
-        << name << " is in cases.json but not tested";
-  }
-}
 
 // Without --allow-unloadable the fp8-block ignore list is stopped by lint L3
 // before anything is written.
@@ -215,9 +172,10 @@ TEST(GoldenCompare, ReportsFirstDifferingTensorAndByte) {
   std::string bytes = read_file(shard);
   bytes[header.data_start + packed->begin + 5] ^= 0x01;
   write_file(shard, bytes);
-  const std::string diff = diff_checkpoints(tmp / "copy", expected_of(c));
+  const std::string diff = diff_golden(tmp / "copy", expected_of(c), c.by_library);
   EXPECT_NE(diff.find("'model.layers.0.mlp.down_proj.weight_packed'"), std::string::npos) << diff;
   EXPECT_NE(diff.find("byte 5 "), std::string::npos) << diff;
+  EXPECT_EQ(diff_golden(expected_of(c), expected_of(c), c.by_library), "");
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ TEST(HfCache, SnapshotIsReadWithoutFollowSymlinks) {
   Cache cache;
   const fs::path out = cache.tmp / "out";
   quantize(llama_options(cache.snapshot, out));  // follow_symlinks is off
-  EXPECT_EQ(test::diff_checkpoints(out, golden_case("llama-bf16") / "expected"), "");
+  EXPECT_EQ(test::diff_golden(out, golden_case("llama-bf16") / "expected", false), "");
   EXPECT_FALSE(fs::is_symlink(out / "config.json"));
 }
 
@@ -99,7 +99,7 @@ TEST(HfCache, RepoIdResolvesThroughRefsMain) {
   const fs::path out = cache.tmp / "out";
   const CommandResult r = test::run_ctquant(llama_args({"quantize", "acme/llama-tiny", out.string()}), run);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::diff_checkpoints(out, golden_case("llama-bf16") / "expected"), "");
+  EXPECT_EQ(test::diff_golden(out, golden_case("llama-bf16") / "expected", false), "");
   test::expect_message(r.err, {"acme/llama-tiny: the Hugging Face cache snapshot",
                                std::string("snapshots/") + kCommitMain});
 }
@@ -123,7 +123,7 @@ TEST(HfCache, RevisionSelectsABranchOrACommit) {
   const CommandResult r = test::run_ctquant(
       llama_args({"quantize", "acme/llama-tiny", out.string(), "--revision", kCommitOld}), run);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::diff_checkpoints(out, expected_old), "");
+  EXPECT_EQ(test::diff_golden(out, expected_old, false), "");
 }
 
 TEST(HfCache, NotCachedNamesWhereItLooked) {
@@ -178,7 +178,7 @@ TEST(HfCache, ExistingPathWinsOverRepoId) {
   const CommandResult r =
       test::run_ctquant(llama_args({"quantize", "acme/llama-tiny", (cache.tmp / "out").string()}), run);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::diff_checkpoints(cache.tmp / "out", golden_case("llama-f16") / "expected"), "");
+  EXPECT_EQ(test::diff_golden(cache.tmp / "out", golden_case("llama-f16") / "expected", false), "");
 
   const CommandResult with_revision = test::run_ctquant(
       {"quantize", "acme/llama-tiny", (cache.tmp / "out2").string(), "--revision", "main"}, run);

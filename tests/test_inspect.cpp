@@ -140,7 +140,7 @@ TEST(InspectPlan, JsonListsFatesRulesAndMatches) {
   EXPECT_EQ(plan["ignore"][1]["entry"], "re:.*g_proj$");
   EXPECT_EQ(plan["ignore"][1]["modules"],
             json({"layers.0.self_attn.g_proj", "layers.1.self_attn.g_proj"}));
-  EXPECT_EQ(plan["targets"][0]["modules"].size(), 13u);
+  EXPECT_EQ(plan["groups"][0]["targets"][0]["modules"].size(), 13u);
   EXPECT_EQ(plan["outputs"].size(), 2u);
   EXPECT_TRUE(j["lint"].is_array());
   EXPECT_TRUE(j["lint"].empty());
@@ -175,7 +175,7 @@ TEST(InspectCli, DryRunPrintsThePlanAndWritesNothing) {
       test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run",
                          "--ignore", kDFlashIgnore[0], "--ignore", kDFlashIgnore[1]});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(r.out.starts_with("plan: W4A16 (4-bit int, symmetric, group size 128)"));
+  EXPECT_TRUE(r.out.starts_with("plan: W4A16 (4-bit int, symmetric, group size 128; pack-quantized)"));
   EXPECT_TRUE(contains(r.out, "\n  re:.*qkv_proj$: 2 modules\n    layers.0.self_attn.qkv_proj\n"));
   EXPECT_TRUE(contains(r.out, "  quantize  fc.weight"));
   EXPECT_TRUE(contains(r.out, "expected output size: "));

@@ -10,6 +10,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/lint/lint.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
@@ -35,7 +36,7 @@ Linted lint_layout(const std::vector<FakeSpec>& specs, const json& config,
   const Checkpoint checkpoint = open_checkpoint(dir.path());
   PlanOptions options;
   options.ignore = std::move(ignore);
-  options.targets = std::move(targets);
+  options.groups.front().targets = std::move(targets);
   Linted out;
   out.plan = make_plan(checkpoint, options);
   out.findings = run_lint(checkpoint, out.plan, LintOptions{tp});
@@ -164,7 +165,7 @@ TEST(LintL1, TargetEntryThatMatchesNothing) {
   const auto l1 = with_id(r.findings, "L1");
   ASSERT_EQ(l1.size(), 1u);
   EXPECT_TRUE(contains(l1[0].message, "targets entry 're:.*attention\\.wq$' matched 0 modules"));
-  EXPECT_EQ(r.plan.target_matches, std::vector<std::vector<std::string>>{{}});
+  EXPECT_EQ(r.plan.target_matches, std::vector<std::vector<std::vector<std::string>>>{{{}}});
 }
 
 // The default ignore list ({"lm_head"}) on a draft without lm_head: nothing
@@ -271,7 +272,7 @@ TEST(LintL3, ExpertsOfOneLayerSplitIsError) {
   EXPECT_TRUE(contains(l3[0].message,
                        "the experts of 1 MoE layer "
                        "(model.layers.0.block_sparse_moe.experts) are split: 3 "
-                       "expert weights quantized, 3 not"));
+                       "expert weights quantized one way, 3 not"));
 }
 
 TEST(LintL3, WholeGroupIgnoredIsFine) {
@@ -334,7 +335,7 @@ TEST(LintL5, RouterShapeNoTensorParallelDegreeWorks) {
   EXPECT_EQ(l5[0].severity, Severity::kWarning);
   EXPECT_EQ(l5[0].tensors, std::vector<std::string>{"model.layers.0.mlp.gate.weight"});
   EXPECT_TRUE(contains(l5[0].message, "[60, 2048] (column-parallel"));
-  EXPECT_TRUE(contains(l5[0].message, "out_features per shard 60 is not a multiple of 64"));
+  EXPECT_TRUE(contains(l5[0].message, "out_features 60 per shard is not a multiple of 64"));
   EXPECT_TRUE(contains(l5[0].message, "TP degrees that work: none of 1, 2, 4, 8"));
   EXPECT_EQ(l5[0].fix, "keep it in 16 bits: --ignore 're:.*\\.gate$'");
 }
@@ -348,7 +349,7 @@ TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
       with_id(lint_layout(llama_layer(), kLlamaConfig, {}, {"Linear"}, 8).findings, "L5");
   ASSERT_EQ(l5.size(), 3u);
   EXPECT_EQ(l5[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.k_proj.weight"});
-  EXPECT_TRUE(contains(l5[0].message, "out_features per shard 32 is not a multiple of 64"));
+  EXPECT_TRUE(contains(l5[0].message, "out_features 32 per shard is not a multiple of 64"));
   EXPECT_TRUE(contains(l5[0].message, "TP degrees that work: 1, 2, 4"));
   // k_proj is fused with q_proj and v_proj: the fix keeps the whole group.
   EXPECT_EQ(l5[0].fix,
@@ -357,7 +358,12 @@ TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
   EXPECT_EQ(l5[1].tensors, std::vector<std::string>{"model.layers.0.self_attn.v_proj.weight"});
   EXPECT_EQ(l5[2].tensors, std::vector<std::string>{"model.layers.0.mlp.down_proj.weight"});
   EXPECT_TRUE(contains(l5[2].message, "(row-parallel, split along in_features)"));
-  EXPECT_TRUE(contains(l5[2].message, "in_features per shard 704 is not a multiple of 128"));
+  EXPECT_TRUE(contains(l5[2].message, "in_features 704 per shard is not a multiple of 128"));
+  // 704 is not a multiple of the group size either: vLLM refuses that shard.
+  EXPECT_TRUE(contains(l5[2].message, "in_features 704 per shard is not a multiple of the group "
+                                      "size 128"));
+  EXPECT_EQ(l5[2].severity, Severity::kError);
+  EXPECT_EQ(l5[0].severity, Severity::kWarning);
 }
 
 // Following the L5 fix for a member of a fused group must not lead into an
@@ -593,11 +599,66 @@ TEST(QuantizeLintCli, StrictAndTensorParallelFlags) {
   tp4.insert(tp4.end(), {"--tp", "4", "--strict", "--dry-run"});
   const auto r = test::run_ctquant(tp4);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(contains(r.err, "L5 warning: Marlin"));
+  // 192 is not a multiple of the group size 128 either: an error.
+  EXPECT_TRUE(contains(r.err, "L5 error: vLLM's pack-quantized kernels"));
   EXPECT_TRUE(contains(r.err, "fc.weight"));
   std::vector<std::string> tp2 = base;
   tp2.insert(tp2.end(), {"--tp", "2", "--strict", "--dry-run"});
   EXPECT_EQ(test::run_ctquant(tp2).exit_code, 0);
+}
+
+// Plans and lints a layout with the given scheme groups.
+Linted lint_groups(const std::vector<FakeSpec>& specs, std::vector<SchemeGroup> groups) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), specs, kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  PlanOptions options;
+  options.groups = std::move(groups);
+  options.ignore = {};
+  Linted out;
+  out.plan = make_plan(checkpoint, options);
+  out.findings = run_lint(checkpoint, out.plan, LintOptions{1});
+  return out;
+}
+
+SchemeGroup group_for(const std::string& preset, std::vector<std::string> targets) {
+  SchemeGroup g = preset_group(preset);
+  g.targets = std::move(targets);
+  return g;
+}
+
+
+// ---- L11 ----
+
+// Two regex groups overlap on q_proj: ctquant gives it to the first group
+// given (W8A16), vLLM to the first in name order (W4A16_ASYM).
+TEST(LintL11, OverlappingRegexGroupsResolveDifferentlyInVllm) {
+  const Linted r = lint_groups(llama_layer(), {group_for("W8A16", {"re:.*self_attn\\..*"}),
+                                               group_for("W4A16_ASYM", {"re:.*q_proj$"}),
+                                               group_for("W4A16", {"Linear"})});
+  const auto l11 = with_id(r.findings, "L11");
+  ASSERT_EQ(l11.size(), 1u);
+  EXPECT_EQ(l11[0].severity, Severity::kError);
+  EXPECT_EQ(l11[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight"});
+  EXPECT_TRUE(contains(l11[0].message, "quantized with group 'W8A16' would be read by vLLM as "
+                                       "group 'W4A16_ASYM'"));
+}
+
+// A Linear group given first takes everything here; vLLM prefers any
+// pattern that matches over the class name, so the MLP would go to W8A16.
+TEST(LintL11, LinearGroupBeforePatternGroupIsError) {
+  const Linted r = lint_groups(llama_layer(), {group_for("W4A16", {"Linear"}),
+                                               group_for("W8A16", {"re:.*mlp\\..*"})});
+  const auto l11 = with_id(r.findings, "L11");
+  ASSERT_EQ(l11.size(), 1u);
+  EXPECT_EQ(l11[0].tensors.size(), 3u);
+  EXPECT_TRUE(contains(l11[0].message, "3 modules quantized with group 'W4A16' would be read by "
+                                       "vLLM as group 'W8A16'"));
+  // The other order is what vLLM does: no finding.
+  const Linted ok = lint_groups(llama_layer(), {group_for("W8A16", {"re:.*mlp\\..*"}),
+                                                group_for("W4A16", {"Linear"})});
+  EXPECT_TRUE(with_id(ok.findings, "L11").empty());
+  EXPECT_EQ(ok.plan.group_modules, (std::vector<std::size_t>{3, 4}));
 }
 
 }  // namespace

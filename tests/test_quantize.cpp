@@ -148,7 +148,7 @@ TEST(QuantizePlan, TargetsRestrictWhatIsQuantized) {
   TempDir tmp;
   write_checkpoint(tmp / "in", rule_tensors(), kConfig);
   PlanOptions options;
-  options.targets = {"re:.*\\.mlp\\."};
+  options.groups.front().targets = {"re:.*\\.mlp\\."};
   const QuantizePlan plan = make_plan(open_checkpoint(tmp / "in"), options);
   for (const TensorDecision& d : plan.decisions) {
     if (d.name == "model.layers.0.self_attn.q_proj.weight") {
@@ -161,7 +161,7 @@ TEST(QuantizePlan, TargetsRestrictWhatIsQuantized) {
     }
   }
   EXPECT_EQ(plan.n_quantized, 2u);
-  EXPECT_EQ(plan.config["quantization_config"]["config_groups"]["group_0"]["targets"],
+  EXPECT_EQ(plan.config["quantization_config"]["config_groups"]["W4A16"]["targets"],
             json({"re:.*\\.mlp\\."}));
 }
 
@@ -249,12 +249,14 @@ TEST(Quantize, WritesPackedTensorsAndCopiesTheRest) {
   EXPECT_EQ(qc.at("format"), "pack-quantized");
   EXPECT_EQ(qc.at("quant_method"), "compressed-tensors");
   EXPECT_EQ(qc.at("quantization_status"), "compressed");
-  EXPECT_EQ(qc.at("config_groups").at("group_0").at("weights").at("group_size"), 128);
-  EXPECT_EQ(qc.at("config_groups").at("group_0").at("targets"), json({"Linear"}));
+  EXPECT_EQ(qc.at("config_groups").at("W4A16").at("weights").at("group_size"), 128);
+  EXPECT_EQ(qc.at("config_groups").at("W4A16").at("targets"), json({"Linear"}));
 
   EXPECT_EQ(read_file(tmp / "out" / "tokenizer_config.json"), "{\"x\": 1}\n");
   EXPECT_EQ(read_file(tmp / "out" / "README.md"), "readme\n");
-  EXPECT_FALSE(fs::exists(tmp / "out" / "model.safetensors.index.json"));  // none in the input
+  // model_free_ptq writes an index for a single-file input too.
+  EXPECT_EQ(read_json(tmp / "out" / "model.safetensors.index.json")["weight_map"].size(),
+            read_header(tmp / "out" / "model.safetensors", "out").tensors.size());
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 
   // The summary counts the files on both sides.
@@ -382,7 +384,8 @@ TEST(Quantize, RowChunksEqualWholeTensorForEveryWidth) {
             std::pair{2u, std::uint64_t{1000}}}) {
         const fs::path out = tmp / ("out" + std::to_string(run++));
         QuantizeOptions options = test_options(tmp / "in", out);
-        options.plan.scheme = scheme;
+        options.plan.groups = {test::int_group(bits, symmetric, 32)};
+        options.allow_unloadable = true;  // vLLM runs 4 and 8 bits only (lint L10)
         options.threads = threads;
         options.chunk_bytes = chunk;
         quantize(options);
@@ -460,7 +463,7 @@ TEST(Quantize, SymlinkedSnapshotDirectory) {
   EXPECT_FALSE(fs::exists(tmp / "out"));
   options.follow_symlinks = true;
   quantize(options);
-  EXPECT_EQ(diff_bytes(tmp / "out", golden / "expected"), "");
+  EXPECT_EQ(diff_golden(tmp / "out", golden / "expected", /*group_keys=*/false), "");
   for (const auto& item : fs::directory_iterator(tmp / "out")) {
     EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(item.path()))) << item.path();
   }
@@ -532,7 +535,7 @@ std::vector<ErrorCase> error_cases() {
                    [](const fs::path& in) {
                      write_checkpoint(in, {weight("a.q_proj.weight", DType::kBF16, 8, 48)});
                    },
-                   [](QuantizeOptions& o) { o.plan.scheme.group_size = 32; },
+                   [](QuantizeOptions& o) { test::set_group_size(o.plan, 32); },
                    ErrorKind::kBadInput,
                    {"tensor 'a.q_proj.weight' [8, 48] has in_features 48, not a multiple of the "
                     "group size 32"},
@@ -768,7 +771,7 @@ std::vector<ErrorCase> error_cases() {
                    [](const fs::path& in) { fs::create_directories(in); },
                    [](QuantizeOptions& o) {
                      o.plan.ignore = {"re:a)"};
-                     o.plan.targets = {"re:(?<n"};
+                     o.plan.groups.front().targets = {"re:(?<n"};
                    },
                    ErrorKind::kUsage,
                    {"--ignore 're:a)'", "--targets 're:(?<n'"},
@@ -888,7 +891,7 @@ TEST(QuantizeOutput, ForceReplacesExistingOutput) {
   quantize(options);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : snapshot_files(tmp / "out")) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors", "model.safetensors.index.json"}));
   // Nothing but in/ and out/ remains: no temporary or set-aside directory.
   std::vector<std::string> entries;
   for (const auto& item : fs::directory_iterator(tmp.path())) {
@@ -988,7 +991,8 @@ TEST(QuantizeOutput, SingleFileInput) {
   EXPECT_EQ(summary.tensors_copied, 1u);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : snapshot_files(tmp / "out")) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "weights.safetensors"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors.index.json",
+                                      "weights.safetensors"}));
   const json config = read_json(tmp / "out" / "config.json");
   EXPECT_EQ(config.size(), 1u);
   EXPECT_EQ(config.at("quantization_config").at("format"), "pack-quantized");
@@ -1028,7 +1032,7 @@ TEST(Quantize, AsymmetricAndChannelWiseShapes) {
   TempDir tmp;
   write_checkpoint(tmp / "in", {weight("m.q_proj.weight", DType::kBF16, 20, 256)});
   QuantizeOptions asym = test_options(tmp / "in", tmp / "asym");
-  asym.plan.scheme = *scheme_by_name("W4A16_ASYM");
+  asym.plan.groups = {preset_group("W4A16_ASYM")};
   quantize(asym);
   const SafetensorsHeader a = read_header(tmp / "asym" / "model.safetensors", "asym");
   ASSERT_NE(a.find("m.q_proj.weight_zero_point"), nullptr);
@@ -1038,17 +1042,17 @@ TEST(Quantize, AsymmetricAndChannelWiseShapes) {
   EXPECT_EQ(
       read_json(
           tmp / "asym" /
-          "config.json")["quantization_config"]["config_groups"]["group_0"]["weights"]["zp_dtype"],
+          "config.json")["quantization_config"]["config_groups"]["W4A16_ASYM"]["weights"]["zp_dtype"],
       "torch.int8");
 
   QuantizeOptions channel = test_options(tmp / "in", tmp / "channel");
-  channel.plan.scheme.group_size = 0;
+  test::set_group_size(channel.plan, 0);
   quantize(channel);
   const SafetensorsHeader c = read_header(tmp / "channel" / "model.safetensors", "channel");
   EXPECT_EQ(c.find("m.q_proj.weight_scale")->shape, (std::vector<std::uint64_t>{20, 1}));
   const json weights =
       read_json(tmp / "channel" /
-                "config.json")["quantization_config"]["config_groups"]["group_0"]["weights"];
+                "config.json")["quantization_config"]["config_groups"]["config_group_0"]["weights"];
   EXPECT_EQ(weights["strategy"], "channel");
   EXPECT_TRUE(weights["group_size"].is_null());
 }

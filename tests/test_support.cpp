@@ -1,5 +1,7 @@
 #include "test_support.hpp"
 
+#include "ctquant/scheme/registry.hpp"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -188,6 +190,34 @@ QuantizeOptions test_options(const fs::path& input, const fs::path& output) {
   return options;
 }
 
+QuantArgs& args_of(PlanOptions& options) { return options.groups.front().weights; }
+
+void set_group_size(PlanOptions& options, std::uint64_t group_size) {
+  SchemeGroup& g = options.groups.front();
+  g.weights.strategy = group_size == 0 ? QuantArgs::Strategy::kChannel : QuantArgs::Strategy::kGroup;
+  g.weights.group_size = group_size;
+  const Preset* preset = find_preset(g.name);
+  if (preset == nullptr || !(preset->weights == g.weights)) g.name = "config_group_0";
+}
+
+SchemeGroup int_group(int bits, bool symmetric, std::uint64_t group_size) {
+  SchemeGroup g = preset_group("W4A16");
+  g.name = "config_group_0";
+  g.weights.num_bits = bits;
+  g.weights.symmetric = symmetric;
+  g.weights.strategy = group_size == 0 ? QuantArgs::Strategy::kChannel : QuantArgs::Strategy::kGroup;
+  g.weights.group_size = group_size;
+  return g;
+}
+
+nlohmann::json single_group_config(const SchemeGroup& group,
+                                   const std::vector<std::string>& ignore) {
+  PlanOptions options;
+  options.groups = {group};
+  options.ignore = ignore;
+  return plan_quantization_config(options, {1});
+}
+
 void write_checkpoint(const fs::path& dir, const std::vector<FakeTensor>& tensors,
                       const nlohmann::json& config) {
   fs::create_directories(dir);
@@ -318,6 +348,118 @@ std::string diff_checkpoints(const fs::path& actual, const fs::path& expected) {
     } else if (read_file(a) != read_file(e)) {
       return fmt::format("{}: differs first at byte {}", name,
                          first_difference(read_file(a), read_file(e)));
+    }
+  }
+  return {};
+}
+
+namespace {
+
+struct StoredTensor {
+  std::string file;
+  DType dtype{};
+  std::vector<std::uint64_t> shape;
+  std::string bytes;
+};
+
+// Every tensor of a checkpoint directory, by name.
+std::map<std::string, StoredTensor> all_tensors(const fs::path& dir) {
+  std::map<std::string, StoredTensor> out;
+  for (const std::string& name : file_names(dir)) {
+    if (!name.ends_with(".safetensors")) continue;
+    const SafetensorsFile f(dir / name, name);
+    for (const TensorEntry& t : f.header().tensors) {
+      StoredTensor s{name, t.dtype, t.shape, std::string(t.byte_size(), '\0')};
+      f.read(t.begin, std::as_writable_bytes(std::span(s.bytes)));
+      out[t.name] = std::move(s);
+    }
+  }
+  return out;
+}
+
+// An index against the tensors of its own directory.
+std::string check_index_file(const fs::path& dir, const std::map<std::string, StoredTensor>& t) {
+  const nlohmann::json index = read_json(dir / "model.safetensors.index.json");
+  std::uint64_t total = 0;
+  for (const auto& [name, s] : t) total += s.bytes.size();
+  if (index["metadata"]["total_size"] != total) {
+    return fmt::format("{}: index total_size {} but the shards hold {} bytes", dir.string(),
+                       index["metadata"]["total_size"].dump(), total);
+  }
+  const nlohmann::json& wm = index["weight_map"];
+  if (wm.size() != t.size()) {
+    return fmt::format("{}: index lists {} tensors, the shards hold {}", dir.string(), wm.size(),
+                       t.size());
+  }
+  for (const auto& [name, s] : t) {
+    if (!wm.contains(name) || wm[name] != s.file) {
+      return fmt::format("{}: index does not place '{}' in '{}'", dir.string(), name, s.file);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string diff_golden(const fs::path& actual, const fs::path& expected, bool group_keys) {
+  const std::set<std::string> actual_files = file_names(actual);
+  for (const std::string& name : file_names(expected)) {
+    if (!actual_files.contains(name) && !name.ends_with(".safetensors")) {
+      return fmt::format("{} is missing", name);
+    }
+  }
+  const auto a = all_tensors(actual);
+  const auto e = all_tensors(expected);
+  for (const auto& [name, et] : e) {
+    const auto it = a.find(name);
+    if (it == a.end()) return fmt::format("tensor '{}' is missing", name);
+    const StoredTensor& at = it->second;
+    if (at.dtype != et.dtype) {
+      return fmt::format("tensor '{}' has dtype {}, expected {}", name, dtype_tag(at.dtype),
+                         dtype_tag(et.dtype));
+    }
+    if (at.shape != et.shape) {
+      return fmt::format("tensor '{}' has shape {}, expected {}", name, shape_string(at.shape),
+                         shape_string(et.shape));
+    }
+    if (at.bytes != et.bytes) {
+      const std::size_t at_byte = first_difference(at.bytes, et.bytes);
+      return fmt::format("tensor '{}' differs first at byte {} of {} (0x{:02x}, expected 0x{:02x})",
+                         name, at_byte, et.bytes.size(), static_cast<unsigned char>(at.bytes[at_byte]),
+                         static_cast<unsigned char>(et.bytes[at_byte]));
+    }
+  }
+  for (const auto& [name, at] : a) {
+    if (!e.contains(name)) return fmt::format("tensor '{}' is not expected", name);
+  }
+  for (const auto& [dir, tensors] : {std::pair{actual, &a}, std::pair{expected, &e}}) {
+    if (fs::exists(dir / "model.safetensors.index.json")) {
+      if (std::string d = check_index_file(dir, *tensors); !d.empty()) return d;
+    }
+  }
+  nlohmann::json ac = read_json(actual / "config.json");
+  nlohmann::json ec = read_json(expected / "config.json");
+  if (!group_keys) {
+    for (nlohmann::json* c : {&ac, &ec}) {
+      nlohmann::json& groups = (*c)["quantization_config"]["config_groups"];
+      nlohmann::json values = nlohmann::json::array();
+      for (const auto& [k, v] : groups.items()) values.push_back(v);
+      groups = values;
+    }
+  }
+  if (ac != ec) {
+    return fmt::format("config.json: JSON differs from the expected one; patch from actual to "
+                       "expected: {}",
+                       nlohmann::json::diff(ac, ec).dump());
+  }
+  for (const std::string& name : file_names(expected)) {
+    if (name.ends_with(".safetensors") || name == "config.json" ||
+        name == "model.safetensors.index.json") {
+      continue;
+    }
+    if (read_file(actual / name) != read_file(expected / name)) {
+      return fmt::format("{}: differs first at byte {}", name,
+                         first_difference(read_file(actual / name), read_file(expected / name)));
     }
   }
   return {};

@@ -89,6 +89,20 @@ std::filesystem::path real_dir();
 QuantizeOptions test_options(const std::filesystem::path& input,
                              const std::filesystem::path& output);
 
+// The arguments of the one scheme group of options (default W4A16).
+QuantArgs& args_of(PlanOptions& options);
+// Sets the group size of the one integer group: 0 is channel-wise. The group
+// is renamed "config_group_0" (a scheme object, not the preset) unless the
+// result is the preset itself, as `--group-size` does.
+void set_group_size(PlanOptions& options, std::uint64_t group_size);
+// An integer scheme group of any width, group size (0: channel-wise) and
+// symmetry, named "config_group_0", targets ["Linear"].
+SchemeGroup int_group(int bits, bool symmetric, std::uint64_t group_size);
+// The quantization_config quantize writes for one group that quantized
+// something, with these ignore entries.
+nlohmann::json single_group_config(const SchemeGroup& group,
+                                   const std::vector<std::string>& ignore);
+
 // Writes a checkpoint directory: model.safetensors with tensors, and config.json
 // holding config unless it is null.
 void write_checkpoint(const std::filesystem::path& dir, const std::vector<FakeTensor>& tensors,
@@ -116,6 +130,16 @@ std::string diff_safetensors(const std::filesystem::path& actual,
 // values; every other file byte for byte. Returns "" when they agree.
 std::string diff_checkpoints(const std::filesystem::path& actual,
                              const std::filesystem::path& expected);
+// Compares an output checkpoint with a golden fixture's expected/ as the
+// fixtures README says it must match: every tensor's name, dtype, shape and
+// bytes across the checkpoint (whichever shard holds it), each index
+// consistent with its own shards and naming the same tensors, config.json as
+// JSON values (config_groups keys compared only when `group_keys`: the
+// older fixtures name their one group "group_0", model_free_ptq names it
+// after the preset), every other expected file byte for byte. OUTPUT may
+// hold an index the expected single-file fixture lacks. "" when they agree.
+std::string diff_golden(const std::filesystem::path& actual, const std::filesystem::path& expected,
+                        bool group_keys);
 // "" when every file below the two directories is byte-identical (and the sets
 // of files are equal), otherwise the first difference.
 std::string diff_bytes(const std::filesystem::path& actual, const std::filesystem::path& expected);

@@ -19,6 +19,7 @@
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/verify/verify.hpp"
 #include "fake_checkpoint.hpp"
+#include "golden_support.hpp"
 #include "test_support.hpp"
 #include "verify_test_support.hpp"
 
@@ -35,28 +36,26 @@ using test::kMaxRelFrobenius4Bit;
 using test::kMaxRelFrobenius8Bit;
 using test::of_kind;
 
-// The golden cases, from cases.json.
-struct GoldenCase {
-  std::string name;
-  std::string scheme;
-  long long group_size = 128;
-  std::vector<std::string> ignore;
-  bool fp8_input = false;
-};
+using test::GoldenCase;
+using test::golden_cases;
 
-std::vector<GoldenCase> golden_cases() {
-  std::vector<GoldenCase> out;
-  for (const json& c : test::read_json(test::golden_dir() / "cases.json")) {
-    GoldenCase g;
-    g.name = c["case"].get<std::string>();
-    g.scheme = c["scheme"].get<std::string>();
-    g.group_size = c["group_size"].get<long long>();
-    g.ignore = c["ignore"].get<std::vector<std::string>>();
-    const json config = test::read_json(golden(g.name) / "input" / "config.json");
-    g.fp8_input = config.contains("quantization_config");
-    out.push_back(g);
+// Whether the registry has the case's scheme(s).
+bool supported(const GoldenCase& c) {
+  try {
+    check_plan_options(test::plan_of(c));
+    return true;
+  } catch (const Error&) {
+    return false;
   }
-  return out;
+}
+
+// Notes a fresh output may carry against a fixture without loading
+// differently: config group names (older fixtures), an index the single-file
+// fixture lacks, __metadata__, tensors held by other shards (both indexes
+// consistent).
+bool loader_neutral(const VerifyItem& note) {
+  return note.kind == "config" || note.kind == "index" || note.kind == "metadata" ||
+         note.kind == "misplaced_tensor";
 }
 
 // ---- ulp distance ----
@@ -357,23 +356,22 @@ TEST(VerifyGoldenFixtures, EachExpectedAgainstItself) {
 TEST(VerifyGoldenFixtures, FreshOutputMatchesExpected) {
   std::size_t checked = 0;
   for (const GoldenCase& c : golden_cases()) {
-    if (c.fp8_input) continue;  // FP8 inputs are converted by a later stage
+    if (!supported(c)) continue;
     test::TempDir dir;
     QuantizeOptions o = default_quantize_options();
     o.input = golden(c.name) / "input";
     o.output = dir / "out";
-    o.plan.scheme = *scheme_by_name(c.scheme);
-    o.plan.scheme.group_size = c.group_size == -1 ? 0 : static_cast<std::uint64_t>(c.group_size);
-    o.plan.ignore = c.ignore;
+    o.plan = test::plan_of(c);
+    o.allow_unloadable = test::splits_fused_group(c.name);
     o.threads = 2;
     o.fsync = false;
     quantize(o);
     const VerifyReport r = verify_checkpoints(dir / "out", golden(c.name) / "expected", {});
     EXPECT_TRUE(r.same()) << c.name << "\n" << describe(r);
-    EXPECT_TRUE(r.notes.empty()) << c.name;
+    for (const VerifyItem& n : r.notes) EXPECT_TRUE(loader_neutral(n)) << c.name << ": " << n.message;
     ++checked;
   }
-  EXPECT_EQ(checked, 8u);
+  EXPECT_GE(checked, 12u);
 }
 
 // ---- --against-source ----
@@ -381,19 +379,13 @@ TEST(VerifyGoldenFixtures, FreshOutputMatchesExpected) {
 TEST(VerifyAgainstSource, GoldenCasesPass) {
   std::size_t checked = 0;
   for (const GoldenCase& c : golden_cases()) {
-    if (c.fp8_input) continue;
+    if (!supported(c)) continue;
     const fs::path expected = golden(c.name) / "expected";
     const VerifyReport r = verify_against_source(expected, golden(c.name) / "input", {});
     EXPECT_TRUE(r.same()) << c.name << "\n" << describe(r);
-    std::size_t packed = 0;
-    for (const auto& item : fs::directory_iterator(expected)) {
-      if (item.path().extension() != ".safetensors") continue;
-      const SafetensorsFile f(item.path(), item.path().filename().string());
-      for (const TensorEntry& t : f.header().tensors) {
-        if (t.name.ends_with(".weight_packed")) ++packed;
-      }
-    }
-    EXPECT_EQ(r.modules.size(), packed) << c.name;
+    const QuantizePlan plan =
+        make_plan(open_checkpoint(golden(c.name) / "input"), test::plan_of(c));
+    EXPECT_EQ(r.modules.size(), plan.n_quantized) << c.name;
     const double bound = c.scheme == "W8A16" ? kMaxRelFrobenius8Bit : kMaxRelFrobenius4Bit;
     for (const ModuleCheck& m : r.modules) {
       EXPECT_EQ(m.groups_mismatched, 0u) << c.name << " " << m.module;
@@ -403,7 +395,7 @@ TEST(VerifyAgainstSource, GoldenCasesPass) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 8u);
+  EXPECT_GE(checked, 12u);
 }
 
 TEST(VerifyAgainstSource, FlippedCodeIsNotTheRtnCode) {

@@ -28,6 +28,8 @@
 #include "ctquant/source/hf_cache.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/quantize.hpp"
+#include "ctquant/plan/quant_config.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/verify/verify.hpp"
 
 namespace {
@@ -115,10 +117,12 @@ std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
 
 // Options shared by quantize and inspect: what to plan.
 struct PlanArgs {
-  std::string scheme = "W4A16";
+  std::optional<std::string> scheme;    // unset: W4A16
   std::optional<long long> group_size;  // unset: the scheme's own
   std::vector<std::string> ignore;
   std::vector<std::string> targets;
+  std::vector<std::string> scheme_for;  // PATTERN=PRESET
+  std::string quantization_config;      // a QuantizationConfig JSON file
   unsigned tp = 1;
 };
 
@@ -148,9 +152,9 @@ CLI::Validator whole_number(long long min, long long max) {
 
 std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   std::vector<CLI::Option*> options;
-  options.push_back(
-      app->add_option("--scheme", args.scheme, "W4A16 (int4 symmetric g128), W4A16_ASYM, W8A16")
-          ->capture_default_str());
+  options.push_back(app->add_option_function<std::string>(
+      "--scheme", [&args](const std::string& value) { args.scheme = value; },
+      "Preset scheme (default W4A16): " + ctquant::preset_names()));
   options.push_back(app->add_option_function<long long>(
                            "--group-size",
                            [&args](const long long& value) { args.group_size = value; },
@@ -164,6 +168,15 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
       app->add_option("--targets", args.targets,
                       "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
           ->allow_extra_args(false));
+  options.push_back(app->add_option("--scheme-for", args.scheme_for,
+                                    "PATTERN=PRESET (repeatable): modules matching PATTERN (a "
+                                    "name or re:PATTERN) get PRESET; tried in the order given, "
+                                    "before --scheme, which takes the rest")
+                        ->allow_extra_args(false));
+  options.push_back(app->add_option("--quantization-config", args.quantization_config,
+                                    "A compressed-tensors QuantizationConfig JSON file "
+                                    "(config_groups, ignore), as model_free_ptq's config= takes")
+                        ->check(CLI::ExistingFile));
   options.push_back(app->add_option("--tp", args.tp,
                                     "Tensor-parallel degree the checkpoint will be served with, "
                                     "for the Marlin shape check (lint L5)")
@@ -172,27 +185,75 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   return options;
 }
 
+// Appends group g, merging it into an earlier group of the same name (one
+// config_groups key per preset).
+void add_group(ctquant::PlanOptions& options, ctquant::SchemeGroup g) {
+  for (ctquant::SchemeGroup& existing : options.groups) {
+    if (existing.name == g.name) {
+      existing.targets.insert(existing.targets.end(), g.targets.begin(), g.targets.end());
+      return;
+    }
+  }
+  options.groups.push_back(std::move(g));
+}
+
 ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
   ctquant::PlanOptions options;
-  const auto scheme = ctquant::scheme_by_name(args.scheme);
-  if (!scheme) {
-    throw ctquant::usage_error(
-        fmt::format("--scheme {}: unknown scheme (known: W4A16, W4A16_ASYM, W8A16)", args.scheme));
+  if (!args.quantization_config.empty()) {
+    for (const auto& [given, flag] :
+         {std::pair{args.scheme.has_value(), "--scheme"},
+          std::pair{args.group_size.has_value(), "--group-size"},
+          std::pair{!args.targets.empty(), "--targets"},
+          std::pair{!args.scheme_for.empty(), "--scheme-for"}}) {
+      if (given) {
+        throw ctquant::usage_error(fmt::format(
+            "{} does not apply with --quantization-config: the config's groups say which "
+            "scheme each module gets (write it into the config instead)",
+            flag));
+      }
+    }
+    options = ctquant::read_quantization_config(args.quantization_config);
+    // --ignore adds to the config's own list, as model_free_ptq's ignore= does.
+    options.ignore.insert(options.ignore.end(), args.ignore.begin(), args.ignore.end());
+    return options;
   }
-  options.scheme = *scheme;
-  if (!args.group_size) {
-    // The scheme's own group size.
-  } else if (*args.group_size == -1) {
-    options.scheme.group_size = 0;  // channel-wise
-  } else if (*args.group_size > 0) {
-    options.scheme.group_size = static_cast<std::uint64_t>(*args.group_size);
-  } else {
-    throw ctquant::usage_error(fmt::format(
-        "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
-        *args.group_size));
+  options.groups.clear();
+  for (const std::string& spec : args.scheme_for) {
+    const auto eq = spec.rfind('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+      throw ctquant::usage_error(fmt::format(
+          "--scheme-for '{}': expected PATTERN=PRESET, e.g. 're:.*self_attn.*=W8A16'", spec));
+    }
+    ctquant::SchemeGroup g = ctquant::preset_group(spec.substr(eq + 1));
+    g.targets = {spec.substr(0, eq)};
+    add_group(options, std::move(g));
   }
+  ctquant::SchemeGroup main = ctquant::preset_group(args.scheme.value_or("W4A16"));
+  if (args.group_size) {
+    using S = ctquant::QuantArgs::Strategy;
+    if (main.weights.type != ctquant::QuantArgs::Type::kInt ||
+        (main.weights.strategy != S::kGroup && main.weights.strategy != S::kChannel)) {
+      throw ctquant::usage_error(fmt::format(
+          "--group-size applies to the integer presets; {} has a fixed layout", main.name));
+    }
+    if (*args.group_size == -1) {
+      main.weights.strategy = S::kChannel;
+      main.weights.group_size = 0;
+    } else if (*args.group_size > 0) {
+      main.weights.strategy = S::kGroup;
+      main.weights.group_size = static_cast<std::uint64_t>(*args.group_size);
+    } else {
+      throw ctquant::usage_error(fmt::format(
+          "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
+          *args.group_size));
+    }
+    // A preset changed is a scheme object to compressed-tensors, which names
+    // its group "config_group_0" (schemes.md 9.1) -- unless it is the preset.
+    if (main.weights != ctquant::preset_group(main.name).weights) main.name = "config_group_0";
+  }
+  if (!args.targets.empty()) main.targets = args.targets;
+  add_group(options, std::move(main));
   if (!args.ignore.empty()) options.ignore = args.ignore;
-  if (!args.targets.empty()) options.targets = args.targets;
   return options;
 }
 
@@ -234,6 +295,16 @@ void print_error(const std::string& message) {
   text += ctquant::escape_for_terminal(message);
   text += '\n';
   std::fwrite(text.data(), 1, text.size(), stderr);
+}
+
+// The groups that quantized something, "W4A16" or "attention + mlp".
+std::string scheme_names(const ctquant::QuantizePlan& plan) {
+  std::string out;
+  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
+    if (plan.group_modules[g] == 0) continue;
+    out += (out.empty() ? "" : " + ") + plan.options.groups[g].name;
+  }
+  return out.empty() ? "none" : out;
 }
 
 struct QuantizeArgs {
@@ -316,7 +387,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
                  "ctquant: %s %zu tensors quantized (%s), %zu copied%s; %s in, %s out, ratio "
                  "%.2fx; %.2f s\n",
                  args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
-                 options.plan.scheme.name.c_str(), summary.tensors_copied, fp8.c_str(),
+                 scheme_names(summary.plan).c_str(), summary.tensors_copied, fp8.c_str(),
                  ctquant::human_bytes(summary.bytes_in).c_str(),
                  ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
   }

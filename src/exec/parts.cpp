@@ -385,10 +385,8 @@ std::vector<PlannedFile> planned_files(const Checkpoint& checkpoint, const Quant
     for (const PlannedTensor& t : shard.tensors) f.tensors.push_back(t.name);
     files.push_back(std::move(f));
   }
-  if (plan.index) {
-    const std::uint64_t size = dump_json(*plan.index).size();
-    files.push_back(PlannedFile{kIndexFileName, size, size, {}});
-  }
+  const std::uint64_t index_size = dump_json(plan.index).size();
+  files.push_back(PlannedFile{kIndexFileName, index_size, index_size, {}});
   const std::uint64_t config_size = dump_json(plan.config).size();
   files.push_back(PlannedFile{kConfigFileName, config_size, config_size, {}});
   for (const std::string& name : plan.copied_files) {
@@ -443,7 +441,7 @@ json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan& plan) {
     tensors.insert(tensors.end(), f.tensors.begin(), f.tensors.end());
   }
   for (const ShardPlan& shard : plan.shards) layout.update(shard.header);
-  if (plan.index) layout.update(dump_json(*plan.index));
+  layout.update(dump_json(plan.index));
   layout.update(dump_json(plan.config));
   std::sort(tensors.begin(), tensors.end());
   Sha256 names;

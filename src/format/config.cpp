@@ -4,33 +4,32 @@ namespace ctquant {
 
 using nlohmann::json;
 
-json quantization_config(const QuantScheme& scheme, const std::vector<std::string>& ignore,
-                         const std::vector<std::string>& targets) {
-  const bool channel = scheme.group_size == 0;
-  json weights = {
-      {"actorder", nullptr},
-      {"block_structure", nullptr},
-      {"dynamic", false},
-      {"group_size", channel ? json(nullptr) : json(scheme.group_size)},
-      {"num_bits", scheme.num_bits},
-      {"observer", "memoryless_minmax"},
-      {"observer_kwargs", json::object()},
-      {"scale_dtype", nullptr},
-      {"strategy", channel ? "channel" : "group"},
-      {"symmetric", scheme.symmetric},
-      {"type", "int"},
-      {"zp_dtype", scheme.symmetric ? json(nullptr) : json("torch.int8")},
-  };
-  json group = {
-      {"format", "pack-quantized"},
-      {"input_activations", nullptr},
-      {"output_activations", nullptr},
-      {"targets", targets},
-      {"weights", weights},
-  };
+json quantization_config(const std::vector<ConfigGroup>& groups,
+                         const std::vector<std::string>& ignore) {
+  json config_groups = json::object();
+  std::optional<std::string> common;
+  bool mixed = false;
+  for (const ConfigGroup& g : groups) {
+    config_groups[g.name] = json{
+        {"format", g.format ? json(*g.format) : json(nullptr)},
+        {"input_activations", g.input_activations},
+        {"output_activations", nullptr},
+        {"targets", g.targets},
+        {"weights", g.weights},
+    };
+    if (!g.format) continue;
+    if (!common) {
+      common = g.format;
+    } else if (*common != *g.format) {
+      mixed = true;
+    }
+  }
+  // llm-compressor entrypoints/model_free/save_utils.py: the groups' common
+  // format, "mixed-precision" when they differ, "dense" when none.
+  const std::string format = mixed ? "mixed-precision" : common.value_or("dense");
   return json{
-      {"config_groups", {{"group_0", group}}},
-      {"format", "pack-quantized"},
+      {"config_groups", config_groups},
+      {"format", format},
       {"global_compression_ratio", nullptr},
       {"ignore", ignore},
       {"kv_cache_scheme", nullptr},

@@ -11,6 +11,7 @@
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/plan/matcher.hpp"
+#include "ctquant/scheme/registry.hpp"
 
 namespace ctquant {
 
@@ -103,12 +104,25 @@ std::string last_word(const std::string& entry) {
   return begin < end ? text.substr(begin, end - begin) : std::string();
 }
 
+// A 2-D weight as vLLM will see it: a whole 2-D .weight, or one expert
+// projection of a split stacked tensor.
+struct LintWeight {
+  std::string tensor;  // the output M.weight name it stands for
+  std::string module;
+  bool quantized = false;
+  std::string rule;
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 0;
+  const SchemeGroup* group = nullptr;  // quantized: its scheme group
+};
+
 // What the rules need about the checkpoint, computed once.
 struct LintContext {
   const Checkpoint& checkpoint;
   const QuantizePlan& plan;
   std::vector<std::string> modules;  // every module with a tensor, in input order, unique
   std::map<std::string, std::vector<std::size_t>> decisions_of;  // module -> decision indices
+  std::vector<LintWeight> weights;  // every 2-D weight, split experts one by one, in input order
 
   LintContext(const Checkpoint& c, const QuantizePlan& p) : checkpoint(c), plan(p) {
     for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
@@ -117,6 +131,20 @@ struct LintContext {
       auto& list = decisions_of[d.module];
       if (list.empty()) modules.push_back(d.module);
       list.push_back(i);
+      const TensorEntry& t = checkpoint.entry(d.source);
+      if (d.fate == Fate::kSplit) {
+        for (const std::size_t mi : d.modules) {
+          const PlannedModule& m = plan.modules[mi];
+          const bool q = m.kind == PlannedModule::Kind::kQuantize;
+          weights.push_back(LintWeight{m.name + ".weight", m.name, q, m.rule, m.source.rows,
+                                       m.source.cols, q ? &plan.group_of(m) : nullptr});
+        }
+      } else if (param_of(d.name) == "weight" && t.shape.size() == 2) {
+        const bool q = d.fate == Fate::kQuantize;
+        weights.push_back(LintWeight{d.name, d.module, q, d.rule, t.shape[0], t.shape[1],
+                                     q ? &plan.group_of(plan.modules[d.modules.front()])
+                                       : nullptr});
+      }
     }
   }
 
@@ -256,7 +284,7 @@ void lint_literal_entries(const LintContext& ctx, const std::vector<std::string>
 struct FusedGroup {
   std::string kind;                  // "qkv_proj", "gate_up_proj" or "experts"
   std::string parent;                // the attention, MLP or MoE layer
-  std::vector<std::size_t> members;  // decision indices of the members' .weight
+  std::vector<std::size_t> members;  // indices into LintContext::weights
 };
 
 std::optional<std::pair<std::string, std::string>> fused_group_of(const std::string& module) {
@@ -290,9 +318,8 @@ std::vector<const char*> fused_members(const std::string& kind) {
 void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
   std::map<std::pair<std::string, std::string>, FusedGroup> groups;
   std::vector<std::pair<std::string, std::string>> order;
-  for (std::size_t i = 0; i < ctx.plan.decisions.size(); ++i) {
-    const TensorDecision& d = ctx.plan.decisions[i];
-    if (param_of(d.name) != "weight" || ctx.entry(d).shape.size() != 2) continue;
+  for (std::size_t i = 0; i < ctx.weights.size(); ++i) {
+    const LintWeight& d = ctx.weights[i];
     const auto key = fused_group_of(d.module);
     if (!key) continue;
     auto [it, inserted] = groups.try_emplace(*key, FusedGroup{key->first, key->second, {}});
@@ -318,12 +345,24 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
     const FusedGroup& g = groups.at(key);
     std::vector<std::size_t> quantized;
     std::vector<std::size_t> kept;
+    // Members quantized with different schemes are split too.
+    std::set<const SchemeGroup*> schemes;
     for (std::size_t i : g.members) {
-      (ctx.plan.decisions[i].fate == Fate::kQuantize ? quantized : kept).push_back(i);
+      (ctx.weights[i].quantized ? quantized : kept).push_back(i);
+      if (ctx.weights[i].quantized) schemes.insert(ctx.weights[i].group);
     }
-    if (quantized.empty() || kept.empty()) continue;
+    if ((quantized.empty() || kept.empty()) && schemes.size() <= 1) continue;
+    if (kept.empty()) {
+      // Two schemes: the members of the smaller part count as "kept" apart.
+      for (std::size_t i : g.members) {
+        if (ctx.weights[i].group != ctx.weights[g.members.front()].group) kept.push_back(i);
+      }
+      std::erase_if(quantized, [&](std::size_t i) {
+        return std::find(kept.begin(), kept.end(), i) != kept.end();
+      });
+    }
     const auto rel = [&](std::size_t i) {
-      const std::string& m = ctx.plan.decisions[i].module;
+      const std::string& m = ctx.weights[i].module;
       return m.substr(g.parent.empty() ? 0 : g.parent.size() + 1);
     };
     std::string pattern = g.kind + ":";
@@ -335,16 +374,16 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
     Split& s = it->second;
     s.parents.push_back(g.parent);
     for (std::size_t i : g.members) {
-      s.tensors.push_back(ctx.plan.decisions[i].name);
-      s.member_names.insert(last_component(ctx.plan.decisions[i].module));
-      if (parent_of(ctx.plan.decisions[i].module).empty()) s.top_level = true;
+      s.tensors.push_back(ctx.weights[i].tensor);
+      s.member_names.insert(last_component(ctx.weights[i].module));
+      if (parent_of(ctx.weights[i].module).empty()) s.top_level = true;
     }
     s.n_quantized += quantized.size();
     s.n_kept += kept.size();
     for (std::size_t i : quantized) s.quantized_names.insert(rel(i));
     for (std::size_t i : kept) {
       s.kept_names.insert(rel(i));
-      s.reasons.insert(ctx.plan.decisions[i].rule);
+      s.reasons.insert(ctx.weights[i].rule);
     }
   }
   for (const auto& pattern : split_order) {
@@ -359,16 +398,16 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
     const std::vector<std::string> reasons(s.reasons.begin(), s.reasons.end());
     if (kind == "experts") {
       f.message = fmt::format(
-          "the experts of {} ({}) are split: {} quantized, {} not ({}); vLLM loads the experts "
-          "of a layer as one fused MoE layer with one scheme",
+          "the experts of {} ({}) are split: {} quantized one way, {} not ({}); vLLM loads the "
+          "experts of a layer as one fused MoE layer with one scheme",
           plural(s.parents.size(), "MoE layer"), join(s.parents, 3),
           plural(s.n_quantized, "expert weight"), s.n_kept, join(reasons, 3, "; "));
       f.fix = fmt::format("quantize all experts of a layer or none, e.g. --ignore '{}'",
                           "re:.*\\.experts\\..*");
     } else {
       f.message = fmt::format(
-          "fused layer {} is split in {} ({}): {} quantized but {} not ({}); vLLM fuses them into "
-          "one {} that needs one scheme",
+          "fused layer {} is split in {} ({}): {} quantized but {} not, or not the same way ({}); "
+          "vLLM fuses them into one {} that needs one scheme",
           kind, plural(s.parents.size(), "block"), join(s.parents, 3), join(quantized, 8),
           join(kept, 8), join(reasons, 3, "; "), kind);
       f.fix = fmt::format(
@@ -386,13 +425,13 @@ void lint_dflash_qkv(const LintContext& ctx, std::vector<Finding>& out) {
   f.id = "L4";
   f.severity = Severity::kError;
   bool separate = false;
-  for (const TensorDecision& d : ctx.plan.decisions) {
-    if (d.fate != Fate::kQuantize) continue;
+  for (const LintWeight& d : ctx.weights) {
+    if (!d.quantized) continue;
     const std::string last = last_component(d.module);
     if (last == "qkv_proj") {
-      f.tensors.push_back(d.name);
+      f.tensors.push_back(d.tensor);
     } else if (last == "q_proj" || last == "k_proj" || last == "v_proj") {
-      f.tensors.push_back(d.name);
+      f.tensors.push_back(d.tensor);
       separate = true;
     }
   }
@@ -407,79 +446,76 @@ void lint_dflash_qkv(const LintContext& ctx, std::vector<Finding>& out) {
   out.push_back(std::move(f));
 }
 
-// ---- L5: Marlin shapes per tensor-parallel shard ----
-constexpr std::uint64_t kMarlinOutMultiple = 64;
-constexpr std::uint64_t kMarlinInMultiple = 128;
-
+// ---- L5: vLLM kernel shapes per tensor-parallel shard ----
 bool is_row_parallel(const std::string& module) {
   const std::string last = last_component(module);
   return last == "o_proj" || last == "down_proj" || last == "fc" || last == "w2";
 }
 
-// Why Marlin cannot run a [out, in] weight split over tp shards, or "" if it can.
-std::string marlin_problem(std::uint64_t out_features, std::uint64_t in_features, bool row,
-                           std::uint64_t group_size, unsigned tp) {
+// The problems of the family's vLLM kernel with a [out, in] weight split over
+// tp shards; a shape that does not split is unloadable.
+std::vector<ShapeProblem> kernel_problems(const SchemeGroup& g, std::uint64_t out_features,
+                                          std::uint64_t in_features, bool row, unsigned tp) {
   std::uint64_t out = out_features;
   std::uint64_t in = in_features;
   if (row) {
-    if (in % tp != 0) return fmt::format("in_features {} does not split into {} shards", in, tp);
+    if (in % tp != 0) {
+      return {{true, fmt::format("in_features {} does not split into {} shards", in, tp)}};
+    }
     in /= tp;
   } else {
-    if (out % tp != 0) return fmt::format("out_features {} does not split into {} shards", out, tp);
+    if (out % tp != 0) {
+      return {{true, fmt::format("out_features {} does not split into {} shards", out, tp)}};
+    }
     out /= tp;
   }
-  if (out % kMarlinOutMultiple != 0) {
-    return fmt::format("out_features per shard {} is not a multiple of {}", out,
-                       kMarlinOutMultiple);
-  }
-  if (in % kMarlinInMultiple != 0) {
-    return fmt::format("in_features per shard {} is not a multiple of {}", in, kMarlinInMultiple);
-  }
-  if (group_size != 0 && in % group_size != 0) {
-    return fmt::format("in_features per shard {} is not a multiple of the group size {}", in,
-                       group_size);
-  }
-  return {};
+  return g.family()->vllm_shape_rule(g.weights, out, in, row ? Parallel::kRow : Parallel::kColumn);
 }
 
-void lint_marlin_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding>& out) {
+std::string problems_text(const std::vector<ShapeProblem>& problems) {
+  std::string text;
+  for (const ShapeProblem& p : problems) text += (text.empty() ? "" : "; ") + p.what;
+  return text;
+}
+
+void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding>& out) {
   struct Shape {
     std::vector<std::string> tensors;
     std::set<std::string> names;
     bool top_level = false;
-    std::string problem;
+    std::vector<ShapeProblem> problems;
     std::vector<unsigned> working;
     std::uint64_t rows = 0, cols = 0;
     bool row = false;
+    const SchemeGroup* group = nullptr;
     std::set<std::string> fused_siblings;  // the rest of their fused groups
   };
   std::map<std::string, Shape> shapes;
   std::vector<std::string> order;
-  const std::uint64_t group_size = ctx.plan.options.scheme.group_size;
-  for (const TensorDecision& d : ctx.plan.decisions) {
-    if (d.fate != Fate::kQuantize) continue;
-    const TensorEntry& t = ctx.entry(d);
-    if (t.shape.size() != 2) continue;
+  for (const LintWeight& d : ctx.weights) {
+    if (!d.quantized) continue;
     const bool row = is_row_parallel(d.module);
-    const std::string problem = marlin_problem(t.shape[0], t.shape[1], row, group_size, tp);
-    if (problem.empty()) continue;
+    const std::vector<ShapeProblem> problems = kernel_problems(*d.group, d.rows, d.cols, row, tp);
+    if (problems.empty()) continue;
     const std::string last = last_component(d.module);
-    const std::string key = fmt::format("{} {} {}", last, shape_string(t.shape), row);
+    const std::string key =
+        fmt::format("{} [{}, {}] {} {}", last, d.rows, d.cols, row, d.group->name);
     auto [it, inserted] = shapes.try_emplace(key);
     Shape& s = it->second;
     if (inserted) {
       order.push_back(key);
-      s.problem = problem;
-      s.rows = t.shape[0];
-      s.cols = t.shape[1];
+      s.problems = problems;
+      s.rows = d.rows;
+      s.cols = d.cols;
       s.row = row;
+      s.group = d.group;
       for (unsigned degree : kLintTpDegrees) {
-        if (marlin_problem(t.shape[0], t.shape[1], row, group_size, degree).empty()) {
+        if (kernel_problems(*d.group, d.rows, d.cols, row, degree).empty()) {
           s.working.push_back(degree);
         }
       }
     }
-    s.tensors.push_back(d.name);
+    s.tensors.push_back(d.tensor);
     s.names.insert(last);
     if (parent_of(d.module).empty()) s.top_level = true;
     // Keeping one member of a fused q/k/v or gate/up group in 16 bits splits
@@ -498,17 +534,21 @@ void lint_marlin_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     for (unsigned degree : s.working) working.push_back(std::to_string(degree));
     std::vector<std::string> tried;
     for (unsigned degree : kLintTpDegrees) tried.push_back(std::to_string(degree));
+    const bool unloadable = std::any_of(s.problems.begin(), s.problems.end(),
+                                        [](const ShapeProblem& p) { return p.unloadable; });
+    const SchemeFamily* family = s.group->family();
     Finding f;
     f.id = "L5";
-    f.severity = Severity::kWarning;
+    f.severity = unloadable ? Severity::kError : Severity::kWarning;
     f.tensors = s.tensors;
     f.message = fmt::format(
-        "Marlin W4A16 kernels need out_features % {} == 0 and in_features % {} == 0 per "
-        "tensor-parallel shard; {} [{}, {}] ({}-parallel{}) at --tp {}: {}; TP degrees that "
-        "work: {}",
-        kMarlinOutMultiple, kMarlinInMultiple, plural(s.tensors.size(), "tensor"), s.rows, s.cols,
+        "vLLM's {} kernels ({}) cannot run {} [{}, {}] ({}-parallel{}) at --tp {}: {}{}; TP "
+        "degrees that work: {}",
+        family->format, family->vllm_source, plural(s.tensors.size(), "tensor"), s.rows, s.cols,
         s.row ? "row" : "column",
-        s.row ? ", split along in_features" : ", split along out_features", tp, s.problem,
+        s.row ? ", split along in_features" : ", split along out_features", tp,
+        problems_text(s.problems),
+        unloadable ? "" : " (current vLLM pads these shapes; older releases refuse them)",
         working.empty() ? fmt::format("none of {}", join(tried, 8)) : join(working, 8));
     std::set<std::string> entry_names = s.names;
     entry_names.insert(s.fused_siblings.begin(), s.fused_siblings.end());
@@ -520,6 +560,94 @@ void lint_marlin_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
         last_component_entry(entry_names, s.top_level),
         working.empty() ? std::string()
                         : fmt::format(", or serve with --tp {}", join(working, 8, " or ")));
+    out.push_back(std::move(f));
+  }
+}
+
+// ---- L11: modules vLLM would give to another scheme group ----
+
+// The group vLLM gives a module (compressed_tensors.py find_matched_target,
+// vllm/model_executor/layers/quantization/compressed_tensors/utils.py):
+// targets are keyed by their text across the groups in config.json's order
+// (sorted by name; a target repeated in a later group is that group's), and
+// a module takes the first target that names it or whose `re:` pattern
+// matches it, else the first class-name target ("Linear" takes every
+// linear layer).
+std::optional<std::size_t> vllm_group_of(const PlanOptions& options, const std::string& module) {
+  std::vector<std::size_t> by_name(options.groups.size());
+  for (std::size_t g = 0; g < by_name.size(); ++g) by_name[g] = g;
+  std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) {
+    return options.groups[a].name < options.groups[b].name;
+  });
+  std::vector<std::string> order;  // target texts, first seen first
+  std::map<std::string, std::size_t> group_of_target;
+  for (const std::size_t g : by_name) {
+    for (const std::string& t : options.groups[g].targets) {
+      if (!group_of_target.contains(t)) order.push_back(t);
+      group_of_target[t] = g;
+    }
+  }
+  for (const std::string& t : order) {
+    if (t == "Linear") continue;
+    const ModuleMatcher m({t}, ModuleMatcher::Role::kTargets);
+    if (m.entry_matches(0, module)) return group_of_target.at(t);
+  }
+  if (group_of_target.contains("Linear")) return group_of_target.at("Linear");
+  return std::nullopt;
+}
+
+void lint_group_assignment(const LintContext& ctx, std::vector<Finding>& out) {
+  const PlanOptions& o = ctx.plan.options;
+  if (o.groups.size() < 2) return;
+  std::map<std::pair<std::size_t, std::optional<std::size_t>>, Finding> by_pair;
+  std::vector<std::pair<std::size_t, std::optional<std::size_t>>> order;
+  for (const LintWeight& w : ctx.weights) {
+    if (!w.quantized) continue;
+    const std::size_t used = static_cast<std::size_t>(w.group - o.groups.data());
+    const std::optional<std::size_t> vllm = vllm_group_of(o, w.module);
+    if (vllm == used) continue;
+    const auto key = std::make_pair(used, vllm);
+    auto [it, inserted] = by_pair.try_emplace(key);
+    if (inserted) order.push_back(key);
+    it->second.tensors.push_back(w.tensor);
+  }
+  for (const auto& key : order) {
+    Finding& f = by_pair.at(key);
+    f.id = "L11";
+    f.severity = Severity::kError;
+    f.message = fmt::format(
+        "{} quantized with group '{}' would be read by vLLM as {}: vLLM takes the first target "
+        "that names or matches a module (groups in name order) before a class name such as "
+        "Linear, so overlapping targets resolve differently",
+        plural(f.tensors.size(), "module"), o.groups[key.first].name,
+        key.second ? fmt::format("group '{}'", o.groups[*key.second].name)
+                   : std::string("no group (unquantized)"));
+    f.fix = "make the groups' targets disjoint: narrow the patterns, or give the group that "
+            "takes the rest explicit targets instead of Linear";
+    out.push_back(std::move(f));
+  }
+}
+
+// ---- L10: a scheme no vLLM kernel runs ----
+void lint_kernel_args(const LintContext& ctx, std::vector<Finding>& out) {
+  for (std::size_t g = 0; g < ctx.plan.options.groups.size(); ++g) {
+    if (ctx.plan.group_modules[g] == 0) continue;
+    const SchemeGroup& group = ctx.plan.options.groups[g];
+    const SchemeFamily* family = group.family();
+    const std::string why = family->vllm_args_rule(group.weights);
+    if (why.empty()) continue;
+    Finding f;
+    f.id = "L10";
+    f.severity = Severity::kError;
+    for (const LintWeight& w : ctx.weights) {
+      if (w.group == &group) f.tensors.push_back(w.tensor);
+    }
+    f.message = fmt::format("scheme group '{}' ({}): {} ({})", group.name, family->format, why,
+                            family->vllm_source);
+    f.fix = group.weights.type == QuantArgs::Type::kInt && group.weights.strategy ==
+                                                               QuantArgs::Strategy::kGroup
+                ? "pick a group size vLLM runs (--group-size 32, 64 or 128, or -1 for channel-wise)"
+                : "pick a scheme vLLM runs (see `ctquant quantize --help`)";
     out.push_back(std::move(f));
   }
 }
@@ -539,16 +667,16 @@ bool ties_word_embeddings(const Checkpoint& checkpoint) {
 
 void lint_tied_lm_head(const LintContext& ctx, std::vector<Finding>& out) {
   if (!ties_word_embeddings(ctx.checkpoint)) return;
-  for (const TensorDecision& d : ctx.plan.decisions) {
-    if (d.fate != Fate::kQuantize || last_component(d.module) != "lm_head") continue;
+  for (const LintWeight& d : ctx.weights) {
+    if (!d.quantized || last_component(d.module) != "lm_head") continue;
     Finding f;
     f.id = "L6";
     f.severity = Severity::kError;
-    f.tensors = {d.name};
+    f.tensors = {d.tensor};
     f.message = fmt::format(
         "config.json has tie_word_embeddings: true, so vLLM shares lm_head with the embedding "
         "and never loads '{}'; quantizing it makes a layer that no loader reads",
-        d.name);
+        d.tensor);
     f.fix = d.module == "lm_head" ? "--ignore lm_head (the default ignore list has it)"
                                   : fmt::format("--ignore 're:.*\\.lm_head$'");
     out.push_back(std::move(f));
@@ -567,6 +695,7 @@ void lint_stacked_experts(const LintContext& ctx, std::vector<Finding>& out) {
   for (const TensorDecision& d : ctx.plan.decisions) {
     const TensorEntry& t = ctx.entry(d);
     if (param_of(d.name) != "weight" || d.module.empty() || t.shape.size() != 3) continue;
+    if (d.fate == Fate::kSplit) continue;
     if (ignore.first_match(d.module)) continue;
     f.tensors.push_back(d.name);
     described.push_back(fmt::format("{} {} {}", d.name, dtype_tag(t.dtype), shape_string(t.shape)));
@@ -576,8 +705,8 @@ void lint_stacked_experts(const LintContext& ctx, std::vector<Finding>& out) {
   if (f.tensors.empty()) return;
   f.message = fmt::format(
       "{} stacked-expert weight{} (3-D .weight) would be copied unquantized while the "
-      "config's targets cover them, so vLLM would expect them packed: {}; ctquant does not split "
-      "stacked experts yet",
+      "config's targets cover them, so vLLM would expect them packed: {}; ctquant splits only "
+      "stacked gate_up_proj / down_proj tensors",
       f.tensors.size(), f.tensors.size() == 1 ? "" : "s", join(described, 4));
   f.fix = fmt::format("keep them in 16 bits and say so: --ignore '{}'",
                       last_component_entry(names, top_level));
@@ -623,15 +752,14 @@ void lint_prefix_matches(const std::vector<std::string>& entries,
 
 // ---- L9: nothing to quantize ----
 void lint_nothing_quantized(const LintContext& ctx, std::vector<Finding>& out) {
-  const bool any = std::any_of(ctx.plan.decisions.begin(), ctx.plan.decisions.end(),
-                               [](const TensorDecision& d) { return d.fate == Fate::kQuantize; });
+  const bool any = ctx.plan.n_quantized > 0;
   if (any) return;
   Finding f;
   f.id = "L9";
   f.severity = Severity::kWarning;
   f.message = fmt::format(
       "no tensor would be quantized (of {}): OUTPUT would hold the input's tensors unchanged "
-      "under a pack-quantized quantization_config",
+      "under a quantization_config that says they are quantized",
       plural(ctx.plan.decisions.size(), "tensor"));
   f.fix =
       "check that INPUT is a model checkpoint with 2-D Linear weights and that --ignore / "
@@ -648,19 +776,27 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
   std::vector<Finding> findings;
   lint_unmatched_entries(ctx, plan.options.ignore, plan.ignore_matches,
                          ModuleMatcher::Role::kIgnore, findings);
-  lint_unmatched_entries(ctx, plan.options.targets, plan.target_matches,
-                         ModuleMatcher::Role::kTargets, findings);
+  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
+    lint_unmatched_entries(ctx, plan.options.groups[g].targets, plan.target_matches[g],
+                           ModuleMatcher::Role::kTargets, findings);
+  }
   lint_literal_entries(ctx, plan.options.ignore, ModuleMatcher::Role::kIgnore, findings);
-  lint_literal_entries(ctx, plan.options.targets, ModuleMatcher::Role::kTargets, findings);
+  for (const SchemeGroup& g : plan.options.groups) {
+    lint_literal_entries(ctx, g.targets, ModuleMatcher::Role::kTargets, findings);
+  }
   lint_fused_groups(ctx, findings);
   lint_dflash_qkv(ctx, findings);
-  lint_marlin_shapes(ctx, options.tp, findings);
+  lint_kernel_shapes(ctx, options.tp, findings);
   lint_tied_lm_head(ctx, findings);
   lint_stacked_experts(ctx, findings);
   lint_prefix_matches(plan.options.ignore, plan.ignore_matches, ModuleMatcher::Role::kIgnore,
                       findings, ctx);
-  lint_prefix_matches(plan.options.targets, plan.target_matches, ModuleMatcher::Role::kTargets,
-                      findings, ctx);
+  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
+    lint_prefix_matches(plan.options.groups[g].targets, plan.target_matches[g],
+                        ModuleMatcher::Role::kTargets, findings, ctx);
+  }
+  lint_kernel_args(ctx, findings);
+  lint_group_assignment(ctx, findings);
   lint_nothing_quantized(ctx, findings);
   return findings;
 }

@@ -7,11 +7,12 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/util/checked.hpp"
 #include "ctquant/format/config.hpp"
-#include "ctquant/util/error.hpp"
-#include "ctquant/plan/matcher.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
+#include "ctquant/plan/matcher.hpp"
+#include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/checked.hpp"
+#include "ctquant/util/error.hpp"
 
 namespace ctquant {
 
@@ -27,6 +28,8 @@ const char* fate_name(Fate fate) {
       return "dequantize";
     case Fate::kDrop:
       return "drop";
+    case Fate::kSplit:
+      return "split";
   }
   return "?";
 }
@@ -34,6 +37,24 @@ const char* fate_name(Fate fate) {
 std::string module_of(const std::string& tensor_name) {
   const auto dot = tensor_name.rfind('.');
   return dot == std::string::npos ? std::string() : tensor_name.substr(0, dot);
+}
+
+const SchemeFamily* SchemeGroup::family() const {
+  return family_for(weights, !input_activations.is_null());
+}
+
+SchemeGroup preset_group(const std::string& preset) {
+  const Preset* p = find_preset(preset);
+  if (p == nullptr) {
+    throw usage_error(
+        fmt::format("unknown scheme '{}' (known presets: {})", preset, preset_names()));
+  }
+  SchemeGroup g;
+  g.name = preset;
+  g.weights = p->weights;
+  g.input_activations =
+      p->input_activations.empty() ? json(nullptr) : json::parse(p->input_activations);
+  return g;
 }
 
 namespace {
@@ -50,132 +71,206 @@ bool is_embedding(const std::string& module) {
   return last.find("embed") != std::string::npos || last == "wte" || last == "wpe";
 }
 
-void check_scheme(const QuantScheme& scheme) {
-  if (scheme.num_bits < 2 || scheme.num_bits > 8) {
-    throw usage_error(
-        fmt::format("scheme {}: num_bits {} is outside 2..8", scheme.name, scheme.num_bits));
-  }
+std::string group_label(const PlanOptions& o, std::size_t g) {
+  return o.groups.size() == 1 ? std::string() : fmt::format(" (group '{}')", o.groups[g].name);
 }
 
-// Output tensors of a quantized module, section 4 of the format spec.
-// T is the weight's dtype, BF16 for a dequantized FP8 weight.
-void add_quantized_outputs(const TensorDecision& d, const TensorEntry& w, DType t,
-                           const QuantScheme& scheme, std::size_t decision_index,
-                           std::vector<PlannedTensor>& out) {
-  const std::uint64_t rows = w.shape[0];
-  const std::uint64_t cols = w.shape[1];
-  const std::uint64_t n_groups = cols / scheme.effective_group_size(cols);
-  const std::uint64_t words = packed_words_per_row(cols, scheme.num_bits);
-  const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(t) / 8);
-  // Every size below is bounded by the weight's byte size (a few bytes per
-  // element at most), which parse_header bounded by the file size; the
-  // products are still checked so that no future scheme can wrap them.
-  const auto bytes_of = [&](std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-    std::uint64_t ab = 0;
-    std::uint64_t abc = 0;
-    if (!checked_mul(a, b, ab) || !checked_mul(ab, c, abc)) {
-      throw bad_input(fmt::format("tensor '{}' {}: output size overflows 64 bits", w.name,
-                                  shape_string(w.shape)));
-    }
-    return abc;
-  };
-  const auto add = [&](const std::string& suffix, DType dtype, std::vector<std::uint64_t> shape,
-                       std::uint64_t bytes, OutputRole role) {
-    out.push_back(PlannedTensor{d.module + "." + suffix, dtype, std::move(shape), bytes, 0, role,
-                                decision_index});
-  };
-  add("weight_packed", DType::kI32, {rows, words}, bytes_of(rows, words, 4), OutputRole::kPacked);
-  add("weight_scale", t, {rows, n_groups}, bytes_of(rows, n_groups, esize), OutputRole::kScale);
-  add("weight_shape", DType::kI64, {2}, 16, OutputRole::kShape);
-  if (!scheme.symmetric) {
-    const std::uint64_t zp_rows = packed_words_per_row(rows, scheme.num_bits);
-    add("weight_zero_point", DType::kI32, {zp_rows, n_groups}, bytes_of(zp_rows, n_groups, 4),
-        OutputRole::kZeroPoint);
-  }
-}
+// One 2-D weight the ignore list and the groups decide: a whole .weight or
+// an expert projection of a split stacked tensor.
+struct Candidate {
+  std::string module;
+  std::string tensor;  // the input tensor it is read from, for messages
+  std::string file;
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 0;
+  std::string dtype_text;  // the stored dtype, described
+};
 
-// Section 2, rules 1-6, applied in order; the first that fails decides.
-class Section2Rules {
+struct Outcome {
+  bool quantize = false;
+  std::string rule;
+  std::optional<std::size_t> ignore_entry;
+  std::size_t group = 0;
+};
+
+// Section 2 rule 5 (ignore list and targets) and the group assignment of
+// schemes.md 9.3, recording which modules each entry matched.
+class SelectionRules {
  public:
-  Section2Rules(const PlanOptions& options, QuantizePlan& plan)
-      : options_(options),
-        ignore_(options.ignore, ModuleMatcher::Role::kIgnore),
-        targets_(options.targets, ModuleMatcher::Role::kTargets),
-        plan_(plan) {
+  SelectionRules(const PlanOptions& options, QuantizePlan& plan)
+      : options_(options), ignore_(options.ignore, ModuleMatcher::Role::kIgnore), plan_(plan) {
     plan_.ignore_matches.resize(options.ignore.size());
-    plan_.target_matches.resize(options.targets.size());
-  }
-
-  // Sets d.fate (kCopy or kQuantize), d.rule and d.ignore_entry. dtype stands
-  // for the tensor's dtype: BF16 for an FP8 weight, which is judged as the
-  // weight it dequantizes to. dtype_text describes the stored dtype.
-  void decide(TensorDecision& d, const TensorEntry& t, DType dtype, const std::string& dtype_text,
-              const std::string& file) {
-    d.fate = Fate::kCopy;
-    if (param_of(t.name) != "weight" || d.module.empty()) {
-      d.rule = "not a .weight tensor";
-    } else if (t.shape.size() != 2) {
-      d.rule = fmt::format("{}-D, not a 2-D linear weight", t.shape.size());
-    } else if (d.module.ends_with("norm")) {
-      d.rule = "module ends with 'norm'";
-    } else if (!is_quantizable_float(dtype)) {
-      d.rule = fmt::format("dtype {} is not BF16, F16 or F32", dtype_text);
-    } else if (is_embedding(d.module)) {
-      d.rule = "embedding (target Linear never covers it)";
-    } else if (t.shape[0] == 0 || t.shape[1] == 0) {
-      d.rule = "empty tensor";
-    } else {
-      d.selectable = true;
-      for (std::size_t i = 0; i < ignore_.entries().size(); ++i) {
-        if (ignore_.entry_matches(i, d.module)) {
-          plan_.ignore_matches[i].push_back(d.module);
-          if (!d.ignore_entry) d.ignore_entry = i;
-        }
-      }
-      std::optional<std::size_t> target;
-      for (std::size_t i = 0; i < targets_.entries().size(); ++i) {
-        if (targets_.entry_matches(i, d.module)) {
-          plan_.target_matches[i].push_back(d.module);
-          if (!target) target = i;
-        }
-      }
-      if (d.ignore_entry) {
-        d.rule = fmt::format("ignored by '{}'", options_.ignore[*d.ignore_entry]);
-      } else if (!target) {
-        d.rule = "matches no target";
-      } else {
-        const std::uint64_t g = options_.scheme.effective_group_size(t.shape[1]);
-        if (t.shape[1] % g != 0) {
-          const auto dot = d.module.rfind('.');
-          group_size_names_.insert(dot == std::string::npos ? d.module : d.module.substr(dot + 1));
-          if (dot == std::string::npos) group_size_top_level_ = true;
-          group_size_errors_.push_back(
-              fmt::format("{}: tensor '{}' {} has in_features {}, not a multiple of the group "
-                          "size {}",
-                          file, t.name, shape_string(t.shape), t.shape[1], g));
-        }
-        d.fate = Fate::kQuantize;
-        d.rule = fmt::format("2-D {} .weight matching target '{}'", dtype_text,
-                             options_.targets[*target]);
-      }
+    plan_.target_matches.resize(options.groups.size());
+    plan_.group_modules.assign(options.groups.size(), 0);
+    for (std::size_t g = 0; g < options.groups.size(); ++g) {
+      targets_.emplace_back(options.groups[g].targets, ModuleMatcher::Role::kTargets);
+      plan_.target_matches[g].resize(options.groups[g].targets.size());
     }
   }
 
-  const std::vector<std::string>& group_size_errors() const { return group_size_errors_; }
-  // The ignore entry that keeps every tensor of group_size_errors() in 16 bits.
-  std::string group_size_fix() const {
-    return last_component_entry(group_size_names_, group_size_top_level_);
+  Outcome decide(const Candidate& c) {
+    Outcome out;
+    for (std::size_t i = 0; i < ignore_.entries().size(); ++i) {
+      if (ignore_.entry_matches(i, c.module)) {
+        plan_.ignore_matches[i].push_back(c.module);
+        if (!out.ignore_entry) out.ignore_entry = i;
+      }
+    }
+    std::optional<std::pair<std::size_t, std::size_t>> target;  // group, entry
+    for (std::size_t g = 0; g < targets_.size(); ++g) {
+      for (std::size_t i = 0; i < targets_[g].entries().size(); ++i) {
+        if (targets_[g].entry_matches(i, c.module)) {
+          plan_.target_matches[g][i].push_back(c.module);
+          if (!target) target = {g, i};
+        }
+      }
+    }
+    if (out.ignore_entry) {
+      out.rule = fmt::format("ignored by '{}'", options_.ignore[*out.ignore_entry]);
+      return out;
+    }
+    if (!target) {
+      out.rule = "matches no target";
+      return out;
+    }
+    const auto [g, i] = *target;
+    const SchemeGroup& group = options_.groups[g];
+    const SchemeFamily* family = group.family();
+    const std::string refusal = family->refuse(group.weights, c.rows, c.cols);
+    if (!refusal.empty()) {
+      const auto dot = c.module.rfind('.');
+      refused_names_.insert(dot == std::string::npos ? c.module : c.module.substr(dot + 1));
+      if (dot == std::string::npos) refused_top_level_ = true;
+      refusals_.push_back(fmt::format("{}: tensor '{}' [{}, {}]{} {}{}", c.file, c.tensor, c.rows,
+                                      c.cols, c.tensor == c.module + ".weight"
+                                                  ? std::string()
+                                                  : fmt::format(" (module '{}')", c.module),
+                                      refusal, group_label(options_, g)));
+    }
+    out.quantize = true;
+    out.group = g;
+    out.rule = fmt::format("2-D {} .weight matching target '{}'{}", c.dtype_text,
+                           group.targets[i], group_label(options_, g));
+    ++plan_.group_modules[g];
+    return out;
+  }
+
+  const std::vector<std::string>& refusals() const { return refusals_; }
+  // The ignore entry that keeps every weight of refusals() in 16 bits.
+  std::string refusal_fix() const {
+    return last_component_entry(refused_names_, refused_top_level_);
   }
 
  private:
   const PlanOptions& options_;
   const ModuleMatcher ignore_;
-  const ModuleMatcher targets_;
+  std::vector<ModuleMatcher> targets_;
   QuantizePlan& plan_;
-  std::vector<std::string> group_size_errors_;
-  std::set<std::string> group_size_names_;  // last components of their modules
-  bool group_size_top_level_ = false;
+  std::vector<std::string> refusals_;
+  std::set<std::string> refused_names_;  // last components of their modules
+  bool refused_top_level_ = false;
 };
+
+// Rules 1-4 and 6 of section 2 for a whole tensor: why it is not a
+// quantization candidate, or "" when it is. dtype stands for the tensor's
+// dtype as loaded (BF16 for an FP8 weight).
+std::string not_a_candidate(const std::string& name, const std::string& module,
+                            const std::vector<std::uint64_t>& shape, DType dtype,
+                            const std::string& dtype_text) {
+  if (param_of(name) != "weight" || module.empty()) return "not a .weight tensor";
+  if (shape.size() != 2) return fmt::format("{}-D, not a 2-D linear weight", shape.size());
+  if (module.ends_with("norm")) return "module ends with 'norm'";
+  if (!is_quantizable_float(dtype)) return fmt::format("dtype {} is not BF16, F16 or F32", dtype_text);
+  if (is_embedding(module)) return "embedding (target Linear never covers it)";
+  if (shape[0] == 0 || shape[1] == 0) return "empty tensor";
+  return {};
+}
+
+// ---- stacked 3-D experts (schemes.md 8) ----
+
+constexpr std::array<std::string_view, 2> kStackedKeys = {"gate_up_proj", "down_proj"};
+
+// The key of a stacked expert tensor name ("gate_up_proj" or "down_proj"),
+// as model_free's split_fused_moe_experts finds it (a substring test).
+// Sets `both` when the name holds both keys.
+std::optional<std::string_view> stacked_key(const std::string& name, bool& both) {
+  std::optional<std::string_view> key;
+  both = false;
+  for (const std::string_view k : kStackedKeys) {
+    if (name.find(k) != std::string::npos) {
+      if (key) both = true;
+      key = k;
+    }
+  }
+  return key;
+}
+
+// A config value of the language model: config[key], or text_config[key].
+std::optional<std::uint64_t> text_config_number(const std::optional<json>& config,
+                                                const char* key) {
+  if (!config || !config->is_object()) return std::nullopt;
+  for (const json* c : {&*config, config->contains("text_config") ? &config->at("text_config")
+                                                                   : nullptr}) {
+    if (c == nullptr || !c->is_object()) continue;
+    const auto it = c->find(key);
+    if (it != c->end() && it->is_number_unsigned()) return it->get<std::uint64_t>();
+  }
+  return std::nullopt;
+}
+
+std::string model_type(const std::optional<json>& config) {
+  if (!config || !config->is_object()) return {};
+  const auto it = config->find("model_type");
+  return it != config->end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// A stacked tensor's layout, proven from config.json: each expert slice
+// must be an [out_features, in_features] Linear weight (the transformers-v5
+// layout gate_up_proj [E, 2I, H], down_proj [E, H, I]). Returns why it
+// cannot be split, or "" when it can.
+std::string stacked_layout_problem(const Checkpoint& checkpoint, std::string_view key,
+                                   const std::vector<std::uint64_t>& shape) {
+  const std::string type = model_type(checkpoint.config);
+  if (type == "gpt_oss") {
+    return "gpt-oss stores gate and up interleaved along the last dimension ([E, H, 2I]), and "
+           "vLLM's gpt-oss loader reads only the stacked tensors: they cannot be split into "
+           "per-expert weights (keep them in 16 bits: --ignore a pattern matching them, or "
+           "--allow-unloadable)";
+  }
+  const auto hidden = text_config_number(checkpoint.config, "hidden_size");
+  auto inter = text_config_number(checkpoint.config, "moe_intermediate_size");
+  if (!inter) inter = text_config_number(checkpoint.config, "intermediate_size");
+  if (!hidden) {
+    return fmt::format(
+        "{} has no hidden_size to prove which dimension of {} is in_features", kConfigFileName,
+        shape_string(shape));
+  }
+  const bool gate_up = key == "gate_up_proj";
+  const std::uint64_t out = shape[1];
+  const std::uint64_t in = shape[2];
+  // gate_up_proj [E, 2I, H]: in_features H; down_proj [E, H, I]: out_features H.
+  const std::uint64_t hidden_dim = gate_up ? in : out;
+  if (hidden_dim != *hidden) {
+    return fmt::format(
+        "its dimension {} of {} is {}, not hidden_size {}: the experts are not stored [E, out, "
+        "in] (Llama 4 stores [E, in, out]); ctquant splits only the transformers-v5 layout {}",
+        gate_up ? 2 : 1, shape_string(shape), hidden_dim, *hidden,
+        gate_up ? "gate_up_proj [E, 2I, H]" : "down_proj [E, H, I]");
+  }
+  if (gate_up) {
+    if (out % 2 != 0) {
+      return fmt::format("gate_up_proj expects a second dimension divisible by 2 but got {}",
+                         out);
+    }
+    if (inter && out != 2 * *inter) {
+      return fmt::format("its second dimension {} is not 2 x the intermediate size {}", out,
+                         *inter);
+    }
+  } else if (inter && in != *inter) {
+    return fmt::format("its last dimension {} is not the intermediate size {}", in, *inter);
+  }
+  return {};
+}
 
 // The input's own ignore list (compressed-tensors), matched with the same
 // semantics as --ignore (section 2). A pattern that does not compile is bad
@@ -191,24 +286,26 @@ std::optional<ModuleMatcher> input_ignore_matcher(const InputQuantization& q) {
 
 // Checks an F8 tensor against section 6 and returns its scale when it is an
 // FP8 weight ctquant dequantizes; otherwise adds the reasons to problems.
+// A stacked 3-D FP8 expert tensor (split_experts > 0 experts) has a 3-D
+// scale whose dim 0 is the expert: the layout returned is one expert's.
 std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const InputQuantization& q,
                                            const std::optional<ModuleMatcher>& input_ignore,
                                            const TensorDecision& d, const TensorEntry& t,
-                                           std::vector<std::string>& problems) {
+                                           bool stacked, std::vector<std::string>& problems) {
   const std::size_t n_problems = problems.size();
   const auto problem = [&](const std::string& what) { problems.push_back(what); };
   const std::string dtype = std::string(dtype_tag(t.dtype));
   if (!is_dequantizable_fp8(t.dtype)) {
     problem(
         fmt::format("dtype {} is not dequantized (ctquant dequantizes F8_E4M3 and F8_E5M2 "
-                    "weights), and a W4A16 checkpoint must not carry F8 tensors",
+                    "weights), and the output must not carry F8 tensors it did not write",
                     dtype));
     return std::nullopt;
   }
-  if (param_of(t.name) != "weight" || d.module.empty()) {
+  if (!stacked && (param_of(t.name) != "weight" || d.module.empty())) {
     problem(
         fmt::format("{} tensor that is not a module's .weight: ctquant dequantizes FP8 weights "
-                    "only, and a W4A16 checkpoint must not carry F8 tensors",
+                    "only, and the output must not carry F8 tensors it did not write",
                     dtype));
     return std::nullopt;
   }
@@ -220,12 +317,12 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
                     dtype, kConfigFileName));
     return std::nullopt;
   }
-  if (t.shape.size() == 3) {
-    problem(
-        fmt::format("3-D FP8 expert tensor {}: dequantizing stacked expert weights is not "
-                    "supported yet",
-                    shape_string(t.shape)));
-  } else if (t.shape.size() != 2) {
+  if (!stacked && t.shape.size() == 3) {
+    problem(fmt::format(
+        "3-D FP8 expert tensor {} that is not a stacked gate_up_proj / down_proj tensor: "
+        "ctquant dequantizes 2-D FP8 weights and splits stacked experts only (schemes.md 8)",
+        shape_string(t.shape)));
+  } else if (!stacked && t.shape.size() != 2) {
     problem(fmt::format("{}-D FP8 weight {}, expected 2-D [out_features, in_features]",
                         t.shape.size(), shape_string(t.shape)));
   }
@@ -237,7 +334,11 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
                       kConfigFileName, q.ignore[*entry], d.module, dtype));
     }
   }
-  const std::string scale_name = d.module + "." + std::string(q.scale_param());
+  // A stacked tensor without a .weight suffix (`experts.gate_up_proj`) has
+  // its scale beside it as `experts.gate_up_proj_<scale param>`.
+  const std::string scale_name = stacked && param_of(t.name) != "weight"
+                                     ? t.name + "_" + std::string(q.scale_param())
+                                     : d.module + "." + std::string(q.scale_param());
   const auto scale = checkpoint.tensors.find(scale_name);
   if (scale == checkpoint.tensors.end()) {
     const std::string other =
@@ -253,7 +354,17 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
 
   const TensorEntry& s = checkpoint.entry(scale->second);
   try {
-    return Fp8Source{scale->second, fp8_scale_layout(q, t.shape[0], t.shape[1], s.dtype, s.shape)};
+    if (!stacked) {
+      return Fp8Source{scale->second,
+                       fp8_scale_layout(q, t.shape[0], t.shape[1], s.dtype, s.shape)};
+    }
+    // One expert [R, C] of [E, R, C]: the scale is [E, ...] of one grid per expert.
+    if (s.shape.empty() || s.shape[0] != t.shape[0]) {
+      throw bad_input(fmt::format("expected one scale grid per expert, [{}, ...]", t.shape[0]));
+    }
+    const std::vector<std::uint64_t> per_expert(s.shape.begin() + 1, s.shape.end());
+    return Fp8Source{scale->second,
+                     fp8_scale_layout(q, t.shape[1], t.shape[2], s.dtype, per_expert)};
   } catch (const Error& e) {
     problem(fmt::format("its scale '{}' ({} {}, in {}): {}", scale_name, dtype_tag(s.dtype),
                         shape_string(s.shape), checkpoint.shards[scale->second.shard].label(),
@@ -262,32 +373,109 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
   }
 }
 
+// Where the scale of a stacked FP8 tensor lives, for the drop rule: the
+// tensor named by fp8_weight_source for a stacked weight.
+bool is_stacked_fp8_scale(const Checkpoint& checkpoint, const InputQuantization& q,
+                          const std::string& name) {
+  const std::string suffix = "_" + std::string(q.scale_param());
+  if (!name.ends_with(suffix)) return false;
+  const TensorEntry* w = checkpoint.find(name.substr(0, name.size() - suffix.size()));
+  return w != nullptr && is_fp8(w->dtype) && w->shape.size() == 3;
+}
+
+std::uint64_t checked_bytes(std::uint64_t n, std::uint64_t element_bits, const std::string& name) {
+  std::uint64_t bits = 0;
+  if (!checked_mul(n, element_bits, bits)) {
+    throw bad_input(fmt::format("tensor '{}': output size overflows 64 bits", name));
+  }
+  return bits / 8;
+}
+
 }  // namespace
 
 void check_plan_options(const PlanOptions& options) {
-  check_scheme(options.scheme);
   std::string problems;
-  for (const auto& [entries, role] : {std::pair{&options.ignore, ModuleMatcher::Role::kIgnore},
-                                      std::pair{&options.targets, ModuleMatcher::Role::kTargets}}) {
-    try {
-      const ModuleMatcher matcher(*entries, role);
-    } catch (const Error& e) {
-      problems += (problems.empty() ? "" : "\n") + std::string(e.what());
+  const auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "\n") + p; };
+  if (options.groups.empty()) add("no scheme group: nothing to quantize with");
+  std::set<std::string> names;
+  for (const SchemeGroup& g : options.groups) {
+    if (!names.insert(g.name).second) add(fmt::format("scheme group '{}' is given twice", g.name));
+    const SchemeFamily* family = g.family();
+    if (family == nullptr) {
+      add(fmt::format("scheme group '{}': no output format ctquant writes fits its weights ({}-bit "
+                      "{} {}){}",
+                      g.name, g.weights.num_bits,
+                      g.weights.type == QuantArgs::Type::kInt ? "int" : "float",
+                      strategy_name(g.weights.strategy),
+                      g.input_activations.is_null() ? "" : " with input activations"));
+      continue;
     }
+    const std::string why = family->supports(g.weights);
+    if (!why.empty()) add(fmt::format("scheme group '{}' ({}): {}", g.name, family->format, why));
+    if (g.targets.empty()) add(fmt::format("scheme group '{}' has no targets", g.name));
   }
+  const auto check_entries = [&](const std::vector<std::string>& entries,
+                                 ModuleMatcher::Role role) {
+    try {
+      const ModuleMatcher matcher(entries, role);
+    } catch (const Error& e) {
+      add(e.what());
+    }
+  };
+  check_entries(options.ignore, ModuleMatcher::Role::kIgnore);
+  for (const SchemeGroup& g : options.groups) check_entries(g.targets, ModuleMatcher::Role::kTargets);
   if (!problems.empty()) throw usage_error(problems);
+}
+
+json plan_quantization_config(const PlanOptions& options,
+                              const std::vector<std::size_t>& group_modules) {
+  std::vector<ConfigGroup> groups;
+  for (std::size_t g = 0; g < options.groups.size(); ++g) {
+    const SchemeGroup& s = options.groups[g];
+    ConfigGroup c;
+    c.name = s.name;
+    c.targets = s.targets;
+    c.weights = quant_args_json(s.weights);
+    c.input_activations = s.input_activations;
+    // model_free fills a group's format when it compresses a module with it
+    // (schemes.md 9.2); a group that took no module keeps null.
+    if (g < group_modules.size() && group_modules[g] > 0) c.format = std::string(s.family()->format);
+    groups.push_back(std::move(c));
+  }
+  return quantization_config(groups, options.ignore);
 }
 
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
   check_plan_options(options);
   QuantizePlan plan;
   plan.options = options;
-  Section2Rules rules(options, plan);
+  SelectionRules rules(options, plan);
   plan.input_quantization = classify_input_quantization(checkpoint.config);
   const InputQuantization& q = plan.input_quantization;
   const std::optional<ModuleMatcher> input_ignore = input_ignore_matcher(q);
   std::vector<std::string> problems;  // every input problem of this phase, reported at once
   std::size_t n_bad_tensors = 0;
+
+  // Adds a module for rows [row_begin, row_begin + rows) of decision d's tensor.
+  const auto add_module = [&](TensorDecision& d, std::size_t decision_index, std::string name,
+                              std::uint64_t row_begin, std::uint64_t rows, std::uint64_t cols,
+                              std::optional<Fp8Source> fp8, const Outcome& outcome,
+                              DType loaded) {
+    PlannedModule m;
+    m.name = std::move(name);
+    m.decision = decision_index;
+    m.source = WeightSource{d.source, row_begin, rows, cols, std::move(fp8)};
+    m.group = outcome.group;
+    m.rule = outcome.rule;
+    m.ignore_entry = outcome.ignore_entry;
+    m.shard = d.source.shard;
+    m.dtype = loaded;
+    m.kind = outcome.quantize              ? PlannedModule::Kind::kQuantize
+             : m.source.fp8.has_value()    ? PlannedModule::Kind::kDequantize
+                                           : PlannedModule::Kind::kSlice;
+    d.modules.push_back(plan.modules.size());
+    plan.modules.push_back(std::move(m));
+  };
 
   for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
     const std::string& file = checkpoint.shards[s].label();
@@ -295,6 +483,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     std::vector<std::string> colon_names;  // tensors of this shard with ':' in their names
     for (std::size_t e = 0; e < tensors.size(); ++e) {
       const TensorEntry& t = tensors[e];
+      const std::size_t decision_index = plan.decisions.size();
       TensorDecision d;
       d.name = t.name;
       d.module = module_of(t.name);
@@ -302,6 +491,8 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
       d.fate = Fate::kCopy;
       const std::string param = param_of(t.name);
       std::vector<std::string> found;
+      bool both_keys = false;
+      const auto key = stacked_key(t.name, both_keys);
       if (t.name.find(':') != std::string::npos) {
         d.rule = "unknown layout (':' in the name)";
         colon_names.push_back(t.name);
@@ -322,24 +513,117 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
                           "F8 weights have one",
                           param, dtype_tag(w->dtype), d.module, q.describe()));
         }
+      } else if (q.is_fp8() && is_stacked_fp8_scale(checkpoint, q, t.name)) {
+        d.fate = Fate::kDrop;
+        d.rule = "scale of a stacked FP8 expert tensor (consumed by its dequantization)";
       } else if (q.is_fp8() && !d.module.empty() && is_activation_param(param)) {
         d.fate = Fate::kDrop;
         d.rule = fmt::format(
             "activation or KV-cache parameter '{}' of an FP8 input (dropped: the "
             "output quantizes weights only)",
             param);
-      } else if (is_fp8(t.dtype)) {
-        d.fp8 = fp8_weight_source(checkpoint, q, input_ignore, d, t, found);
-        if (d.fp8) {
-          rules.decide(d, t, DType::kBF16,
-                       fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype)), file);
-          if (d.fate == Fate::kCopy) {
-            d.fate = Fate::kDequantize;
-            d.rule += "; written as a BF16 .weight";
+      } else if (key && t.shape.size() == 3) {
+        // Stacked experts: one 2-D weight per expert and projection (schemes.md 8).
+        if (both_keys) {
+          found.push_back("its name holds both 'gate_up_proj' and 'down_proj'; it cannot be "
+                          "split into one projection");
+        } else if (const std::string why = stacked_layout_problem(checkpoint, *key, t.shape);
+                   !why.empty()) {
+          found.push_back(fmt::format("stacked expert tensor {} cannot be split: {}",
+                                      shape_string(t.shape), why));
+        } else {
+          std::optional<Fp8Source> fp8;
+          bool ok = true;
+          if (is_fp8(t.dtype)) {
+            fp8 = fp8_weight_source(checkpoint, q, input_ignore, d, t, /*stacked=*/true, found);
+            ok = fp8.has_value();
+          } else if (!is_quantizable_float(t.dtype)) {
+            found.push_back(fmt::format("stacked expert tensor of dtype {} (BF16, F16, F32 or "
+                                        "FP8 can be split)",
+                                        dtype_tag(t.dtype)));
+            ok = false;
+          }
+          if (ok) {
+            d.fate = Fate::kSplit;
+            d.fp8 = fp8;
+            const bool gate_up = *key == "gate_up_proj";
+            const std::uint64_t n_experts = t.shape[0];
+            const std::uint64_t rows_per_expert = t.shape[1];
+            const std::uint64_t part_rows = gate_up ? rows_per_expert / 2 : rows_per_expert;
+            const std::uint64_t cols = t.shape[2];
+            d.rule = fmt::format("stacked experts [E, out, in] split into {} x {}", n_experts,
+                                 gate_up ? "gate_proj, up_proj" : "down_proj");
+            const DType loaded = fp8 ? DType::kBF16 : t.dtype;
+            const std::string dtype_text =
+                fp8 ? fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype))
+                    : std::string(dtype_tag(t.dtype));
+            const auto pos = t.name.find(*key);
+            for (std::uint64_t x = 0; x < n_experts; ++x) {
+              const std::vector<std::string_view> parts =
+                  gate_up ? std::vector<std::string_view>{"gate_proj", "up_proj"}
+                          : std::vector<std::string_view>{"down_proj"};
+              for (std::size_t p = 0; p < parts.size(); ++p) {
+                std::string name = t.name;
+                name.replace(pos, key->size(), fmt::format("{}.{}", x, parts[p]));
+                if (!name.ends_with(".weight")) name += ".weight";
+                std::optional<Fp8Source> expert_fp8 = fp8;
+                if (expert_fp8) {
+                  expert_fp8->view_first_row = x * rows_per_expert;
+                  expert_fp8->grid_first_row = x * expert_fp8->layout.grid_rows;
+                }
+                const std::string module = module_of(name);
+                Outcome outcome;
+                if (module.ends_with("norm") || is_embedding(module)) {
+                  outcome.rule = "module name excluded by section 2";
+                } else {
+                  outcome = rules.decide(Candidate{module, t.name, file, part_rows, cols,
+                                                   dtype_text});
+                }
+                add_module(d, decision_index, module,
+                           x * rows_per_expert + p * part_rows, part_rows, cols,
+                           std::move(expert_fp8), outcome, loaded);
+              }
+            }
           }
         }
+      } else if (is_fp8(t.dtype)) {
+        d.fp8 = fp8_weight_source(checkpoint, q, input_ignore, d, t, /*stacked=*/false, found);
+        if (d.fp8) {
+          const std::string dtype_text = fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype));
+          const std::string why = not_a_candidate(t.name, d.module, t.shape, DType::kBF16, dtype_text);
+          Outcome outcome;
+          if (why.empty()) {
+            d.selectable = true;
+            outcome = rules.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1],
+                                             dtype_text});
+          } else {
+            outcome.rule = why;
+          }
+          d.fate = outcome.quantize ? Fate::kQuantize : Fate::kDequantize;
+          d.rule = outcome.quantize ? outcome.rule : outcome.rule + "; written as a BF16 .weight";
+          d.ignore_entry = outcome.ignore_entry;
+          Outcome module_outcome = outcome;
+          module_outcome.rule = d.rule;
+          add_module(d, decision_index, d.module, 0, t.shape[0], t.shape[1], d.fp8,
+                     module_outcome, DType::kBF16);
+        }
       } else {
-        rules.decide(d, t, t.dtype, std::string(dtype_tag(t.dtype)), file);
+        const std::string dtype_text(dtype_tag(t.dtype));
+        const std::string why = not_a_candidate(t.name, d.module, t.shape, t.dtype, dtype_text);
+        if (!why.empty()) {
+          d.rule = why;
+        } else {
+          d.selectable = true;
+          const Outcome outcome =
+              rules.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1], dtype_text});
+          d.rule = outcome.rule;
+          d.ignore_entry = outcome.ignore_entry;
+          if (outcome.quantize) {
+            d.fate = Fate::kQuantize;
+            add_module(d, decision_index, d.module, 0, t.shape[0], t.shape[1], std::nullopt,
+                       outcome, t.dtype);
+          }
+        }
       }
       for (const std::string& f : found) {
         problems.push_back(fmt::format("{}: tensor '{}': {}", file, t.name, f));
@@ -350,8 +634,8 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     if (!colon_names.empty()) {
       // torchao writes tensor subclasses as '<param>:<component>' keys
       // described in __metadata__: copying them would drop that metadata
-      // (and could carry F8 codes into a W4A16 checkpoint), and reading them
-      // needs torchao's own rules. ctquant refuses the format.
+      // (and could carry F8 codes into the output), and reading them needs
+      // torchao's own rules. ctquant refuses the format.
       constexpr std::size_t kNamesShown = 8;
       std::string names;
       for (std::size_t i = 0; i < colon_names.size() && i < kNamesShown; ++i) {
@@ -370,47 +654,60 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
       n_bad_tensors += colon_names.size();
     }
   }
-  const auto& group_size_errors = rules.group_size_errors();
-  if (!problems.empty() || !group_size_errors.empty()) {
+  const auto& refusals = rules.refusals();
+  if (!problems.empty() || !refusals.empty()) {
     std::string message;
     for (const auto& m : problems) message += m + "\n";
-    for (const auto& m : group_size_errors) message += m + "\n";
+    for (const auto& m : refusals) message += m + "\n";
     if (!problems.empty()) {
       message += fmt::format("{} tensor(s) cannot be converted", n_bad_tensors);
-      if (!group_size_errors.empty()) message += "; ";
+      if (!refusals.empty()) message += "; ";
     }
-    if (!group_size_errors.empty()) {
+    if (!refusals.empty()) {
+      const bool one_int_group = options.groups.size() == 1 &&
+                                 options.groups[0].weights.type == QuantArgs::Type::kInt &&
+                                 options.groups[0].weights.strategy == QuantArgs::Strategy::kGroup;
       message += fmt::format(
-          "{} tensor(s) cannot be quantized with group size {}: keep them in 16 bits (--ignore "
-          "'{}') or pick another --group-size",
-          group_size_errors.size(), options.scheme.group_size, rules.group_size_fix());
+          "{} tensor(s) cannot be quantized with {}: keep them in 16 bits (--ignore '{}') or "
+          "pick another {}",
+          refusals.size(),
+          one_int_group ? fmt::format("group size {}", options.groups[0].weights.group_size)
+                        : std::string("their scheme"),
+          rules.refusal_fix(), one_int_group ? "--group-size" : "scheme");
     }
     throw bad_input(message);
   }
 
   // The executor holds whole rows of a weight in memory (at least one per
   // thread): bound them, so that a header cannot make it allocate without
-  // limit (a sparse file can claim any size).
-  // FP8 rows are held as BF16 once loaded (section 6).
+  // limit (a sparse file can claim any size). FP8 rows are held as BF16.
   std::vector<std::string> row_errors;
-  for (const TensorDecision& d : plan.decisions) {
-    if (d.fate != Fate::kQuantize && d.fate != Fate::kDequantize) continue;
-    const TensorEntry& t = checkpoint.entry(d.source);
-    const std::uint64_t element_bytes =
-        d.fp8 ? 2u : static_cast<std::uint64_t>(dtype_bits(t.dtype) / 8);
+  for (const PlannedModule& m : plan.modules) {
+    const TensorEntry& t = checkpoint.entry(m.source.tensor);
+    const std::uint64_t element_bytes = static_cast<std::uint64_t>(dtype_bits(m.dtype) / 8);
     std::uint64_t row_bytes = 0;
-    if (!checked_mul(t.shape[1], element_bytes, row_bytes) || row_bytes > kMaxWeightRowBytes) {
+    if (!checked_mul(m.source.cols, element_bytes, row_bytes) || row_bytes > kMaxWeightRowBytes) {
       row_errors.push_back(fmt::format(
           "{}: tensor '{}' {} has rows of {} bytes, more than the limit of {} bytes per row of a "
           "weight to quantize or dequantize; ignore it (--ignore) to copy it unchanged",
-          checkpoint.shards[d.source.shard].label(), t.name, shape_string(t.shape), row_bytes,
-          kMaxWeightRowBytes));
+          checkpoint.shards[m.source.tensor.shard].label(), t.name, shape_string(t.shape),
+          row_bytes, kMaxWeightRowBytes));
     }
   }
   if (!row_errors.empty()) {
     std::string message = row_errors.front();
     for (std::size_t i = 1; i < row_errors.size(); ++i) message += "\n" + row_errors[i];
     throw bad_input(message);
+  }
+
+  // Modules that need max |w| first: each in its own set.
+  for (std::size_t i = 0; i < plan.modules.size(); ++i) {
+    PlannedModule& m = plan.modules[i];
+    if (m.kind != PlannedModule::Kind::kQuantize) continue;
+    const SchemeGroup& g = plan.group_of(m);
+    if (!g.family()->needs_tensor_amax(g.weights)) continue;
+    m.amax_set = plan.amax_sets.size();
+    plan.amax_sets.push_back({i});
   }
 
   // Output tensors, shard by shard.
@@ -424,26 +721,59 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
       if (d.source.shard != s) continue;
       const TensorEntry& t = checkpoint.entry(d.source);
       switch (d.fate) {
-        case Fate::kQuantize:
-          add_quantized_outputs(d, t, d.fp8 ? DType::kBF16 : t.dtype, options.scheme, i,
-                                shard.tensors);
-          ++plan.n_quantized;
-          break;
-        case Fate::kDequantize: {
-          std::uint64_t bytes = 0;
-          if (!checked_mul(t.numel(), 2, bytes)) throw bad_input("output size overflows 64 bits");
-          shard.tensors.push_back(
-              PlannedTensor{t.name, DType::kBF16, t.shape, bytes, 0, OutputRole::kDequantized, i});
-          ++plan.n_dequantized;
+        case Fate::kCopy: {
+          PlannedTensor p;
+          p.name = t.name;
+          p.dtype = t.dtype;
+          p.shape = t.shape;
+          p.byte_size = t.byte_size();
+          p.source = PlannedTensor::Source::kCopy;
+          p.decision = i;
+          shard.tensors.push_back(std::move(p));
+          ++plan.n_copied;
           break;
         }
         case Fate::kDrop:
           ++plan.n_dropped;
           break;
-        case Fate::kCopy:
-          shard.tensors.push_back(
-              PlannedTensor{t.name, t.dtype, t.shape, t.byte_size(), 0, OutputRole::kCopy, i});
-          ++plan.n_copied;
+        case Fate::kSplit:
+          ++plan.n_split;
+          [[fallthrough]];
+        case Fate::kQuantize:
+        case Fate::kDequantize:
+          for (const std::size_t mi : d.modules) {
+            const PlannedModule& m = plan.modules[mi];
+            const std::vector<std::uint64_t> shape{m.source.rows, m.source.cols};
+            if (m.kind != PlannedModule::Kind::kQuantize) {
+              PlannedTensor p;
+              p.name = m.name + ".weight";
+              p.dtype = m.dtype;
+              p.shape = shape;
+              p.byte_size = checked_bytes(m.source.rows * m.source.cols,
+                                          static_cast<std::uint64_t>(dtype_bits(m.dtype)), p.name);
+              p.source = PlannedTensor::Source::kModule;
+              p.decision = i;
+              p.module = mi;
+              shard.tensors.push_back(std::move(p));
+              if (m.kind == PlannedModule::Kind::kDequantize) ++plan.n_dequantized;
+              continue;
+            }
+            const SchemeGroup& g = plan.group_of(m);
+            const auto specs = g.family()->outputs(g.weights, m.dtype, m.source.rows, m.source.cols);
+            for (std::size_t o = 0; o < specs.size(); ++o) {
+              PlannedTensor p;
+              p.name = m.name + "." + specs[o].suffix;
+              p.dtype = specs[o].dtype;
+              p.shape = specs[o].shape;
+              p.byte_size = specs[o].byte_size();
+              p.source = PlannedTensor::Source::kModule;
+              p.decision = i;
+              p.module = mi;
+              p.output = o;
+              shard.tensors.push_back(std::move(p));
+            }
+            ++plan.n_quantized;
+          }
           break;
       }
     }
@@ -461,6 +791,10 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     specs.reserve(shard.tensors.size());
     for (const PlannedTensor& t : shard.tensors) {
       specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.byte_size});
+      if (weight_map.contains(t.name)) {
+        throw bad_input(fmt::format("output tensor '{}' would be written to {} and {}", t.name,
+                                    weight_map[t.name].get<std::string>(), shard.file_name));
+      }
       weight_map[t.name] = shard.file_name;
       if (!checked_add(plan.tensor_bytes_out, t.byte_size, plan.tensor_bytes_out)) {
         throw bad_input("output size overflows 64 bits");
@@ -484,12 +818,12 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     plan.shards.push_back(std::move(shard));
   }
 
-  if (checkpoint.has_index) {
-    plan.index =
-        json{{"metadata", {{"total_size", plan.tensor_bytes_out}}}, {"weight_map", weight_map}};
-  }
+  // model_free_ptq writes an index for every checkpoint, a single file too
+  // (schemes.md 1, step 8).
+  plan.index =
+      json{{"metadata", {{"total_size", plan.tensor_bytes_out}}}, {"weight_map", weight_map}};
   plan.config = output_config(checkpoint.config,
-                              quantization_config(options.scheme, options.ignore, options.targets));
+                              plan_quantization_config(options, plan.group_modules));
   plan.copied_files = checkpoint.other_files;
   return plan;
 }

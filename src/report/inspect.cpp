@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {
@@ -45,10 +46,33 @@ std::uint64_t file_bytes(const fs::path& path) {
   return ec ? 0 : size;
 }
 
-std::string scheme_text(const QuantScheme& s) {
-  return fmt::format(
-      "{} ({}-bit int, {}, {})", s.name, s.num_bits, s.symmetric ? "symmetric" : "asymmetric",
-      s.group_size == 0 ? std::string("channel-wise") : fmt::format("group size {}", s.group_size));
+// "W4A16 (4-bit int, symmetric, group size 128; pack-quantized)".
+std::string group_text(const SchemeGroup& g) {
+  const QuantArgs& a = g.weights;
+  std::string layout;
+  switch (a.strategy) {
+    case QuantArgs::Strategy::kChannel:
+      layout = "channel-wise";
+      break;
+    case QuantArgs::Strategy::kTensor:
+      layout = "per tensor";
+      break;
+    case QuantArgs::Strategy::kBlock:
+      layout = fmt::format("blocks {}x{}", a.block[0], a.block[1]);
+      break;
+    case QuantArgs::Strategy::kGroup:
+      layout = fmt::format("group size {}", a.group_size);
+      break;
+    case QuantArgs::Strategy::kTensorGroup:
+      layout = fmt::format("group size {}, global scale", a.group_size);
+      break;
+  }
+  const SchemeFamily* f = g.family();
+  return fmt::format("{} ({}-bit {}, {}, {}{}; {})", g.name, a.num_bits,
+                     a.type == QuantArgs::Type::kInt ? "int" : "float",
+                     a.symmetric ? "symmetric" : "asymmetric", layout,
+                     g.input_activations.is_null() ? "" : ", dynamic input activations",
+                     f != nullptr ? f->format : "no format");
 }
 
 std::string quoted_list(const std::vector<std::string>& items) {
@@ -176,7 +200,7 @@ json inventory_json(const Inventory& inv) {
 
 std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   std::uint64_t total = plan.shard_bytes_out;
-  if (plan.index) total += dump_json(*plan.index).size();
+  total += dump_json(plan.index).size();
   total += dump_json(plan.config).size();
   for (const auto& name : plan.copied_files) total += file_bytes(checkpoint.root / name);
   return total;
@@ -211,8 +235,19 @@ std::uint64_t input_bytes(const Checkpoint& checkpoint) {
 
 std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   const PlanOptions& o = plan.options;
-  std::string text = fmt::format("plan: {}, targets {}, ignore {}\n", scheme_text(o.scheme),
-                                 quoted_list(o.targets), quoted_list(o.ignore));
+  std::string text;
+  if (o.groups.size() == 1) {
+    text = fmt::format("plan: {}, targets {}, ignore {}\n", group_text(o.groups[0]),
+                       quoted_list(o.groups[0].targets), quoted_list(o.ignore));
+  } else {
+    text = fmt::format("plan: {} scheme groups, tried in this order; ignore {}\n",
+                       o.groups.size(), quoted_list(o.ignore));
+    for (std::size_t g = 0; g < o.groups.size(); ++g) {
+      text += fmt::format("  {}. {}, targets {}: {}\n", g + 1, group_text(o.groups[g]),
+                          quoted_list(o.groups[g].targets),
+                          plural(plan.group_modules[g], "module"));
+    }
+  }
   std::string counts;
   for (const auto& [name, n] : fate_counts(plan)) {
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);
@@ -233,6 +268,30 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
     text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", fate_name(d.fate), fate_w, d.name,
                         name_w, dtype_tag(t.dtype), shape_string(t.shape), shape_w, d.rule);
   }
+  // Each written weight: its scheme (or 16-bit kind) and exact output bytes.
+  if (!plan.modules.empty()) {
+    text += fmt::format("modules written from weights ({}):\n", plan.modules.size());
+    std::size_t module_w = 6;
+    for (const PlannedModule& m : plan.modules) module_w = std::max(module_w, m.name.size());
+    for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+      const PlannedModule& m = plan.modules[mi];
+      std::uint64_t bytes = 0;
+      std::string outputs;
+      for (const PlannedTensor& t : plan.shards[m.shard].tensors) {
+        if (t.source != PlannedTensor::Source::kModule || t.module != mi) continue;
+        bytes += t.byte_size;
+        outputs += fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ",
+                               t.name.substr(m.name.size() + 1), dtype_tag(t.dtype),
+                               shape_string(t.shape));
+      }
+      const std::string what = m.kind == PlannedModule::Kind::kQuantize
+                                   ? plan.group_of(m).name
+                               : m.kind == PlannedModule::Kind::kDequantize ? "BF16 (dequantized)"
+                                                                            : "16-bit (kept)";
+      text += fmt::format("  {:<{}}  [{}, {}]  {}: {} ({} bytes)\n", m.name, module_w,
+                          m.source.rows, m.source.cols, what, outputs, grouped(bytes));
+    }
+  }
   text += "ignore entries (modules each matched among the 2-D weights ignore can affect):\n";
   if (o.ignore.empty()) text += "  (none)\n";
   for (std::size_t i = 0; i < o.ignore.size(); ++i) {
@@ -241,12 +300,16 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
     for (const auto& m : modules) text += fmt::format("    {}\n", m);
   }
   text += "targets:\n";
-  for (std::size_t i = 0; i < o.targets.size(); ++i) {
-    const auto& modules =
-        i < plan.target_matches.size() ? plan.target_matches[i] : std::vector<std::string>();
-    text += fmt::format("  {}: {}\n", o.targets[i], plural(modules.size(), "module"));
-    if (o.targets[i] != "Linear") {
-      for (const auto& m : modules) text += fmt::format("    {}\n", m);
+  for (std::size_t g = 0; g < o.groups.size(); ++g) {
+    const std::vector<std::string>& targets = o.groups[g].targets;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      const auto& modules = plan.target_matches[g][i];
+      text += fmt::format("  {}{}: {}\n", targets[i],
+                          o.groups.size() == 1 ? "" : fmt::format(" (group '{}')", o.groups[g].name),
+                          plural(modules.size(), "module"));
+      if (targets[i] != "Linear") {
+        for (const auto& m : modules) text += fmt::format("    {}\n", m);
+      }
     }
   }
   text += fmt::format("output: {}\n", plural(plan.shards.size(), "shard"));
@@ -255,8 +318,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
         fmt::format("  {}  {}  {} ({} bytes)\n", s.file_name, plural(s.tensors.size(), "tensor"),
                     human_bytes(s.file_size), grouped(s.file_size));
   }
-  std::string files = plan.index ? std::string(kIndexFileName) + ", " : std::string();
-  files += kConfigFileName;
+  std::string files = std::string(kIndexFileName) + ", " + kConfigFileName;
   for (const auto& f : plan.copied_files) files += ", " + f;
   text += fmt::format("  {}\n", files);
   const std::uint64_t out = expected_output_bytes(checkpoint, plan);
@@ -291,11 +353,44 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   for (std::size_t i = 0; i < o.ignore.size(); ++i) {
     ignore.push_back(json{{"entry", o.ignore[i]}, {"modules", plan.ignore_matches[i]}});
   }
-  json targets = json::array();
-  for (std::size_t i = 0; i < o.targets.size(); ++i) {
-    targets.push_back(json{{"entry", o.targets[i]},
-                           {"modules", i < plan.target_matches.size() ? json(plan.target_matches[i])
-                                                                      : json::array()}});
+  json groups = json::array();
+  for (std::size_t g = 0; g < o.groups.size(); ++g) {
+    const SchemeGroup& group = o.groups[g];
+    json targets = json::array();
+    for (std::size_t i = 0; i < group.targets.size(); ++i) {
+      targets.push_back(json{{"entry", group.targets[i]}, {"modules", plan.target_matches[g][i]}});
+    }
+    const SchemeFamily* f = group.family();
+    groups.push_back(json{{"name", group.name},
+                          {"format", f != nullptr ? json(std::string(f->format)) : json(nullptr)},
+                          {"weights", quant_args_json(group.weights)},
+                          {"input_activations", group.input_activations},
+                          {"targets", targets},
+                          {"modules", plan.group_modules[g]}});
+  }
+  json modules = json::array();
+  for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+    const PlannedModule& m = plan.modules[mi];
+    json outs = json::array();
+    for (const PlannedTensor& t : plan.shards[m.shard].tensors) {
+      if (t.source != PlannedTensor::Source::kModule || t.module != mi) continue;
+      outs.push_back(json{{"name", t.name},
+                          {"dtype", dtype_tag(t.dtype)},
+                          {"shape", t.shape},
+                          {"bytes", t.byte_size}});
+    }
+    modules.push_back(json{
+        {"module", m.name},
+        {"tensor", plan.decisions[m.decision].name},
+        {"shape", {m.source.rows, m.source.cols}},
+        {"kind", m.kind == PlannedModule::Kind::kQuantize     ? "quantize"
+                 : m.kind == PlannedModule::Kind::kDequantize ? "dequantize"
+                                                              : "keep"},
+        {"group", m.kind == PlannedModule::Kind::kQuantize ? json(plan.group_of(m).name)
+                                                           : json(nullptr)},
+        {"rule", m.rule},
+        {"shard", plan.shards[m.shard].file_name},
+        {"outputs", outs}});
   }
   json outputs = json::array();
   for (const ShardPlan& s : plan.shards) {
@@ -309,16 +404,11 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
     outputs.push_back(
         json{{"file", s.file_name}, {"bytes", s.file_size}, {"tensors", shard_tensors}});
   }
-  const QuantScheme& s = o.scheme;
-  return json{{"scheme",
-               {{"name", s.name},
-                {"num_bits", s.num_bits},
-                {"symmetric", s.symmetric},
-                {"group_size", s.group_size == 0 ? json(nullptr) : json(s.group_size)}}},
+  return json{{"groups", groups},
               {"tensors", tensors},
+              {"modules", modules},
               {"counts", counts},
               {"ignore", ignore},
-              {"targets", targets},
               {"outputs", outputs},
               {"copied_files", plan.copied_files},
               {"expected_output_bytes", expected_output_bytes(checkpoint, plan)},

@@ -107,3 +107,20 @@ std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const Ker
 const char* kernel_path_name() { return detail::simd_level_name(detail::simd_level()); }
 
 }  // namespace ctquant
+
+namespace ctquant {
+
+std::optional<std::uint64_t> max_abs(DType dtype, const std::byte* data, std::uint64_t n,
+                                     float& amax) {
+  const std::size_t esize = static_cast<std::size_t>(dtype_bits(dtype) / 8);
+  float m = 0.0f;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const float w = load_as_float(dtype, data + i * esize);
+    if (!std::isfinite(w)) return i;
+    m = std::max(m, std::fabs(w));
+  }
+  amax = m;
+  return std::nullopt;
+}
+
+}  // namespace ctquant

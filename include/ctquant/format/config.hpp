@@ -1,5 +1,5 @@
 // The compressed-tensors `quantization_config` block and the output
-// config.json (section 5 of the format spec).
+// config.json (section 5 of the format spec; schemes.md 9.2).
 #pragma once
 
 #include <optional>
@@ -8,20 +8,28 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/scheme/kernel.hpp"
-
 namespace ctquant {
 
 // The compressed-tensors release whose config format ctquant writes.
 inline constexpr const char* kCompressedTensorsVersion = "0.18.0";
 
-// The pack-quantized block for scheme, with ignore entries and targets written
-// unchanged and in order. Group schemes get "strategy": "group" and their
-// group size; channel-wise (group_size 0) "strategy": "channel" and null;
-// asymmetric "symmetric": false and "zp_dtype": "torch.int8".
-nlohmann::json quantization_config(const QuantScheme& scheme,
-                                   const std::vector<std::string>& ignore,
-                                   const std::vector<std::string>& targets);
+// One entry of config_groups: a QuantizationScheme as compressed-tensors
+// serialises it.
+struct ConfigGroup {
+  std::string name;                  // the config_groups key
+  std::vector<std::string> targets;  // written unchanged, in order
+  nlohmann::json weights;            // QuantizationArgs (quant_args_json)
+  nlohmann::json input_activations;  // null or QuantizationArgs
+  std::optional<std::string> format;  // null when the group compressed nothing
+};
+
+// The quantization_config block: the groups (serialised with sorted keys, as
+// the reference writes them), ignore entries unchanged and in order, the
+// top-level format the groups' common one ("mixed-precision" when they
+// differ, "dense" when none has one), "quantization_status": "compressed",
+// "version": kCompressedTensorsVersion, "transform_config": {}.
+nlohmann::json quantization_config(const std::vector<ConfigGroup>& groups,
+                                   const std::vector<std::string>& ignore);
 
 // The output config.json: the input's (or an empty object) with
 // "quantization_config" replaced by block.

@@ -17,15 +17,24 @@
 //               one attention, gate/up_proj of one MLP, the experts of one
 //               MoE layer)
 //   L4 error    a DFlash draft whose qkv_proj (or q/k/v_proj) is quantized
-//   L5 warning  a quantized tensor whose per-shard shape Marlin cannot run
-//               (out_features % 64, in_features % 128, in_features % group
-//               size) at the chosen tensor-parallel degree; the fix covers
-//               its whole fused q/k/v or gate/up group
+//   L5 error    a quantized tensor whose per-shard shape the vLLM kernel of
+//      warning  its family cannot run at the chosen tensor-parallel degree
+//               (SchemeFamily::vllm_shape_rule: an error where current vLLM
+//               refuses the shard, e.g. in_features % group size for
+//               Marlin; a warning where only older releases do, e.g.
+//               out_features % 64); the fix covers its whole fused q/k/v or
+//               gate/up group
 //   L6 error    tie_word_embeddings is true and lm_head.weight is quantized
-//   L7 error    a 3-D .weight (stacked experts) that no ignore entry covers
+//   L7 error    a 3-D .weight that is not a stacked gate_up_proj / down_proj
+//               tensor (those are split) and that no ignore entry covers
 //   L8 info     an unanchored `re:` entry that matches some modules only by a
 //               prefix of their names (`re:.*gate` also takes `gate_proj`)
 //   L9 warning  no tensor would be quantized at all
+//   L10 error   a scheme group whose arguments no vLLM kernel runs
+//               (SchemeFamily::vllm_args_rule: a bit width, or a group size
+//               Marlin does not take)
+//   L11 error   a module vLLM's target matching would give to another scheme
+//               group than the one ctquant quantized it with
 //
 // Whether findings stop `quantize` is decided by blocking_findings(): errors
 // unless allow_unloadable, warnings under strict; infos never.
@@ -49,7 +58,7 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L8"
+  std::string id;  // "L1" .. "L11"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes

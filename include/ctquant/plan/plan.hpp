@@ -3,15 +3,18 @@
 //
 // make_plan() is pure: it reads only headers (already validated by
 // open_checkpoint), config.json and the options. It classifies the input's
-// quantization (unquantized, block FP8 or compressed-tensors FP8, section 6;
-// anything else is refused), applies section 2 of the format spec to decide
-// each input tensor's fate and the rule that decided it (an FP8 weight is
-// judged as the BF16 weight it dequantizes to), computes
-// the output tensors of section 4 for each quantized module, lays out every
-// output shard (section 5: same file names, tensors sorted by name,
-// `{"format": "pt"}` metadata) and builds the output index and config.json.
-// Because the plan holds each output header, the executor writes headers
-// first and then streams data, and `--dry-run` costs nothing.
+// quantization (unquantized, block FP8 or compressed-tensors FP8, section 6
+// of the format spec; anything else is refused), applies section 2 of the
+// format spec to decide each input tensor's fate and the rule that decided
+// it (an FP8 weight is judged as the BF16 weight it dequantizes to), splits
+// stacked 3-D expert tensors into one 2-D weight per expert and projection
+// (schemes.md section 8), assigns every quantized weight to the first scheme
+// group whose targets match it (schemes.md 9.3), computes its output tensors
+// from the group's scheme family (scheme/registry.hpp), lays out every
+// output shard (section 5: same file names, tensors sorted by name) and
+// builds the output index and config.json. Because the plan holds each
+// output header, the executor writes headers first and then streams data,
+// and `--dry-run` costs nothing.
 #pragma once
 
 #include <cstddef>
@@ -22,9 +25,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/fp8.hpp"
-#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/source/weight_rows.hpp"
 
 namespace ctquant {
 
@@ -35,18 +39,54 @@ inline constexpr std::uint64_t kMaxWeightRowBytes = 32u << 20;
 // What happens to one input tensor.
 enum class Fate {
   kCopy,        // written unchanged under the same name
-  kQuantize,    // replaced by weight_packed, weight_scale, weight_shape (+ weight_zero_point)
+  kQuantize,    // replaced by its scheme's output tensors (weight_packed, weight_scale, ...)
   kDequantize,  // an FP8 weight not quantized: written as a BF16 .weight (section 6)
-  kDrop,        // not written: an FP8 weight's scale (consumed by its dequantization) or an
+  kDrop,        // not written: an FP8 weight's scale (consumed by its dequantization), an
                 // activation / KV-cache parameter of an FP8 input (kActivationParams)
+  kSplit,       // a stacked 3-D expert tensor: written as one 2-D weight per expert and
+                // projection, each quantized or kept in 16 bits (schemes.md 8)
 };
 
 const char* fate_name(Fate fate);
 
-// Where an FP8 weight's scale is and how it covers the weight (section 6).
-struct Fp8Source {
-  TensorLocation scale;
-  Fp8ScaleLayout layout;
+// One scheme group of the output config (compressed-tensors
+// QuantizationScheme under config_groups): a module is quantized with the
+// first group whose targets match it.
+struct SchemeGroup {
+  std::string name;                          // config_groups key
+  std::vector<std::string> targets{"Linear"};
+  QuantArgs weights;
+  nlohmann::json input_activations;          // null, or the (dynamic) activations block
+
+  // The family compressed-tensors infers for this scheme, or nullptr.
+  const SchemeFamily* family() const;
+};
+
+// The group a preset gives, keyed by the preset's name as written (as
+// model_free_ptq keys it, schemes.md 9.1), targets ["Linear"]. Throws
+// Error{kUsage} for an unknown preset, listing the known ones.
+SchemeGroup preset_group(const std::string& preset);
+
+// A weight the plan writes as its own module: a whole 2-D .weight, or one
+// expert projection of a split stacked tensor.
+struct PlannedModule {
+  enum class Kind {
+    kQuantize,    // the group's output tensors
+    kDequantize,  // an FP8 weight written as a BF16 M.weight
+    kSlice,       // a split expert projection kept in 16 bits: its bytes copied to M.weight
+  };
+  std::string name;  // module name (tensor name without ".weight")
+  std::size_t decision = 0;
+  WeightSource source;
+  Kind kind = Kind::kQuantize;
+  std::size_t group = 0;  // kQuantize: index into PlanOptions::groups
+  std::string rule;       // why it is quantized or kept
+  std::optional<std::size_t> ignore_entry;  // the ignore entry that kept it, if any
+  // kQuantize with a family that needs_tensor_amax: index into
+  // QuantizePlan::amax_sets (the modules that share one amax).
+  std::optional<std::size_t> amax_set;
+  std::size_t shard = 0;  // output shard (the input tensor's shard)
+  DType dtype = DType::kBF16;  // of the rows once loaded (BF16 for FP8)
 };
 
 // The decision for one input tensor, in input order (shard by shard, data order).
@@ -58,22 +98,28 @@ struct TensorDecision {
   std::string rule;  // why, e.g. "ignored by 're:.*qkv_proj$'" or "2-D BF16 .weight in targets"
   std::optional<std::size_t> ignore_entry;  // the ignore entry that matched, if any
   bool selectable = false;  // passed rules 1-4 and 6: the ignore list and targets decided
-  // An FP8 weight (fate kQuantize or kDequantize): its scale. The values it
-  // yields are BF16, so its quantized outputs have BF16 scales.
+  // kQuantize, kDequantize, kSplit: the modules written from it.
+  std::vector<std::size_t> modules;
+  // An FP8 weight (fate kQuantize, kDequantize or kSplit): its scale.
   std::optional<Fp8Source> fp8;
 };
 
-// What one output tensor holds.
-enum class OutputRole { kCopy, kPacked, kScale, kShape, kZeroPoint, kDequantized };
-
 struct PlannedTensor {
+  enum class Source {
+    kCopy,    // the input tensor of `decision`, copied
+    kModule,  // an output of `module`: the family's outputs()[output], or its 16-bit weight
+  };
   std::string name;
   DType dtype{};
   std::vector<std::uint64_t> shape;
   std::uint64_t byte_size = 0;
   std::uint64_t offset = 0;  // in the data buffer of its shard
-  OutputRole role = OutputRole::kCopy;
+  Source source = Source::kCopy;
   std::size_t decision = 0;  // index into QuantizePlan::decisions
+  std::size_t module = 0;    // kModule: index into QuantizePlan::modules
+  // kModule: index into the family's outputs() of the module; nullopt for
+  // the M.weight of a kDequantize or kSlice module.
+  std::optional<std::size_t> output;
 };
 
 struct ShardPlan {
@@ -92,55 +138,76 @@ inline const std::vector<std::string> kDefaultIgnore{"lm_head"};
 inline const std::vector<std::string> kDefaultTargets{"Linear"};
 
 struct PlanOptions {
-  QuantScheme scheme;
-  std::vector<std::string> ignore = kDefaultIgnore;
-  std::vector<std::string> targets = kDefaultTargets;
+  // Tried in order; a module goes to the first group whose targets match it
+  // (schemes.md 9.3). Default: W4A16 on every Linear.
+  std::vector<SchemeGroup> groups{preset_group("W4A16")};
+  std::vector<std::string> ignore = kDefaultIgnore;  // applies to every group
 };
 
 struct QuantizePlan {
   PlanOptions options;
   InputQuantization input_quantization;  // what the input's quantization_config says
   std::vector<TensorDecision> decisions;
+  std::vector<PlannedModule> modules;
+  // Modules whose family needs max |w| before quantizing (NVFP4 global
+  // scales, per-tensor FP8 scales), in sets that share one amax: fused
+  // partners (q/k/v, gate/up) under NVFP4, each module alone otherwise.
+  std::vector<std::vector<std::size_t>> amax_sets;
   std::vector<ShardPlan> shards;
-  std::optional<nlohmann::json> index;  // output model.safetensors.index.json
-  nlohmann::json config;                // output config.json
+  nlohmann::json index;   // output model.safetensors.index.json (always written)
+  nlohmann::json config;  // output config.json
   std::vector<std::string> copied_files;
   // For each ignore entry, the modules it matched among the modules whose
   // .weight passed rules 1-4 and 6 of section 2 (the ones it could affect;
   // an FP8 weight counts as the BF16 weight it dequantizes to).
   std::vector<std::vector<std::string>> ignore_matches;
-  // For each targets entry, the modules it matched among the same modules
-  // (whether or not an ignore entry then took them out).
-  std::vector<std::vector<std::string>> target_matches;
+  // For each group, for each of its targets entries, the modules it matched
+  // among the same modules (whether or not an ignore entry or an earlier
+  // group then took them).
+  std::vector<std::vector<std::vector<std::string>>> target_matches;
+  // For each group, how many modules it quantizes.
+  std::vector<std::size_t> group_modules;
 
-  std::size_t n_quantized = 0;         // input tensors quantized
+  std::size_t n_quantized = 0;         // weights quantized (split experts counted one by one)
   std::size_t n_copied = 0;            // input tensors copied
   std::size_t n_dequantized = 0;       // FP8 weights written as BF16
   std::size_t n_dropped = 0;           // FP8 scales and activation parameters not written
+  std::size_t n_split = 0;             // stacked expert tensors split
   std::uint64_t tensor_bytes_out = 0;  // sum of output tensor byte sizes
   std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
+
+  const SchemeGroup& group_of(const PlannedModule& m) const { return options.groups[m.group]; }
 };
 
 // Builds the plan. Throws Error{kUsage} for invalid ignore/target entries or
-// scheme. Throws Error{kBadInput} for an input config whose
+// schemes. Throws Error{kBadInput} for an input config whose
 // quantization_config ctquant does not convert (classify_input_quantization),
 // for an output header over kMaxHeaderBytes, and, listing every problem at
-// once: each selected tensor whose in_features is not a multiple of the group
-// size (section 2); each selected tensor with rows over kMaxWeightRowBytes;
-// each tensor whose name has a ':' component (torchao's tensor-subclass
-// layout, not a module parameter); each F8 tensor that is not a recognised
-// FP8 weight (wrong dtype variant, not a 2-D .weight, 3-D expert tensors, no
-// FP8 quantization_config, a module the input's ignore list says was never
-// FP8); each FP8 weight whose scale is missing or has the wrong dtype or
-// shape; each scale without its F8 weight.
+// once: each selected weight its scheme cannot quantize (the family's
+// `refuse`: in_features not a multiple of the group size, ...); each
+// selected weight with rows over kMaxWeightRowBytes; each tensor whose name
+// has a ':' component (torchao's tensor-subclass layout, not a module
+// parameter); each F8 tensor that is not a recognised FP8 weight (wrong
+// dtype variant, not a .weight, no FP8 quantization_config, a module the
+// input's ignore list says was never FP8); each FP8 weight whose scale is
+// missing or has the wrong dtype or shape; each scale without its F8
+// weight; each stacked expert tensor whose layout cannot be split.
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options);
 
 // Checks the options alone, before any file is read. Throws Error{kUsage}
-// for a scheme outside 2..8 bits and for invalid ignore and target entries
-// (every invalid entry of both lists in one message, see ModuleMatcher).
+// for no group, a group whose scheme no family writes or ctquant does not
+// support, and invalid ignore and target entries (every invalid entry of
+// every list in one message, see ModuleMatcher).
 void check_plan_options(const PlanOptions& options);
 
 // The module a tensor belongs to: the name up to its last dot.
 std::string module_of(const std::string& tensor_name);
+
+// The output config.json's quantization_config for the plan's groups: each
+// group's scheme with the format of its family, or null when it quantized
+// nothing; the top-level format the groups' common one, "mixed-precision"
+// when they differ, "dense" when none (schemes.md 9.2).
+nlohmann::json plan_quantization_config(const PlanOptions& options,
+                                        const std::vector<std::size_t>& group_modules);
 
 }  // namespace ctquant

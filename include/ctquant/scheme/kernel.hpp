@@ -80,3 +80,14 @@ std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const Ker
 const char* kernel_path_name();
 
 }  // namespace ctquant
+
+namespace ctquant {
+
+// max |w| over n elements of a BF16, F16 or F32 weight, exactly as stored
+// (the amax families with a tensor-wide scale start from: schemes.md 3.1,
+// 5.3). Returns the index of the first NaN or infinity, in which case amax is
+// unspecified; nullopt when every element was finite.
+std::optional<std::uint64_t> max_abs(DType dtype, const std::byte* data, std::uint64_t n,
+                                     float& amax);
+
+}  // namespace ctquant

@@ -69,33 +69,36 @@ const char* strategy_name(QuantArgs::Strategy strategy);  // "tensor", "channel"
 // kRows tensors are filled chunk by chunk: rows [r0, r1) of the weight (r0 a
 // multiple of the family's row_alignment, r1 too or R) produce the bytes
 // [bytes_before(r0), bytes_before(r1)) of the tensor, where
-// bytes_before(r) = ceil(r / rows_per_unit) * bytes_per_unit. Rows of codes
-// and per-row scales have rows_per_unit 1; a block scale grid 128 (one grid
-// row per 128 weight rows); asymmetric int4 zero points, packed along dim 0,
-// 8 (one int32 row per 8 weight rows).
+// bytes_before(r) = ceil(r * units_num / units_den) * bytes_per_unit: the
+// tensor is a sequence of units (rows of it) and each weight row adds
+// units_num / units_den of a unit. Rows of codes and per-row scales: 1/1; a
+// 128x128 block scale grid: 1/128 (one grid row per 128 weight rows); b-bit
+// zero points packed along dim 0: b/32 (one int32 row per 32/b weight rows).
 // kWhole tensors (weight_shape, a global scale) are written once, from
 // SchemeFamily::whole_tensor.
 struct OutputTensorSpec {
   enum class Fill : std::uint8_t { kRows, kWhole };
+  // What the tensor holds, for verify's comparisons and messages: codes are
+  // compared as integers, scales in ulps of their dtype (float dtypes).
+  enum class Kind : std::uint8_t { kCodes, kScale, kZeroPoint, kGlobalScale, kShape };
+
   std::string suffix;  // parameter name: "weight_packed", "weight_scale", ...
   DType dtype = DType::kU8;
   std::vector<std::uint64_t> shape;
   Fill fill = Fill::kRows;
-  std::uint64_t rows_per_unit = 1;
+  Kind kind = Kind::kCodes;
+  std::uint64_t units_num = 1;
+  std::uint64_t units_den = 1;
   std::uint64_t bytes_per_unit = 0;
-  // For messages: bits of one logical element (4 for packed FP4 or int4
-  // codes, 8 for FP8 codes, the dtype's width for scales) and elements per
-  // unit, so verify can turn a byte offset into [row, column].
+  // Bits of one logical element (4 for packed FP4 or int4 codes, 8 for FP8
+  // codes, the dtype's width for scales), so verify can turn a byte offset
+  // into [row, column] of the logical matrix of shape_elements.
   int element_bits = 8;
   std::uint64_t elements_per_unit = 0;
-  // What the tensor holds, for verify's comparisons: codes are compared as
-  // integers, scales in ulps of their dtype (when a float dtype).
-  enum class Kind : std::uint8_t { kCodes, kScale, kZeroPoint, kGlobalScale, kShape } kind =
-      Kind::kCodes;
 
-  std::uint64_t byte_size() const;
+  std::uint64_t byte_size() const;  // product of shape times the dtype's bytes
   std::uint64_t bytes_before(std::uint64_t weight_row) const {
-    return (weight_row + rows_per_unit - 1) / rows_per_unit * bytes_per_unit;
+    return (weight_row * units_num + units_den - 1) / units_den * bytes_per_unit;
   }
 };
 
@@ -150,6 +153,12 @@ struct Preset {
 // How a layer is split across tensor-parallel ranks, for the vLLM shape rules.
 enum class Parallel : std::uint8_t { kColumn, kRow, kReplicated };
 
+// One reason vLLM's kernel for a family cannot run a shard of a layer.
+struct ShapeProblem {
+  bool unloadable = true;  // current vLLM refuses it; false: only some releases or GPUs do
+  std::string what;        // e.g. "in_features 96 per shard is not a multiple of 128"
+};
+
 struct SchemeFamily {
   std::string_view id;       // short name used in messages and docs: "int-packed", "nvfp4"
   std::string_view format;   // compressed-tensors format written: "pack-quantized", ...
@@ -166,7 +175,9 @@ struct SchemeFamily {
   std::string (*supports)(const QuantArgs& args);
   // Why a weight [rows, cols] cannot be quantized with args, as the
   // reference refuses it (group size not dividing in_features, FP8 block
-  // with in_features not a multiple of 128, ...); "" when it can.
+  // with in_features not a multiple of 128, ...), written to follow
+  // "tensor 'x' [R, C] ": "has in_features 100, not a multiple of the group
+  // size 128"; "" when it can.
   std::string (*refuse)(const QuantArgs& args, std::uint64_t rows, std::uint64_t cols);
   // The tensors written for module M (`M.<suffix>`), `M.weight` replaced.
   std::vector<OutputTensorSpec> (*outputs)(const QuantArgs& args, DType weight_dtype,
@@ -187,10 +198,16 @@ struct SchemeFamily {
   KernelFn quantize_ref;  // the scalar reference: reads like the spec
   KernelFn quantize;      // the fast path: same bytes for every input
   DequantFn dequantize;
+  // Whether vLLM has a kernel for these args at all (bit width, group size,
+  // symmetry): "" when it has, otherwise why not. Lint reports it as a
+  // finding that stops the run.
+  std::string (*vllm_args_rule)(const QuantArgs& args);
   // vLLM's kernel shape rule for one tensor-parallel shard [rows, cols] of a
-  // layer split as `parallel`: "" when vLLM runs it, otherwise what fails.
-  std::string (*vllm_shape_rule)(const QuantArgs& args, std::uint64_t rows, std::uint64_t cols,
-                                 Parallel parallel);
+  // layer split as `parallel` (rows = out_features, cols = in_features of
+  // the shard): each problem, with whether vLLM refuses to load it
+  // (unloadable) or only older releases do.
+  std::vector<ShapeProblem> (*vllm_shape_rule)(const QuantArgs& args, std::uint64_t rows,
+                                               std::uint64_t cols, Parallel parallel);
   std::string_view vllm_source;  // the vLLM file(s) the rule was read from
 };
 

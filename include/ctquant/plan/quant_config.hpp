@@ -1,0 +1,39 @@
+// Scheme groups and the ignore list from a compressed-tensors
+// QuantizationConfig, the object model_free_ptq's `config=` takes
+// (`--quantization-config FILE.json`), and from `--scheme-for PATTERN=PRESET`.
+//
+// A config group is a QuantizationScheme ({"targets": [...], "weights":
+// {QuantizationArgs}, "input_activations": ..., "output_activations": ...,
+// "format": ...}) or, under a preset's name, the list of its targets
+// (compressed-tensors' QuantizationConfig.model_post_init expands it to the
+// preset). Groups keep the order given: a module goes to the first group
+// whose targets match it (schemes.md 9.3). Only what model_free_ptq can do
+// data-free is accepted (schemes.md 10): weights are required; activations
+// must be dynamic; no kv_cache_scheme, no transform or sparsity config.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant {
+
+// Parses a QuantizationConfig object. `where` names it in messages (a file
+// name). Throws Error{kUsage} naming `where`, the group and the field for
+// anything ctquant cannot honour.
+PlanOptions plan_options_from_config(const nlohmann::json& config, const std::string& where);
+
+// Reads and parses a QuantizationConfig JSON file (plan_options_from_config).
+// Throws Error{kUsage} for a file that cannot be read or is not JSON.
+PlanOptions read_quantization_config(const std::string& path);
+
+// The input activations block as compressed-tensors serialises it
+// (QuantizationArgs.model_dump: every field, defaults filled in, observer
+// null for dynamic activations). Throws Error{kUsage} naming `where` for
+// activations that are not dynamic ("Model Free PTQ cannot calibrate
+// activations", schemes.md 10).
+nlohmann::json activation_args_json(const nlohmann::json& args, const std::string& where);
+
+}  // namespace ctquant

@@ -1,0 +1,97 @@
+// Private: the executor's output write queue.
+//
+// Output writes go through one queue and are made by one thread at a time,
+// whichever worker holds the write token: a buffered write holds the file's
+// inode lock while it copies, so two workers writing one shard wait on each
+// other in the kernel, and longer still when the holder is preempted. A
+// worker queues its chunk and writes the queue if the write token is free;
+// if not, it goes back to computing and the holder writes its chunk too.
+// Buffer writes (a worker's output set) go before copies, which are made in
+// slices of kCopySliceBytes so that buffer writes do not wait long behind a
+// large copy. When the output is to be flushed, the token holder starts the
+// write-back of the files every kWritebackBytes written, so that the device
+// writes while the workers compute and the final fsync waits only for the
+// tail.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <span>
+
+#include "ctquant/format/safetensors.hpp"
+#include "ctquant/format/safetensors_writer.hpp"
+
+namespace ctquant::detail {
+
+// Memory a queued write reads from: in flight until the write is done (or
+// dropped after a failure), when it may be refilled or freed.
+struct WriteBuffers {
+  bool in_flight = false;  // guarded by the queue's mutex
+};
+
+struct WriteRequest {
+  struct Piece {
+    std::uint64_t offset = 0;
+    std::span<const std::byte> bytes;
+  };
+  std::size_t job = 0;
+  const OutputFile* file = nullptr;
+  // Buffer write: the pieces, read from `buffers`. Copy (buffers == nullptr):
+  // `length` bytes of in_file at in_offset to out_offset (its descriptor is
+  // taken from its pool when the copy is made, so that queued copies hold
+  // no descriptor).
+  WriteBuffers* buffers = nullptr;
+  std::array<Piece, 4> pieces{};
+  std::size_t n_pieces = 0;
+  const SafetensorsFile* in_file = nullptr;
+  std::uint64_t in_offset = 0;
+  std::uint64_t out_offset = 0;
+  std::uint64_t length = 0;
+};
+
+class WriteQueue {
+ public:
+  // on_written(job) is called after a job's last write; on_error(job, e)
+  // after a failed one, once `failed` is set no more writes are made (their
+  // buffers are released).
+  WriteQueue(bool writeback, std::function<void(std::size_t)> on_written,
+             std::function<void(std::size_t, std::exception_ptr)> on_error,
+             const std::atomic<bool>& failed)
+      : writeback_(writeback),
+        on_written_(std::move(on_written)),
+        on_error_(std::move(on_error)),
+        failed_(failed) {}
+
+  // Queues a write, then writes the queue if no other thread is writing.
+  void submit(WriteRequest request);
+  // Blocks until `buffers` is written (or dropped after a failure); writes
+  // the queue itself when the write token is free.
+  void wait_written(const WriteBuffers& buffers);
+  // Blocks until every queued write is done.
+  void drain();
+
+ private:
+  void write_queued(std::unique_lock<std::mutex>& lock);
+  bool write_one(std::unique_lock<std::mutex>& lock);
+  void wrote(const OutputFile& file, std::uint64_t bytes);
+
+  const bool writeback_;
+  const std::function<void(std::size_t)> on_written_;
+  const std::function<void(std::size_t, std::exception_ptr)> on_error_;
+  const std::atomic<bool>& failed_;
+  std::mutex mutex_;
+  std::condition_variable written_cv_;  // a write finished, or the token was released
+  std::deque<WriteRequest> buffer_writes_;
+  std::deque<WriteRequest> copies_;
+  bool writing_ = false;               // a thread holds the write token
+  std::uint64_t unflushed_bytes_ = 0;  // written since the last write-back (token holder only)
+};
+
+}  // namespace ctquant::detail

@@ -1,0 +1,162 @@
+// verify_checkpoints: OUTPUT against a golden checkpoint.
+#include <fmt/format.h>
+
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "verify/side.hpp"
+
+namespace ctquant {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace detail;
+
+namespace {
+
+// One tensor present on both sides: dtype, shape, then the bytes, with the
+// comparison its role calls for.
+void compare_tensor(const std::string& name, const Side& a, const Side& b,
+                    const std::vector<GroupScheme>& groups, const Labels& labels,
+                    const VerifyOptions& options, Collector& c) {
+  const Ref ra = a.find(name);
+  const Ref rb = b.find(name);
+  const std::string& file = ra.file->label();
+  if (ra.entry->dtype != rb.entry->dtype) {
+    c.diff("dtype", file, name,
+           fmt::format("dtype {} in {}, {} in {}", dtype_tag(ra.entry->dtype), labels.a,
+                       dtype_tag(rb.entry->dtype), labels.b));
+    return;
+  }
+  if (ra.entry->shape != rb.entry->shape) {
+    c.diff("shape", file, name,
+           fmt::format("shape {} in {}, {} in {}", shape_string(ra.entry->shape), labels.a,
+                       shape_string(rb.entry->shape), labels.b));
+    return;
+  }
+  ++c.report().tensors_compared;
+  const DType dtype = ra.entry->dtype;
+  const std::string module = module_of(name);
+  bool same = true;
+  if (ends_with_param(name, "weight_packed") && dtype == DType::kI32 &&
+      ra.entry->shape.size() == 2) {
+    const std::uint64_t words = ra.entry->shape[1];
+    const auto shape = read_weight_shape(b, module);
+    std::optional<int> bits = bits_from_groups(groups, module);
+    if (!bits && shape) {
+      for (int k = 2; k <= 8 && !bits; ++k) {
+        if (packed_words_per_row((*shape)[1], k) == words) bits = k;
+      }
+    }
+    if (bits && *bits >= 1 && *bits <= 8) {
+      const std::uint64_t cols =
+          shape ? std::min((*shape)[1], words * 32 / static_cast<std::uint64_t>(*bits))
+                : words * 32 / static_cast<std::uint64_t>(*bits);
+      same = compare_packed(ra, rb, *bits, cols, labels, options.chunk_bytes, c);
+    } else {
+      same = compare_elements(ra, rb, options.chunk_bytes, c, "codes");
+    }
+  } else if (ends_with_param(name, "weight_scale") && is_quantizable_float(dtype)) {
+    same = compare_scales(ra, rb, options.scale_ulp, labels, options.chunk_bytes, c);
+  } else if (ends_with_param(name, "weight_zero_point") && dtype == DType::kI32 &&
+             ra.entry->shape.size() == 2) {
+    const std::optional<int> bits = bits_from_groups(groups, module);
+    const Ref scale = b.find(module + ".weight_scale");
+    const auto shape = read_weight_shape(b, module);
+    if (bits && *bits >= 1 && *bits <= 8) {
+      const std::uint64_t rows = shape ? (*shape)[0]
+                                 : scale && !scale.entry->shape.empty()
+                                     ? scale.entry->shape[0]
+                                     : ra.entry->shape[0] * 32 / static_cast<std::uint64_t>(*bits);
+      same = compare_zero_points(ra, rb, *bits, rows, labels, options.chunk_bytes, c);
+    } else {
+      same = compare_elements(ra, rb, options.chunk_bytes, c, "zero_point");
+    }
+  } else {
+    same = compare_elements(ra, rb, options.chunk_bytes, c);
+  }
+  if (same) ++c.report().tensors_identical;
+}
+
+// Tensor sets and contents (golden mode).
+void compare_tensors(const Side& a, const Side& b, const Labels& labels,
+                     const VerifyOptions& options, bool placement_is_note, Collector& c) {
+  std::vector<GroupScheme> groups = config_groups(b.config);
+  if (groups.empty()) groups = config_groups(a.config);
+  std::set<std::string> names;
+  for (const auto& [n, w] : a.where) names.insert(n);
+  for (const auto& [n, w] : b.where) names.insert(n);
+  for (const auto& name : names) {
+    const auto ia = a.where.find(name);
+    const auto ib = b.where.find(name);
+    for (const Side* side : {&a, &b}) {
+      const auto it = side->where.find(name);
+      if (it != side->where.end() && it->second.size() > 1) {
+        std::vector<std::string> files;
+        for (std::size_t s : it->second) files.push_back(side->shards[s].label());
+        c.diff("duplicate_tensor", files.front(), name,
+               fmt::format("{} holds it in {} shards: {}", side->label, files.size(),
+                           names_list(files)));
+      }
+    }
+    if (ia == a.where.end()) {
+      c.diff("missing_tensor", b.shards[ib->second.front()].label(), name,
+             fmt::format("in {} only ({} {})", labels.b, dtype_tag(b.find(name).entry->dtype),
+                         shape_string(b.find(name).entry->shape)));
+      continue;
+    }
+    if (ib == b.where.end()) {
+      c.diff("extra_tensor", a.shards[ia->second.front()].label(), name,
+             fmt::format("in {} only ({} {})", labels.a, dtype_tag(a.find(name).entry->dtype),
+                         shape_string(a.find(name).entry->shape)));
+      continue;
+    }
+    const std::string& fa = a.shards[ia->second.front()].label();
+    const std::string& fb = b.shards[ib->second.front()].label();
+    if (fa != fb) {
+      // Both indexes consistent with their shards: it loads the same.
+      const std::string text =
+          fmt::format("held by '{}' in {}, by '{}' in {}", fa, labels.a, fb, labels.b);
+      if (placement_is_note) {
+        c.note("misplaced_tensor", fa, name, text);
+      } else {
+        c.diff("misplaced_tensor", fa, name, text);
+      }
+    }
+    if (options.logger) options.logger->debug("comparing {}", name);
+    compare_tensor(name, a, b, groups, labels, options, c);
+  }
+}
+
+}  // namespace
+
+VerifyReport verify_checkpoints(const fs::path& output, const fs::path& golden,
+                                const VerifyOptions& options) {
+  VerifyReport report;
+  report.mode = VerifyMode::kGolden;
+  report.output = output.string();
+  report.reference = golden.string();
+  const Side a = open_side(output, "OUTPUT");
+  const Side b = open_side(golden, "GOLDEN");
+  report.tensors_output = a.n_tensors();
+  report.tensors_reference = b.n_tensors();
+  Collector c(report);
+  const Labels labels{"OUTPUT", "GOLDEN"};
+  compare_shard_files(a, b, labels, c);
+  // Where a tensor is stored matters only when an index is wrong about it.
+  const auto consistent = [](const Side& side) {
+    VerifyReport scratch;
+    Collector quiet(scratch);
+    return check_index(side, quiet) && (side.has_index || side.shards.size() == 1);
+  };
+  const bool placement_is_note = consistent(a) && consistent(b);
+  compare_tensors(a, b, labels, options, placement_is_note, c);
+  check_index(a, c);
+  check_index(b, c);
+  compare_indexes(a, b, labels, placement_is_note, c);
+  compare_configs(a, b, labels, /*compare_qc=*/true, c);
+  compare_other_files(a, b, labels, c);
+  return report;
+}
+
+
+}  // namespace ctquant

@@ -1,0 +1,159 @@
+#include "verify/side.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
+
+namespace ctquant::detail {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+void parse_json_file(const fs::path& path, const std::string& label, std::optional<json>& out,
+                     std::string& error) {
+  try {
+    out = json::parse(read_text(path, label));
+  } catch (const json::parse_error& e) {
+    error = fmt::format("not valid JSON ({})", e.what());
+  }
+}
+
+}  // namespace
+
+std::string read_text(const fs::path& path, const std::string& label) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error(fmt::format("{}: cannot open for reading", label));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw io_error(fmt::format("{}: read failed", label));
+  return text.str();
+}
+
+
+Side open_side(const fs::path& path, const std::string& label) {
+  Side side;
+  side.label = label;
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) {
+    throw io_error(fmt::format("{} {}: no such file or directory", label, path.string()));
+  }
+  std::vector<std::string> shard_names;
+  if (fs::is_regular_file(status)) {
+    if (!is_safetensors_name(path.filename().string())) {
+      throw bad_input(fmt::format("{} {}: expected a checkpoint directory or a .safetensors file",
+                                  label, path.string()));
+    }
+    side.root = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+    shard_names.push_back(path.filename().string());
+  } else if (fs::is_directory(status)) {
+    side.root = path;
+    std::vector<std::string> files;
+    std::vector<std::string> skipped;  // not part of either checkpoint
+    try {
+      // Read-only: links out of the directory (a cache snapshot) are followed.
+      files = list_checkpoint_files(path, /*follow_links_outside=*/true, skipped);
+    } catch (const Error& e) {
+      // Its messages start with the directory: say which side it is.
+      throw Error(e.kind(), fmt::format("{} {}", label, e.what()));
+    }
+    for (const auto& name : files) {
+      if (is_safetensors_name(name)) {
+        shard_names.push_back(name);
+      } else if (name == kIndexFileName) {
+        side.has_index = true;
+        parse_json_file(path / name, name, side.index, side.index_error);
+      } else if (name == kConfigFileName) {
+        side.has_config = true;
+        parse_json_file(path / name, name, side.config, side.config_error);
+      } else {
+        side.other_files.push_back(name);
+      }
+    }
+  } else {
+    throw bad_input(fmt::format("{} {}: not a regular file or directory", label, path.string()));
+  }
+  if (shard_names.empty()) {
+    throw bad_input(fmt::format("{} {}: no .safetensors file", label, path.string()));
+  }
+  // One bounded set of descriptors for the side's shards (any number of them).
+  const auto descriptors = std::make_shared<FdPool>(FdPool::default_capacity());
+  for (const auto& name : shard_names) {
+    try {
+      side.shards.emplace_back(side.root / name, name, descriptors);
+    } catch (const Error& e) {
+      // Say which of the two checkpoints holds the bad file.
+      throw Error(e.kind(), fmt::format("{} {}: {}", label, side.root.string(), e.what()));
+    }
+  }
+  for (std::size_t s = 0; s < side.shards.size(); ++s) {
+    for (const TensorEntry& t : side.shards[s].header().tensors) side.where[t.name].push_back(s);
+  }
+  return side;
+}
+
+std::string short_json(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
+std::string names_list(const std::vector<std::string>& names, std::size_t max) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < max; ++i) {
+    if (i > 0) out += ", ";
+    out += names[i];
+  }
+  if (names.size() > max) out += fmt::format(" ... and {} more", names.size() - max);
+  return out;
+}
+
+std::string index_string(std::uint64_t flat, const std::vector<std::uint64_t>& shape) {
+  if (shape.empty()) return "[]";
+  std::vector<std::uint64_t> idx(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    const std::uint64_t n = shape[d] == 0 ? 1 : shape[d];
+    idx[d] = flat % n;
+    flat /= n;
+  }
+  return shape_string(idx);
+}
+
+void read_part(const Ref& t, std::uint64_t offset, std::span<std::byte> out) {
+  t.file->read(t.entry->begin + offset, out);
+}
+
+std::uint32_t load_bits(DType dtype, const std::byte* p) {
+  if (dtype_bits(dtype) == 16) {
+    std::uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+std::vector<std::uint32_t> as_words(std::span<const std::byte> bytes) {
+  std::vector<std::uint32_t> words(bytes.size() / 4);
+  std::memcpy(words.data(), bytes.data(), words.size() * 4);
+  return words;
+}
+
+std::vector<std::byte> read_whole(const Ref& t) {
+  std::vector<std::byte> bytes(t.entry->byte_size());
+  read_part(t, 0, bytes);
+  return bytes;
+}
+
+
+
+}  // namespace ctquant::detail

@@ -1,0 +1,49 @@
+// The golden cases of tests/golden/cases.json, shared by the golden and
+// verify tests: each case's scheme (a preset, or a QuantizationConfig) and
+// ignore list, and the plan options model_free_ptq took for it.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant::test {
+
+// fp8-block ignores v_proj and down_proj but quantizes q/k_proj and
+// gate/up_proj: a split fused q/k/v group that vLLM would refuse, which lint
+// L3 stops (GoldenCases.Fp8BlockIgnoreListIsStoppedByLint). The fixture still
+// defines the bytes, so its runs pass allow_unloadable.
+bool splits_fused_group(const std::string& name);
+
+// One entry of cases.json: a preset (with, in the older cases, its group
+// size), or "config" with a QuantizationConfig.
+struct GoldenCase {
+  std::string name;
+  std::string scheme;  // a preset name, or "config"
+  nlohmann::json config;  // the QuantizationConfig of a "config" case
+  std::optional<long long> group_size;  // older cases: -1 channel-wise
+  std::vector<std::string> ignore;
+  // Written by model_free_ptq itself ("expected_by"): config_groups keyed as
+  // the library keys them. The older cases name their one group "group_0".
+  bool by_library = false;
+  bool fp8_input = false;  // the input is an FP8 checkpoint (section 6)
+};
+
+nlohmann::json load_cases();
+GoldenCase find_case(const std::string& name);
+std::vector<GoldenCase> golden_cases();
+std::vector<std::string> case_names();
+
+// The plan options of a case as model_free_ptq took them: a preset (the older
+// cases with their group size), or the config with the ignore list appended.
+PlanOptions plan_of(const GoldenCase& c);
+
+std::filesystem::path input_of(const GoldenCase& c);
+std::filesystem::path expected_of(const GoldenCase& c);
+
+}  // namespace ctquant::test
