@@ -10,7 +10,9 @@ namespace ctquant::test {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-bool splits_fused_group(const std::string& name) { return name == "fp8-block"; }
+bool unloadable_in_vllm(const std::string& name) {
+  return name == "fp8-block" || name == "odd-bf16-fp8-block";
+}
 
 json load_cases() { return read_json(golden_dir() / "cases.json"); }
 

@@ -14,11 +14,17 @@
 
 namespace ctquant::test {
 
-// fp8-block ignores v_proj and down_proj but quantizes q/k_proj and
-// gate/up_proj: a split fused q/k/v group that vLLM would refuse, which lint
-// L3 stops (GoldenCases.Fp8BlockIgnoreListIsStoppedByLint). The fixture still
-// defines the bytes, so its runs pass allow_unloadable.
-bool splits_fused_group(const std::string& name);
+// Cases whose output vLLM would refuse, which lint stops; the fixtures still
+// define the bytes, so their runs pass allow_unloadable:
+// - fp8-block ignores v_proj and down_proj but quantizes q/k_proj and
+//   gate/up_proj: a split fused q/k/v group (L3,
+//   GoldenCases.Fp8BlockIgnoreListIsStoppedByLint);
+// - odd-bf16-fp8-block has q_proj 320, k/v_proj 80 and gate/up_proj 200
+//   rows: vLLM's validate_fp8_block_shape (fp8_utils.py) refuses the merged
+//   q/k/v and gate/up layers, whose partitions before the last must be
+//   multiples of the 128-row block (L5,
+//   GoldenCases.OddFp8BlockShapesAreStoppedByLint).
+bool unloadable_in_vllm(const std::string& name);
 
 // One entry of cases.json: a preset (with, in the older cases, its group
 // size), or "config" with a QuantizationConfig.

@@ -43,7 +43,7 @@ QuantizeSummary run_library(const GoldenCase& c, const fs::path& output, unsigne
   options.plan = plan_of(c);
   options.threads = threads;
   options.chunk_bytes = chunk_bytes;
-  options.allow_unloadable = splits_fused_group(c.name);
+  options.allow_unloadable = unloadable_in_vllm(c.name);
   return quantize(options);
 }
 
@@ -102,13 +102,12 @@ TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   EXPECT_EQ(diff_bytes(tmp / "t1-small-chunks", tmp / "t1"), "");
 }
 
-// The real binary with the CLI flags a user would type for the case.
-TEST_P(Golden, BinaryOutputEqualsExpected) {
-  const GoldenCase c = find_case(GetParam());
-  SKIP_UNLESS_SUPPORTED(c);
+// The real binary with the CLI flags a user would type for the case, on
+// `threads` worker threads.
+void expect_binary_output_equals_expected(const GoldenCase& c, const std::string& threads) {
   TempDir tmp;
   std::vector<std::string> args{"quantize", input_of(c).string(), (tmp / "out").string(),
-                                "--threads", "3"};
+                                "--threads", threads};
   if (c.scheme == "config") {
     write_file(tmp / "config.json", c.config.dump());
     args.insert(args.end(), {"--quantization-config", (tmp / "config.json").string()});
@@ -120,7 +119,7 @@ TEST_P(Golden, BinaryOutputEqualsExpected) {
     args.push_back("--ignore");
     args.push_back(entry);
   }
-  if (splits_fused_group(c.name)) args.push_back("--allow-unloadable");
+  if (unloadable_in_vllm(c.name)) args.push_back("--allow-unloadable");
   const CommandResult r = run_ctquant(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
@@ -129,6 +128,19 @@ TEST_P(Golden, BinaryOutputEqualsExpected) {
         << r.err;
   }
   EXPECT_EQ(diff_golden(tmp / "out", expected_of(c), c.by_library), "");
+}
+
+TEST_P(Golden, BinaryOutputEqualsExpected) {
+  const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
+  expect_binary_output_equals_expected(c, "3");
+}
+
+// --threads 1: the whole job on the main thread, no thread created.
+TEST_P(Golden, BinaryOneThreadOutputEqualsExpected) {
+  const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
+  expect_binary_output_equals_expected(c, "1");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(case_names()),
@@ -155,6 +167,27 @@ TEST(GoldenCases, Fp8BlockIgnoreListIsStoppedByLint) {
   EXPECT_NE(r.err.find("L3"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("model.layers.0.self_attn.v_proj"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--allow-unloadable"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
+}
+
+// odd-bf16-fp8-block quantizes q/k/v_proj and gate/up_proj whose rows are
+// not multiples of 128: vLLM would refuse the merged layers, lint L5 stops
+// the run (the case's runs pass --allow-unloadable).
+TEST(GoldenCases, OddFp8BlockShapesAreStoppedByLint) {
+  const GoldenCase c = find_case("odd-bf16-fp8-block");
+  TempDir tmp;
+  std::vector<std::string> args{"quantize", input_of(c).string(), (tmp / "out").string(),
+                                "--scheme", "FP8_BLOCK"};
+  for (const std::string& entry : c.ignore) {
+    args.push_back("--ignore");
+    args.push_back(entry);
+  }
+  const CommandResult r = run_ctquant(args);
+  EXPECT_EQ(r.exit_code, 1);
+  expect_message(r.err, {"L5 error", "out_features 320 per shard is not a multiple of the FP8 "
+                         "block height 128", "model.layers.0.self_attn.q_proj.weight",
+                         "model.layers.0.mlp.gate_proj.weight", "--allow-unloadable"});
   EXPECT_FALSE(fs::exists(tmp / "out"));
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@
 #include "scheme/kernel_simd.hpp"
 
 namespace ctquant {
+namespace detail {
+// How gtest prints a level (in parameterized test failures).
+void PrintTo(const SimdLevel& level, std::ostream* os) { *os << level.name; }
+}  // namespace detail
+
 namespace {
 
 constexpr DType kFloatTypes[] = {DType::kBF16, DType::kF16, DType::kF32};
@@ -76,26 +82,31 @@ struct Outputs {
   std::vector<std::byte> scale;
 };
 
-// Which kernel to run: the reference, the public quantize_block(), or the
-// vector kernel at one level.
-enum class Kernel { kReference, kPublic, kAvx2, kAvx512 };
+// Which kernel to run: the reference, the public quantize_block(), the
+// vector kernel quantize_block() runs at one level of detail::simd_levels(),
+// or the Highway kernel at that level (a different kernel on x86-64, where
+// quantize_block() runs hand-written ones).
+struct Kernel {
+  enum class Kind { kReference, kPublic, kLevel, kHwyLevel } kind = Kind::kReference;
+  detail::SimdLevel level;
 
-const char* kernel_name(Kernel kernel) {
-  switch (kernel) {
-    case Kernel::kReference:
-      return "reference";
-    case Kernel::kPublic:
-      return "quantize_block";
-    case Kernel::kAvx2:
-      return "avx2";
-    default:
-      return "avx512";
+  std::string name() const {
+    switch (kind) {
+      case Kind::kReference:
+        return "reference";
+      case Kind::kPublic:
+        return std::string("quantize_block (") + kernel_path_name() + ")";
+      case Kind::kLevel:
+        return level.name;
+      default:
+        return std::string("highway ") + level.name;
+    }
   }
-}
+};
 
-Outputs run(Kernel kernel, const QuantScheme& scheme, const Weights& w) {
+Outputs run(const Kernel& kernel, const QuantScheme& scheme, const Weights& w) {
   const std::uint64_t n_groups = w.n_cols / scheme.effective_group_size(w.n_cols);
-  const bool reference = kernel == Kernel::kReference;
+  const bool reference = kernel.kind == Kernel::Kind::kReference;
   Outputs out;
   // Different fill patterns, so a word one kernel leaves unwritten differs.
   out.packed.assign(w.n_rows * packed_words_per_row(w.n_cols, scheme.num_bits),
@@ -109,27 +120,38 @@ Outputs run(Kernel kernel, const QuantScheme& scheme, const Weights& w) {
   block.weight = w.bytes.data();
   block.packed = out.packed.data();
   block.scale = out.scale.data();
-  switch (kernel) {
-    case Kernel::kReference:
+  switch (kernel.kind) {
+    case Kernel::Kind::kReference:
       out.bad = quantize_block_ref(scheme, block);
       break;
-    case Kernel::kPublic:
+    case Kernel::Kind::kPublic:
       out.bad = quantize_block(scheme, block);
       break;
-    case Kernel::kAvx2:
-      out.bad = detail::quantize_block_simd_at(detail::SimdLevel::kAvx2, scheme, block);
+    case Kernel::Kind::kLevel:
+      out.bad = detail::quantize_block_simd_at(kernel.level, scheme, block);
       break;
-    case Kernel::kAvx512:
-      out.bad = detail::quantize_block_simd_at(detail::SimdLevel::kAvx512, scheme, block);
+    case Kernel::Kind::kHwyLevel:
+      out.bad = detail::quantize_block_hwy_at(kernel.level, scheme, block);
       break;
   }
   return out;
 }
 
-// The vector kernels this CPU can run, and the public entry point.
+// The vector kernels at one level: what quantize_block() runs there, and
+// the Highway kernel when that is a different one.
+std::vector<Kernel> kernels_at(const detail::SimdLevel& level) {
+  std::vector<Kernel> kernels{Kernel{Kernel::Kind::kLevel, level}};
+  if (detail::simd_hand_written()) kernels.push_back(Kernel{Kernel::Kind::kHwyLevel, level});
+  return kernels;
+}
+
+// The public entry point and the vector kernels at every level this CPU runs.
 std::vector<Kernel> fast_kernels() {
-  std::vector<Kernel> kernels{Kernel::kPublic, Kernel::kAvx2};
-  if (detail::simd_level() >= detail::SimdLevel::kAvx512) kernels.push_back(Kernel::kAvx512);
+  std::vector<Kernel> kernels{Kernel{Kernel::Kind::kPublic, {}}};
+  for (const detail::SimdLevel& level : detail::simd_levels()) {
+    if (!level.supported) continue;
+    for (const Kernel& k : kernels_at(level)) kernels.push_back(k);
+  }
   return kernels;
 }
 
@@ -138,9 +160,20 @@ std::string describe(const QuantScheme& scheme, const Weights& w, const std::str
                      w.n_cols, scheme.num_bits, scheme.group_size);
 }
 
+// "avx512, avx2" (the levels compiled for this architecture).
+std::string level_names() {
+  std::string names;
+  for (const detail::SimdLevel& level : detail::simd_levels()) {
+    names += (names.empty() ? "" : ", ") + std::string(level.name);
+  }
+  return names.empty() ? "none" : names;
+}
+
 // Skips the calling test when this CPU has no vector path to test.
-#define SKIP_WITHOUT_SIMD() \
-  if (!detail::simd_available()) GTEST_SKIP() << "no AVX2/F16C on this CPU"
+#define SKIP_WITHOUT_SIMD()                                                    \
+  if (!detail::simd_available())                                               \
+  GTEST_SKIP() << "this CPU runs none of the vector levels compiled for it (" \
+               << level_names() << ")"
 
 // Every vector kernel must take this case and agree with the reference on
 // every output byte (or on the index of the first bad element).
@@ -150,10 +183,10 @@ void expect_same(const QuantScheme& scheme, const Weights& w, const std::string&
   probe.n_rows = w.n_rows;
   probe.n_cols = w.n_cols;
   ASSERT_TRUE(detail::simd_supports(scheme, probe)) << describe(scheme, w, what);
-  const Outputs ref = run(Kernel::kReference, scheme, w);
-  for (const Kernel kernel : fast_kernels()) {
+  const Outputs ref = run(Kernel{}, scheme, w);
+  for (const Kernel& kernel : fast_kernels()) {
     const Outputs fast = run(kernel, scheme, w);
-    const std::string label = describe(scheme, w, what) + ", " + kernel_name(kernel);
+    const std::string label = describe(scheme, w, what) + ", " + kernel.name();
     ASSERT_EQ(ref.bad, fast.bad) << label;
     if (ref.bad) continue;  // outputs are unspecified after a non-finite weight
     for (std::size_t i = 0; i < ref.packed.size(); ++i) {
@@ -200,29 +233,80 @@ TEST(KernelSimd, MatchesReferenceOnRandomWeights) {
   }
 }
 
-// The tests above compare every vector level this CPU has. This one makes a
-// missing AVX-512 level visible in the test report (as skipped) rather than
-// silently compared at AVX2 only; on an AVX-512 CPU it checks that the
-// public kernel takes the AVX-512 path and agrees with it bit for bit.
-TEST(KernelSimd, Avx512LevelComparedOnThisCpu) {
-  if (detail::simd_level() < detail::SimdLevel::kAvx512) {
-    GTEST_SKIP() << "this CPU has no AVX-512 F+BW (best level: "
-                 << detail::simd_level_name(detail::simd_level())
-                 << "): the AVX-512 kernel is not compared with the reference here";
+// Every level compiled for this architecture, one test each: a level this
+// CPU does not run is reported as skipped (so a missing AVX-512 or SVE level
+// is visible in the test report rather than silently not compared); a level
+// it runs agrees with the reference bit for bit on random weights. The other
+// tests compare every level this CPU runs.
+class KernelSimdLevel : public ::testing::TestWithParam<detail::SimdLevel> {};
+
+TEST_P(KernelSimdLevel, MatchesReferenceOnThisCpu) {
+  const detail::SimdLevel& level = GetParam();
+  if (!level.supported) {
+    GTEST_SKIP() << "this CPU does not run " << level.name << " (best level: "
+                 << kernel_path_name() << "): the " << level.name
+                 << " kernel is not compared with the reference here";
   }
-  ASSERT_EQ(fast_kernels().back(), Kernel::kAvx512);
-  const Weights w = random_weights(DType::kBF16, 5, 1024, 7);
-  const QuantScheme scheme = symmetric_scheme(4, 128);
-  const Outputs avx512 = run(Kernel::kAvx512, scheme, w);
-  const Outputs best = run(Kernel::kPublic, scheme, w);
-  EXPECT_EQ(avx512.packed, best.packed);
-  EXPECT_EQ(avx512.scale, best.scale);
-  expect_same(scheme, w, "AVX-512");
+  for (const DType dtype : kFloatTypes) {
+    for (const int bits : kBitWidths) {
+      for (const std::uint64_t group : {8u, 32u, 128u, 0u}) {
+        const Weights w = random_weights(dtype, 5, 1024, 7);
+        const QuantScheme scheme = symmetric_scheme(bits, group);
+        const Outputs ref = run(Kernel{}, scheme, w);
+        ASSERT_EQ(ref.bad, std::nullopt);
+        for (const Kernel& kernel : kernels_at(level)) {
+          const Outputs fast = run(kernel, scheme, w);
+          const std::string label = describe(scheme, w, kernel.name());
+          ASSERT_EQ(fast.bad, std::nullopt) << label;
+          EXPECT_EQ(ref.packed, fast.packed) << label;
+          EXPECT_EQ(ref.scale, fast.scale) << label;
+        }
+      }
+    }
+  }
 }
 
-// Rows whose length is not a multiple of 32 codes end with a partial block
-// of 8, 16 or 24 codes; groups of 8, 24 and 40 start inside a block of 32
-// (AVX2); groups of 16 and 48 are the smallest the AVX-512 code takes.
+INSTANTIATE_TEST_SUITE_P(Levels, KernelSimdLevel, ::testing::ValuesIn(detail::simd_levels()),
+                         [](const ::testing::TestParamInfo<detail::SimdLevel>& param) {
+                           return std::string(param.param.name);
+                         });
+// An architecture without vector levels instantiates none.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(KernelSimdLevel);
+
+// The levels compiled for this architecture, best first, and the one the
+// public kernel takes: the best level this CPU runs, which kernel_path_name()
+// names.
+TEST(KernelSimd, PublicKernelTakesTheBestLevelThisCpuRuns) {
+  std::vector<std::string> names;
+  for (const detail::SimdLevel& level : detail::simd_levels()) names.push_back(level.name);
+#if defined(__x86_64__)
+  EXPECT_EQ(names, (std::vector<std::string>{"avx512", "avx2"}));
+#elif defined(__aarch64__) && !defined(__clang__)
+  EXPECT_EQ(names, (std::vector<std::string>{"sve2_128", "sve_256", "sve2", "sve", "neon"}));
+#endif
+  const detail::SimdLevel* best = nullptr;
+  for (const detail::SimdLevel& level : detail::simd_levels()) {
+    if (level.supported && best == nullptr) best = &level;
+  }
+  if (best == nullptr) {
+    EXPECT_STREQ(kernel_path_name(), "scalar");
+    EXPECT_FALSE(detail::simd_available());
+    return;
+  }
+  EXPECT_STREQ(kernel_path_name(), best->name);
+  const Weights w = random_weights(DType::kBF16, 5, 1024, 7);
+  const QuantScheme scheme = symmetric_scheme(4, 128);
+  const Outputs at_best = run(Kernel{Kernel::Kind::kLevel, *best}, scheme, w);
+  const Outputs public_kernel = run(Kernel{Kernel::Kind::kPublic, {}}, scheme, w);
+  EXPECT_EQ(at_best.packed, public_kernel.packed);
+  EXPECT_EQ(at_best.scale, public_kernel.scale);
+  expect_same(scheme, w, "best level");
+}
+
+// Groups and rows shorter than a vector, or not a multiple of it: groups of
+// 8, 24 and 40 end inside a vector of 16 floats (AVX-512, 512-bit SVE) and
+// of 32 bytes of codes; the rest of a group is done eight floats (or fewer)
+// at a time.
 TEST(KernelSimd, MatchesReferenceOnShortGroupsAndRowTails) {
   SKIP_WITHOUT_SIMD();
   for (const DType dtype : kFloatTypes) {

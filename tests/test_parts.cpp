@@ -24,8 +24,10 @@
 
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/exec/quantize.hpp"
+#include "ctquant/report/manifest.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
+#include "golden_support.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {
@@ -135,9 +137,6 @@ TEST_F(Parts, PartsEqualOneProcessOnTheShardedNvfp4Case) {
                                          "model.embed_tokens"};
   const fs::path one = tmp_ / "one";
   const CommandResult r = test::run_ctquant(with({"quantize", in.string(), one.string(), "-q"}, args));
-  if (r.exit_code == 2 && r.err.find("unknown scheme 'NVFP4A16'") != std::string::npos) {
-    GTEST_SKIP() << "this build has no NVFP4A16 scheme yet";
-  }
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const unsigned n : {2u, 3u}) {
     SCOPED_TRACE(fmt::format("{} parts", n));
@@ -614,6 +613,53 @@ TEST_F(Parts, InterruptedResumeRunKeepsTheStage) {
   EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00001.json"));
   EXPECT_GE(log_lines(log), 2u);
 }
+
+// Every golden case (every scheme of the registry), split in 2 and in 3
+// parts run through the library, then finalized: the same bytes as one
+// process, manifest included, and the case's expected tensors. NVFP4's
+// fused partners in other shards (sharded-bf16-nvfp4a16) get the global
+// scale of their whole set, as in one process.
+class PartsOfEveryCase : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
+  const test::GoldenCase c = test::find_case(GetParam());
+  TempDir tmp;
+  QuantizeOptions options = test::test_options(test::input_of(c), tmp / "one");
+  options.plan = test::plan_of(c);
+  options.threads = 2;
+  options.allow_unloadable = test::unloadable_in_vllm(c.name);
+  quantize(options);
+  ASSERT_EQ(test::diff_golden(tmp / "one", test::expected_of(c), c.by_library), "");
+  for (const unsigned n : {2u, 3u}) {
+    SCOPED_TRACE(fmt::format("{} parts", n));
+    const fs::path out = tmp / fmt::format("parts{}", n);
+    for (unsigned i = 1; i <= n; ++i) {
+      QuantizeOptions part = options;
+      part.output = out;
+      part.part = PartSpec{i, n};
+      const QuantizeSummary summary = quantize(part);
+      ASSERT_TRUE(summary.part.has_value());
+      EXPECT_FALSE(fs::exists(out)) << "part " << i << " created OUTPUT";
+    }
+    FinalizeOptions finalize;
+    finalize.output = out;
+    const FinalizeSummary summary = finalize_parts(finalize);
+    EXPECT_EQ(summary.parts, n);
+    EXPECT_EQ(test::diff_bytes(out, tmp / "one"), "");
+    const ManifestCheck check = check_manifest(out, 1);
+    EXPECT_TRUE(check.ok()) << render_manifest_check_text(check);
+    EXPECT_EQ(check.files_listed, summary.manifest.size() - 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PartsOfEveryCase, ::testing::ValuesIn(test::case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param;
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace ctquant

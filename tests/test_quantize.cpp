@@ -18,6 +18,7 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spdlog/logger.h>
@@ -29,6 +30,7 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/pack.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/exec/executor.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "test_support.hpp"
 
@@ -500,6 +502,47 @@ TEST(Quantize, ProgressEndsAtTheTotals) {
   EXPECT_EQ(last.tensors_done, rule_tensors().size());
 }
 
+// The threads of this process: the entries of /proc/self/task.
+std::size_t process_threads() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// One thread runs every job on the calling thread and creates none: each
+// progress report, made between jobs (after every job with a zero
+// interval), comes from the calling thread while the process has the
+// threads it had before the run; the bytes are those of a 3-thread run.
+TEST(Execute, OneThreadRunsEveryJobOnTheCallingThread) {
+  TempDir tmp;
+  write_checkpoint(tmp / "in", rule_tensors(), kConfig);
+  const Checkpoint ckpt = open_checkpoint(tmp / "in");
+  const PlanOptions defaults;
+  const QuantizePlan plan = make_plan(ckpt, defaults);
+  const std::size_t threads_before = process_threads();
+  const std::thread::id caller = std::this_thread::get_id();
+  std::size_t reports = 0;
+  ExecuteOptions options;
+  options.threads = 1;
+  options.chunk_bytes = 600;  // many row chunks, so many jobs
+  options.progress_interval_ms = 0;
+  options.fsync = false;
+  options.on_progress = [&](const Progress&) {
+    ++reports;
+    EXPECT_EQ(std::this_thread::get_id(), caller);
+    EXPECT_EQ(process_threads(), threads_before);
+  };
+  fs::create_directory(tmp / "t1");
+  execute_plan(ckpt, plan, tmp / "t1", options);
+  EXPECT_GE(reports, 10u) << "progress is reported between jobs, not only at the end";
+
+  options.threads = 3;
+  options.on_progress = {};
+  fs::create_directory(tmp / "t3");
+  execute_plan(ckpt, plan, tmp / "t3", options);
+  EXPECT_EQ(diff_bytes(tmp / "t3", tmp / "t1"), "");
+}
+
 // ---- errors: kind, message, and nothing left behind ----
 
 struct ErrorCase {
@@ -891,7 +934,9 @@ TEST(QuantizeOutput, ForceReplacesExistingOutput) {
   quantize(options);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : snapshot_files(tmp / "out")) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors", "model.safetensors.index.json"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "ctquant-manifest.json",
+                                             "model.safetensors",
+                                             "model.safetensors.index.json"}));
   // Nothing but in/ and out/ remains: no temporary or set-aside directory.
   std::vector<std::string> entries;
   for (const auto& item : fs::directory_iterator(tmp.path())) {
@@ -991,8 +1036,9 @@ TEST(QuantizeOutput, SingleFileInput) {
   EXPECT_EQ(summary.tensors_copied, 1u);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : snapshot_files(tmp / "out")) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model.safetensors.index.json",
-                                      "weights.safetensors"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "ctquant-manifest.json",
+                                             "model.safetensors.index.json",
+                                             "weights.safetensors"}));
   const json config = read_json(tmp / "out" / "config.json");
   EXPECT_EQ(config.size(), 1u);
   EXPECT_EQ(config.at("quantization_config").at("format"), "pack-quantized");

@@ -312,6 +312,7 @@ void verify_output(const fs::path& input, const fs::path& out, const QuantizeSum
       EXPECT_EQ(read_file(out / name), read_file(item.path())) << name;
     }
   }
+  expected_files.insert(kManifestFileName);
   std::set<std::string> out_files;
   for (const auto& item : fs::directory_iterator(out)) {
     out_files.insert(item.path().filename().string());

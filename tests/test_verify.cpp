@@ -362,7 +362,7 @@ TEST(VerifyGoldenFixtures, FreshOutputMatchesExpected) {
     o.input = golden(c.name) / "input";
     o.output = dir / "out";
     o.plan = test::plan_of(c);
-    o.allow_unloadable = test::splits_fused_group(c.name);
+    o.allow_unloadable = test::unloadable_in_vllm(c.name);
     o.threads = 2;
     o.fsync = false;
     quantize(o);
@@ -376,8 +376,16 @@ TEST(VerifyGoldenFixtures, FreshOutputMatchesExpected) {
 
 // ---- --against-source ----
 
+// llama-f16-nvfp4a16's layer-0 q/k/v (amax 0.03): 2688 / amax overflows
+// F16, so model_free_ptq gives them the global scale 1.0 (schemes.md 5.3).
+bool f16_global_scale_overflow(const std::string& name, const std::string& module) {
+  return name == "llama-f16-nvfp4a16" && module.starts_with("model.layers.0.self_attn.") &&
+         !module.ends_with("o_proj");
+}
+
 TEST(VerifyAgainstSource, GoldenCasesPass) {
   std::size_t checked = 0;
+  std::size_t checked_overflow = 0;
   for (const GoldenCase& c : golden_cases()) {
     if (!supported(c)) continue;
     const fs::path expected = golden(c.name) / "expected";
@@ -390,12 +398,21 @@ TEST(VerifyAgainstSource, GoldenCasesPass) {
     for (const ModuleCheck& m : r.modules) {
       EXPECT_EQ(m.groups_mismatched, 0u) << c.name << " " << m.module;
       EXPECT_GT(m.rel_frobenius, 0.0) << c.name << " " << m.module;
+      if (f16_global_scale_overflow(c.name, m.module)) {
+        // Global scale 1.0: most FP8 group scales round to 0 and become
+        // 0.125, so most codes are 0 (schemes.md 5.3, 13 item 4).
+        EXPECT_GT(m.rel_frobenius, 0.5) << c.name << " " << m.module;
+        EXPECT_LT(m.rel_frobenius, 1.0) << c.name << " " << m.module;
+        ++checked_overflow;
+        continue;
+      }
       EXPECT_LT(m.rel_frobenius, bound) << c.name << " " << m.module;
       EXPECT_GT(m.max_abs_error, 0.0) << c.name << " " << m.module;
     }
     ++checked;
   }
   EXPECT_GE(checked, 12u);
+  EXPECT_EQ(checked_overflow, 3u);
 }
 
 TEST(VerifyAgainstSource, FlippedCodeIsNotTheRtnCode) {

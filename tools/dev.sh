@@ -8,14 +8,17 @@
 #                         and UndefinedBehaviorSanitizer (in build-asan/)
 #   tools/dev.sh fuzz [S] fuzz the reader for S seconds (tools/fuzz.sh)
 #   tools/dev.sh build    only install and build
+#   tools/dev.sh deps     only install the packages the build needs
+#   tools/dev.sh cross-arm64  cross-compile for AArch64 (in build-arm64/) and
+#                         run the test suite under qemu-user (README)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  googletest libgtest-dev libpcre2-dev libbenchmark-dev
-  libssl-dev
+  googletest libgtest-dev libpcre2-dev libbenchmark-dev libhwy-dev
+  libyaml-cpp-dev libssl-dev help2man
 )
 BUILD_DIR=${CTQUANT_BUILD_DIR:-build}
 # The sanitizer and fuzzing build (tools/dev.sh sanitize, tools/fuzz.sh).
@@ -23,17 +26,61 @@ SANITIZE_PACKAGES=(clang libclang-rt-14-dev)
 SANITIZE_BUILD_DIR=${CTQUANT_SANITIZE_BUILD_DIR:-build-asan}
 SANITIZE_OPTIONS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTQUANT_SANITIZE=ON -DCTQUANT_BUILD_FUZZERS=ON)
 
+# The AArch64 cross build (tools/dev.sh cross-arm64): Debian's cross
+# compiler and qemu-user on the host, the arm64 -dev packages beside the
+# native ones (multiarch; nlohmann-json and CLI11 are header-only, arch all).
+CROSS_PACKAGES=(g++-aarch64-linux-gnu qemu-user-static cmake pkg-config nlohmann-json3-dev libcli11-dev)
+CROSS_ARM64_PACKAGES=(libspdlog-dev:arm64 libfmt-dev:arm64 libpcre2-dev:arm64 libgtest-dev:arm64
+  libhwy-dev:arm64)
+CROSS_BUILD_DIR=${CTQUANT_CROSS_BUILD_DIR:-build-arm64}
+
+as_root() {
+  if [ "$(id -u)" -ne 0 ]; then sudo "$@"; else "$@"; fi
+}
+
 install_packages() {
   local missing=()
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
-  local sudo=()
-  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
   echo "dev.sh: installing ${missing[*]}" >&2
-  "${sudo[@]}" apt-get update -q
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  as_root apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# Seconds since $1 (from date +%s).
+since() { echo $(($(date +%s) - $1)); }
+
+cross_arm64() {
+  install_packages "${CROSS_PACKAGES[@]}"
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    as_root dpkg --add-architecture arm64
+  fi
+  install_packages "${CROSS_ARM64_PACKAGES[@]}"
+  local start
+  start=$(date +%s)
+  cmake -S . -B "$CROSS_BUILD_DIR" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+    -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON >/dev/null
+  # The tool, the tools and the test binary (its tests are listed by running
+  # it under qemu right after the link).
+  cmake --build "$CROSS_BUILD_DIR" -j "$(nproc)"
+  echo "dev.sh: cross-compiled for AArch64 in $(since "$start") s"
+  # The whole suite under qemu-user (the emulator comes from the toolchain
+  # file, CMAKE_CROSSCOMPILING_EMULATOR). qemu's default CPU has SVE2 with
+  # 512-bit vectors, so the kernel runs at sve2, sve and neon there; the
+  # kernel tests run again with 128- and 256-bit vectors for the sve2_128
+  # (the Grace CPU's) and sve_256 levels.
+  start=$(date +%s)
+  ctest --test-dir "$CROSS_BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900
+  echo "dev.sh: test suite under qemu-aarch64 in $(since "$start") s"
+  local bits
+  for bits in 128 256; do
+    start=$(date +%s)
+    QEMU_CPU="max,sve-default-vector-length=$((bits / 8))" \
+      ctest --test-dir "$CROSS_BUILD_DIR" --output-on-failure -j "$(nproc)" -R 'KernelSimd'
+    echo "dev.sh: kernel tests under qemu-aarch64 with $bits-bit SVE vectors in $(since "$start") s"
+  done
 }
 
 # build [CMAKE OPTIONS]: configure, then build $BUILD_TARGET (default: everything).
@@ -47,6 +94,9 @@ build() {
 case "${1:-}" in
   build)
     build
+    ;;
+  deps)
+    install_packages "${PACKAGES[@]}"
     ;;
   sample)
     BUILD_TARGET=ctquant build  # the tool only: the tests and benchmarks are not needed here
@@ -72,6 +122,9 @@ case "${1:-}" in
   fuzz)
     bash tools/fuzz.sh "${2:-60}"
     ;;
+  cross-arm64)
+    cross_arm64
+    ;;
   sanitize-build)
     # Used by tools/fuzz.sh: configure and build one target of the sanitizer build.
     install_packages "${PACKAGES[@]}" "${SANITIZE_PACKAGES[@]}"
@@ -80,7 +133,7 @@ case "${1:-}" in
     cmake --build "$SANITIZE_BUILD_DIR" -j "$(nproc)" --target "${2:?target}"
     ;;
   *)
-    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build" >&2
+    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build|deps|cross-arm64" >&2
     exit 2
     ;;
 esac

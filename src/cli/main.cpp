@@ -7,12 +7,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,14 +26,18 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/plan/recipe.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/report/manifest.hpp"
+#include "ctquant/report/progress.hpp"
+#include "ctquant/report/report.hpp"
+#include "ctquant/scheme/registry.hpp"
+#include "ctquant/scheme/kernel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/escape.hpp"
-#include "ctquant/report/inspect.hpp"
 #include "ctquant/source/hf_cache.hpp"
-#include "ctquant/scheme/kernel.hpp"
-#include "ctquant/exec/quantize.hpp"
-#include "ctquant/plan/quant_config.hpp"
-#include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/version.hpp"
 #include "ctquant/verify/verify.hpp"
 
 namespace {
@@ -117,13 +125,14 @@ std::shared_ptr<spdlog::logger> make_logger(int verbosity) {
 
 // Options shared by quantize and inspect: what to plan.
 struct PlanArgs {
-  std::optional<std::string> scheme;    // unset: W4A16
+  std::optional<std::string> scheme;    // unset: the recipe's, else W4A16
   std::optional<long long> group_size;  // unset: the scheme's own
   std::vector<std::string> ignore;
   std::vector<std::string> targets;
   std::vector<std::string> scheme_for;  // PATTERN=PRESET
   std::string quantization_config;      // a QuantizationConfig JSON file
   unsigned tp = 1;
+  std::string recipe;  // --recipe FILE, or empty
 };
 
 // Larger group sizes than any tensor's in_features are refused by the plan
@@ -182,79 +191,36 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                                     "for the Marlin shape check (lint L5)")
                         ->check(CLI::Range(1u, 1024u))
                         ->capture_default_str());
+  options.push_back(app->add_option("--recipe", args.recipe,
+                                    "llm-compressor recipe YAML with a data-free "
+                                    "QuantizationModifier (scheme or config_groups, targets, "
+                                    "ignore); options given here override it"));
   return options;
 }
 
-// Appends group g, merging it into an earlier group of the same name (one
-// config_groups key per preset).
-void add_group(ctquant::PlanOptions& options, ctquant::SchemeGroup g) {
-  for (ctquant::SchemeGroup& existing : options.groups) {
-    if (existing.name == g.name) {
-      existing.targets.insert(existing.targets.end(), g.targets.begin(), g.targets.end());
-      return;
-    }
-  }
-  options.groups.push_back(std::move(g));
-}
-
-ctquant::PlanOptions to_plan_options(const PlanArgs& args) {
+// The plan options of a run: the recipe read (if any), merged with the
+// command line, and what the planner gets.
+struct ResolvedPlan {
+  std::unique_ptr<ctquant::RecipeSpec> recipe;
+  ctquant::EffectiveRecipe effective;
   ctquant::PlanOptions options;
-  if (!args.quantization_config.empty()) {
-    for (const auto& [given, flag] :
-         {std::pair{args.scheme.has_value(), "--scheme"},
-          std::pair{args.group_size.has_value(), "--group-size"},
-          std::pair{!args.targets.empty(), "--targets"},
-          std::pair{!args.scheme_for.empty(), "--scheme-for"}}) {
-      if (given) {
-        throw ctquant::usage_error(fmt::format(
-            "{} does not apply with --quantization-config: the config's groups say which "
-            "scheme each module gets (write it into the config instead)",
-            flag));
-      }
-    }
-    options = ctquant::read_quantization_config(args.quantization_config);
-    // --ignore adds to the config's own list, as model_free_ptq's ignore= does.
-    options.ignore.insert(options.ignore.end(), args.ignore.begin(), args.ignore.end());
-    return options;
+};
+
+ResolvedPlan resolve_plan(const PlanArgs& args) {
+  ResolvedPlan plan;
+  if (!args.recipe.empty()) {
+    plan.recipe = std::make_unique<ctquant::RecipeSpec>(ctquant::parse_recipe(args.recipe));
   }
-  options.groups.clear();
-  for (const std::string& spec : args.scheme_for) {
-    const auto eq = spec.rfind('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
-      throw ctquant::usage_error(fmt::format(
-          "--scheme-for '{}': expected PATTERN=PRESET, e.g. 're:.*self_attn.*=W8A16'", spec));
-    }
-    ctquant::SchemeGroup g = ctquant::preset_group(spec.substr(eq + 1));
-    g.targets = {spec.substr(0, eq)};
-    add_group(options, std::move(g));
-  }
-  ctquant::SchemeGroup main = ctquant::preset_group(args.scheme.value_or("W4A16"));
-  if (args.group_size) {
-    using S = ctquant::QuantArgs::Strategy;
-    if (main.weights.type != ctquant::QuantArgs::Type::kInt ||
-        (main.weights.strategy != S::kGroup && main.weights.strategy != S::kChannel)) {
-      throw ctquant::usage_error(fmt::format(
-          "--group-size applies to the integer presets; {} has a fixed layout", main.name));
-    }
-    if (*args.group_size == -1) {
-      main.weights.strategy = S::kChannel;
-      main.weights.group_size = 0;
-    } else if (*args.group_size > 0) {
-      main.weights.strategy = S::kGroup;
-      main.weights.group_size = static_cast<std::uint64_t>(*args.group_size);
-    } else {
-      throw ctquant::usage_error(fmt::format(
-          "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
-          *args.group_size));
-    }
-    // A preset changed is a scheme object to compressed-tensors, which names
-    // its group "config_group_0" (schemes.md 9.1) -- unless it is the preset.
-    if (main.weights != ctquant::preset_group(main.name).weights) main.name = "config_group_0";
-  }
-  if (!args.targets.empty()) main.targets = args.targets;
-  add_group(options, std::move(main));
-  if (!args.ignore.empty()) options.ignore = args.ignore;
-  return options;
+  ctquant::CommandLinePlan cli;
+  cli.scheme = args.scheme;
+  cli.group_size = args.group_size;
+  cli.ignore = args.ignore;
+  cli.targets = args.targets;
+  cli.scheme_for = args.scheme_for;
+  cli.quantization_config = args.quantization_config;
+  plan.effective = ctquant::resolve_recipe(plan.recipe.get(), cli);
+  plan.options = ctquant::plan_options_for(plan.effective);
+  return plan;
 }
 
 void add_revision_option(CLI::App* app, std::optional<std::string>& revision) {
@@ -322,14 +288,68 @@ struct QuantizeArgs {
   std::optional<std::string> part;
   std::optional<std::string> stage;
   bool resume = false;
+  std::string write_recipe;  // --write-recipe FILE
+  std::string report;        // --report FILE
+  bool json = false;         // --json: the report on stdout
+  std::optional<std::string> progress;  // --progress plain|bar|none
 };
 
-int run_quantize(const QuantizeArgs& args, int verbosity) {
+namespace fs = std::filesystem;
+
+// A report or recipe file must not land inside OUTPUT: it would be a file
+// the manifest does not list.
+void check_side_file(const std::string& option, const std::string& file,
+                     const std::string& output) {
+  if (file.empty()) return;
+  std::error_code ec;
+  const fs::path f = fs::weakly_canonical(fs::absolute(file, ec), ec);
+  const fs::path o = fs::weakly_canonical(fs::absolute(output, ec), ec);
+  auto fi = f.begin();
+  for (auto oi = o.begin(); oi != o.end(); ++oi, ++fi) {
+    if (fi == f.end() || *fi != *oi) return;
+  }
+  throw ctquant::usage_error(fmt::format(
+      "{} {}: inside OUTPUT {}; OUTPUT holds only the checkpoint and its manifest", option, file,
+      output));
+}
+
+// Writes text to path through a temporary sibling renamed into place, so
+// that the file is either the old one or complete.
+void write_side_file(const std::string& option, const std::string& path, const std::string& text) {
+  const fs::path target(path);
+  fs::path temp = target;
+  temp += fmt::format(".ctquant-tmp-{}", ::getpid());
+  std::FILE* f = std::fopen(temp.c_str(), "wb");
+  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = f != nullptr && std::fclose(f) == 0;
+  std::error_code ec;
+  if (!ok || !closed) {
+    fs::remove(temp, ec);
+    throw ctquant::io_error(fmt::format("{} {}: cannot write: {}", option, path,
+                                        std::strerror(errno)));
+  }
+  fs::rename(temp, target, ec);
+  if (ec) {
+    fs::remove(temp, ec);
+    throw ctquant::io_error(fmt::format("{} {}: cannot write: {}", option, path, ec.message()));
+  }
+}
+
+ctquant::ProgressMode progress_mode(const QuantizeArgs& args, int verbosity) {
+  if (args.progress) return *ctquant::progress_mode_by_name(*args.progress);  // checked by CLI11
+  if (verbosity < 0) return ctquant::ProgressMode::kNone;
+  return ::isatty(STDERR_FILENO) == 1 ? ctquant::ProgressMode::kBar : ctquant::ProgressMode::kPlain;
+}
+
+int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std::string>& argv) {
   ctquant::QuantizeOptions options = ctquant::default_quantize_options();
   options.input = args.input;
   options.revision = args.revision;
   options.output = args.output;
-  options.plan = to_plan_options(args.plan);
+  check_side_file("--report", args.report, args.output);
+  check_side_file("--write-recipe", args.write_recipe, args.output);
+  const ResolvedPlan resolved = resolve_plan(args.plan);
+  options.plan = resolved.options;
   options.tp = args.plan.tp;
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
@@ -343,29 +363,59 @@ int run_quantize(const QuantizeArgs& args, int verbosity) {
   if (args.part) options.part = ctquant::parse_part(*args.part);
   if (args.stage) options.stage = *args.stage;
   options.resume = args.resume;
-  if (args.dry_run) {
-    options.on_plan = [](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
-                         const std::vector<ctquant::Finding>&) {
-      print_text_report(ctquant::render_plan_text(checkpoint, plan));
-    };
-  }
+  const bool want_report = args.json || !args.report.empty();
+  nlohmann::json plan_report;
+  options.on_plan = [&](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
+                        const std::vector<ctquant::Finding>&) {
+    if (args.dry_run && !args.json) {
+      print_text_report(ctquant::render_plan_text(checkpoint, plan) +
+                        ctquant::render_recipe_origins(resolved.effective));
+    }
+    if (want_report) plan_report = ctquant::report_plan_json(checkpoint, plan);
+  };
+  options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
 
-  const bool show_progress = verbosity >= 0 && ::isatty(STDERR_FILENO) == 1;
-  if (show_progress) {
-    options.on_progress = [](const ctquant::Progress& p) {
-      const double pct = p.bytes_total == 0 ? 100.0
-                                            : 100.0 * static_cast<double>(p.bytes_done) /
-                                                  static_cast<double>(p.bytes_total);
-      std::fprintf(stderr, "\r\033[Kctquant: %5.1f%%  %s of %s  %llu/%llu tensors", pct,
-                   ctquant::human_bytes(p.bytes_done).c_str(),
-                   ctquant::human_bytes(p.bytes_total).c_str(),
-                   static_cast<unsigned long long>(p.tensors_done),
-                   static_cast<unsigned long long>(p.tensors_total));
-      std::fflush(stderr);
-    };
+  using Clock = std::chrono::steady_clock;
+  const auto clock_start = Clock::now();
+  ctquant::ProgressReporter progress(
+      progress_mode(args, verbosity),
+      [](const std::string& text) {
+        const std::string escaped = ctquant::escape_for_terminal(text);
+        std::fwrite(escaped.data(), 1, escaped.size(), stderr);
+        std::fflush(stderr);
+      },
+      [clock_start] { return std::chrono::duration<double>(Clock::now() - clock_start).count(); });
+  options.on_progress = [&progress](const ctquant::Progress& p) { progress.update(p); };
+  const ctquant::QuantizeSummary summary = [&] {
+    try {
+      return ctquant::quantize(options);
+    } catch (...) {
+      progress.finish();
+      throw;
+    }
+  }();
+  progress.finish();
+
+  const std::string recipe_text = ctquant::recipe_yaml(resolved.effective, summary.plan);
+  if (!args.write_recipe.empty()) write_side_file("--write-recipe", args.write_recipe, recipe_text);
+  if (want_report) {
+    ctquant::QuantizeReportInput input;
+    input.argv = argv;
+    input.options = &options;
+    input.recipe = &resolved.effective;
+    input.recipe_yaml = recipe_text;
+    input.summary = &summary;
+    input.plan = plan_report;
+    const auto hash_start = Clock::now();
+    input.input_files = ctquant::hash_input_files(
+        ctquant::resolve_checkpoint_input(options.input, options.revision), options.follow_symlinks,
+        options.threads);
+    input.seconds_hash_inputs = std::chrono::duration<double>(Clock::now() - hash_start).count();
+    input.peak_rss_bytes = ctquant::peak_rss_bytes();
+    const nlohmann::json report = ctquant::quantize_report_json(input);
+    if (!args.report.empty()) write_side_file("--report", args.report, report.dump(2) + "\n");
+    if (args.json) print_json_report(report);
   }
-  const ctquant::QuantizeSummary summary = ctquant::quantize(options);
-  if (show_progress) std::fprintf(stderr, "\r\033[K");
   if (verbosity >= 0) {
     const double ratio = summary.bytes_out == 0 ? 0.0
                                                 : static_cast<double>(summary.bytes_in) /
@@ -426,17 +476,28 @@ struct InspectArgs {
   bool json = false;
 };
 
-int run_inspect(const InspectArgs& args, bool plan_requested) {
+int run_inspect(const InspectArgs& args, bool plan_requested,
+                const std::vector<std::string>& argv) {
   ctquant::InspectOptions options;
   options.plan = args.show_plan || plan_requested;
-  if (options.plan) options.plan_options = to_plan_options(args.plan);
+  std::optional<ResolvedPlan> resolved;
+  if (options.plan) {
+    resolved = resolve_plan(args.plan);
+    options.plan_options = resolved->options;
+  }
   options.lint.tp = args.plan.tp;
   const ctquant::InspectReport report = ctquant::inspect_checkpoint(
       ctquant::resolve_checkpoint_input(args.input, args.revision), options);
   if (args.json) {
-    print_json_report(ctquant::inspect_json(report));
+    nlohmann::json doc = ctquant::with_envelope(ctquant::inspect_json(report), "inspect", argv);
+    // The plan with each tensor's scheme and output shard, as quantize reports it.
+    if (report.plan) doc["plan"] = ctquant::report_plan_json(report.checkpoint, *report.plan);
+    doc["recipe"] = resolved ? ctquant::effective_recipe_json(resolved->effective) : nlohmann::json();
+    print_json_report(doc);
   } else {
-    print_text_report(ctquant::render_inspect_text(report));
+    std::string text = ctquant::render_inspect_text(report);
+    if (resolved) text += ctquant::render_recipe_origins(resolved->effective);
+    print_text_report(text);
   }
   if (report.plan_error) {
     print_error(*report.plan_error);
@@ -450,11 +511,32 @@ struct VerifyArgs {
   std::string reference;
   std::optional<std::string> revision;
   bool against_source = false;
+  bool manifest = false;
   std::uint64_t scale_ulp = 0;
   bool json = false;
 };
 
-int run_verify(const VerifyArgs& args, int verbosity) {
+int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::string>& argv) {
+  if (args.manifest) {
+    if (!args.reference.empty() || args.against_source) {
+      throw ctquant::usage_error(
+          "--manifest checks OUTPUT against its own manifest: give no GOLDEN or INPUT, and no "
+          "--against-source");
+    }
+    const ctquant::ManifestCheck check = ctquant::check_manifest(
+        args.output, std::max(1u, std::thread::hardware_concurrency()));
+    if (args.json) {
+      print_json_report(
+          ctquant::with_envelope(ctquant::manifest_check_json(check), "verify", argv));
+    } else {
+      print_text_report(ctquant::render_manifest_check_text(check));
+    }
+    return check.ok() ? 0 : ctquant::exit_status(ctquant::ErrorKind::kDifferent);
+  }
+  if (args.reference.empty()) {
+    throw ctquant::usage_error(
+        "verify needs GOLDEN (or, with --against-source, INPUT), or --manifest");
+  }
   ctquant::VerifyOptions options;
   options.scale_ulp = args.scale_ulp;
   options.logger = make_logger(verbosity);
@@ -464,7 +546,7 @@ int run_verify(const VerifyArgs& args, int verbosity) {
       args.against_source ? ctquant::verify_against_source(args.output, reference, options)
                           : ctquant::verify_checkpoints(args.output, reference, options);
   if (args.json) {
-    print_json_report(ctquant::verify_json(report));
+    print_json_report(ctquant::with_envelope(ctquant::verify_json(report), "verify", argv));
   } else {
     print_text_report(ctquant::render_verify_text(report));
   }
@@ -480,8 +562,9 @@ int main(int argc, char** argv) {
       "ctquant: quantize safetensors checkpoints to compressed-tensors pack-quantized "
       "W4A16 for vLLM"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("ctquant 0.1.0"));
+  app.set_version_flag("--version", std::string("ctquant ") + ctquant::ctquant_version());
   int verbosity = 0;
+  const std::vector<std::string> command_line(argv, argv + argc);
 
   QuantizeArgs q;
   CLI::App* quantize = app.add_subcommand(
@@ -522,6 +605,18 @@ int main(int argc, char** argv) {
                      "Keep the files an earlier, interrupted run of the same plan finished "
                      "(sha256 checked) and write the rest; without --part, stage the run so "
                      "that it can be resumed");
+  quantize->add_option("--write-recipe", q.write_recipe,
+                       "Write the effective recipe (llm-compressor YAML) to FILE after the run");
+  quantize->add_option("--report", q.report,
+                       "Write the run report (JSON, docs/report.md) to FILE after the run");
+  quantize->add_flag("--json", q.json,
+                     "Print the run report (JSON) on stdout; the summary stays on stderr");
+  quantize
+      ->add_option_function<std::string>(
+          "--progress", [&q](const std::string& value) { q.progress = value; },
+          "Progress on stderr: bar (a redrawn line), plain (a line every 5 s or 10%), none; "
+          "default bar on a terminal, plain otherwise")
+      ->check(CLI::IsMember({"plain", "bar", "none"}));
   add_verbosity_flags(quantize, verbosity);
 
   FinalizeArgs fin;
@@ -559,13 +654,14 @@ int main(int argc, char** argv) {
       "Compare OUTPUT with a golden checkpoint (exit 0 same, 3 different), or with its source");
   verify->add_option("OUTPUT", ver.output, "Checkpoint directory or .safetensors file to check")
       ->required();
-  verify
-      ->add_option("GOLDEN", ver.reference,
-                   "Golden checkpoint; with --against-source, the INPUT it was made from")
-      ->required();
+  verify->add_option("GOLDEN", ver.reference,
+                     "Golden checkpoint; with --against-source, the INPUT it was made from");
   add_revision_option(verify, ver.revision);
   verify->add_flag("--against-source", ver.against_source,
                    "Unpack, recompute and dequantize every packed weight from the source INPUT");
+  verify->add_flag("--manifest", ver.manifest,
+                   "Re-hash OUTPUT's files against its ctquant-manifest.json (exit 0 same, 3 "
+                   "different, 1 no manifest)");
   verify
       ->add_option("--scale-ulp", ver.scale_ulp,
                    "Accept scales that differ by up to N units in the last place")
@@ -593,15 +689,15 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (quantize->parsed()) return run_quantize(q, verbosity);
+    if (quantize->parsed()) return run_quantize(q, verbosity, command_line);
     if (finalize->parsed()) return run_finalize(fin, verbosity);
     if (inspect->parsed()) {
       const bool plan_requested =
           std::any_of(inspect_plan_options.begin(), inspect_plan_options.end(),
                       [](const CLI::Option* o) { return o->count() > 0; });
-      return run_inspect(in, plan_requested);
+      return run_inspect(in, plan_requested, command_line);
     }
-    if (verify->parsed()) return run_verify(ver, verbosity);
+    if (verify->parsed()) return run_verify(ver, verbosity, command_line);
   } catch (const ctquant::Error& e) {
     if (e.kind() == ctquant::ErrorKind::kInterrupted && quantize->parsed() &&
         (q.part || q.resume)) {

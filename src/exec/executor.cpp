@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -92,7 +93,10 @@ class Executor {
         options_(options),
         queue_(
             options.fsync, [this](std::size_t job) { job_written(job); },
-            [this](std::size_t job, std::exception_ptr e) { record_error(job, e); }, failed_) {}
+            [this](std::size_t job, std::exception_ptr e) { record_error(job, e); }, failed_,
+            [this](const OutputFile& file, std::uint64_t offset, std::uint64_t length) {
+              report_written(file, offset, length);
+            }) {}
 
   ExecuteStats run() {
     using Clock = std::chrono::steady_clock;
@@ -288,6 +292,7 @@ class Executor {
       auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name, output_fds_);
       file->reserve(shard.file_size);
       file->write_at(0, std::as_bytes(std::span(shard.header)));
+      report_written(*file, 0, shard.header.size());
       outputs_.push_back(std::move(file));
     }
   }
@@ -315,7 +320,10 @@ class Executor {
             m->family->whole_tensor(*m->args, m->module->dtype, m->rows.rows(), m->rows.cols(),
                                     m->set_amax, whole_index++);
         const PlannedTensor& t = *m->tensors[o];
-        shard_file(m->shard)->write_at(plan_.shards[m->shard].data_start + t.offset, bytes);
+        const std::uint64_t at = plan_.shards[m->shard].data_start + t.offset;
+        const OutputFile* out = shard_file(m->shard);
+        out->write_at(at, bytes);
+        report_written(*out, at, bytes.size());
       }
     }
   }
@@ -460,7 +468,9 @@ class Executor {
     }
   }
 
-  void worker() {
+  // Takes jobs until none is left. between_jobs, when given, is called after
+  // each job (the one-thread run reports progress and reads ahead there).
+  void worker(const std::function<void()>& between_jobs = {}) {
     Buffers buf;
     buf.input.resize(max_in_bytes_);
     buf.fp8_scale.resize(max_fp8_scale_bytes_);
@@ -495,6 +505,7 @@ class Executor {
         record_error(i, std::current_exception());
         return;
       }
+      if (between_jobs) between_jobs();
     }
   }
 
@@ -556,6 +567,22 @@ class Executor {
     read_ahead();
     const unsigned n_threads =
         std::max(1u, std::min<unsigned>(options_.threads, static_cast<unsigned>(jobs.size())));
+    using Clock = std::chrono::steady_clock;
+    const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
+    if (n_threads == 1) {
+      // One thread: the jobs run on the calling thread, which reads ahead
+      // and reports progress between them; no thread is created.
+      auto next_progress = Clock::now() + progress_interval;
+      worker([&] {
+        read_ahead();
+        if (options_.on_progress && Clock::now() >= next_progress) {
+          options_.on_progress(progress());
+          next_progress = Clock::now() + progress_interval;
+        }
+      });
+      finish_jobs();
+      return;
+    }
     std::vector<std::thread> threads;
     std::mutex done_mutex;
     std::condition_variable done_cv;
@@ -579,8 +606,6 @@ class Executor {
     {
       // While the workers run, this thread reports progress and reads the
       // input ahead of them.
-      using Clock = std::chrono::steady_clock;
-      const auto progress_interval = std::chrono::milliseconds(options_.progress_interval_ms);
       auto next_progress = Clock::now() + progress_interval;
       std::unique_lock lock(done_mutex);
       while (running > 0) {
@@ -596,9 +621,19 @@ class Executor {
       }
     }
     for (auto& t : threads) t.join();
+    finish_jobs();
+  }
+
+  // After the last job: the first error, a cancel, or the final progress.
+  void finish_jobs() {
     if (first_error_) std::rethrow_exception(first_error_);
     check_cancel();
     if (options_.on_progress) options_.on_progress(progress());
+  }
+
+  // Tells options_.on_written that [offset, offset + length) of file is written.
+  void report_written(const OutputFile& file, std::uint64_t offset, std::uint64_t length) const {
+    if (options_.on_written) options_.on_written(file.path(), offset, length);
   }
 
   bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
@@ -617,6 +652,7 @@ class Executor {
     check_cancel();
     auto file = std::make_unique<OutputFile>(out_dir_ / name, output_fds_);
     file->write_at(0, std::as_bytes(std::span(text)));
+    report_written(*file, 0, text.size());
     outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
@@ -639,6 +675,7 @@ class Executor {
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
         file->copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
+        report_written(*file, pos, std::min(kCopyJobBytes, size - pos));
       }
       outputs_.push_back(std::move(file));  // flushed after the shards
     }

@@ -998,12 +998,25 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
     check_cancel(options.cancel);
     place_file(stage / name, staged.dir() / name, options.fsync);
   }
+  // The manifest from the digests each part computed of the file it staged
+  // (`ctquant verify OUTPUT --manifest` hashes the files again).
+  for (const auto& [name, r] : written_by) {
+    for (const FileEntry& e : r->files) {
+      if (e.name == name) summary.manifest.push_back(ManifestEntry{e.name, e.size, e.sha256});
+    }
+  }
+  std::sort(summary.manifest.begin(), summary.manifest.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+  const ManifestEntry manifest = write_manifest(staged.dir(), summary.manifest, options.fsync);
+  summary.manifest.push_back(manifest);
+  std::sort(summary.manifest.begin(), summary.manifest.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
   if (options.fsync) fsync_directory(staged.dir());
   check_cancel(options.cancel);
   staged.commit();
   summary.parts = count;
   summary.files = plan_order.size();
-  summary.bytes = total;
+  summary.bytes = total + manifest.size;
 
   // The stage: the files placed, the records, logs, locks and work
   // directories of this run; the directory itself when nothing else is left.

@@ -91,7 +91,14 @@ void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& o
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto lap = [last = start]() mutable {
+    const auto now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - last).count();
+    last = now;
+    return seconds;
+  };
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
   if (options.stage && !options.part && !options.resume) {
@@ -126,11 +133,14 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     }
   }
   QuantizeSummary summary;
+  summary.phases.open = lap();
   summary.plan = make_plan(checkpoint, options.plan);
+  summary.phases.plan = lap();
   check_cancel(options.cancel);
   LintOptions lint;
   lint.tp = options.tp;
   summary.findings = run_lint(checkpoint, summary.plan, lint);
+  summary.phases.lint = lap();
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, options);
   summary.tensors_quantized = summary.plan.n_quantized;
@@ -152,8 +162,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   }
   if (options.dry_run) {
     summary.bytes_out = expected_output_bytes(checkpoint, summary.plan);
-    summary.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return summary;
   }
 
@@ -172,6 +181,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     part.logger = log;
     summary.part = run_part(checkpoint, summary.plan, part, exec);
     summary.execute = summary.part->execute;
+    summary.phases.stream = summary.execute.seconds_stream;
+    summary.phases.flush = summary.execute.seconds_flush;
     if (options.part) {
       summary.bytes_out = summary.part->bytes_assigned;
     } else {
@@ -183,16 +194,39 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
       finalize.parts = 1;
       finalize.logger = log;
       finalize.cancel = options.cancel;
-      summary.bytes_out = finalize_parts(finalize).bytes;
+      const FinalizeSummary finalized = finalize_parts(finalize);
+      summary.bytes_out = finalized.bytes;
+      summary.output_files = finalized.manifest;
     }
-    summary.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return summary;
   }
 
   StagedOutput staged(options.output, input, options.force);
   if (log) log->debug("writing into {}", staged.dir().string());
+  // The manifest's digests are computed while the files are written.
+  WrittenFilesHasher hasher(staged.dir(), expected_output_files(checkpoint, summary.plan),
+                            options.cancel);
+  exec.on_written = [&hasher](const fs::path& file, std::uint64_t offset, std::uint64_t length) {
+    hasher.written(file, offset, length);
+  };
+  lap();
   summary.execute = execute_plan(checkpoint, summary.plan, staged.dir(), exec);
+  lap();
+  summary.phases.stream = summary.execute.seconds_stream;
+  summary.phases.flush = summary.execute.seconds_flush;
+  check_cancel(options.cancel);
+  summary.output_files = hasher.finish();
+  summary.output_files.push_back(write_manifest(staged.dir(), summary.output_files, options.fsync));
+  std::sort(summary.output_files.begin(), summary.output_files.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+  summary.phases.manifest = lap();
+  if (log) {
+    std::uint64_t hashed = 0;
+    for (const ManifestEntry& f : summary.output_files) hashed += f.size;
+    log->debug("hashed {} output files ({} bytes) for the manifest; {:.3f} s after the flush",
+               summary.output_files.size(), hashed, summary.phases.manifest);
+  }
   if (log) {
     const ExecuteStats& st = summary.execute;
     log->debug(
@@ -206,8 +240,10 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   // The last moment a signal can stop the run: after the rename OUTPUT is
   // complete and the run has succeeded.
   check_cancel(options.cancel);
+  lap();
   staged.commit();
-  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.phases.commit = lap();
+  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return summary;
 }
 

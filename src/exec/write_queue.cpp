@@ -48,7 +48,7 @@ bool WriteQueue::write_one(std::unique_lock<std::mutex>& lock) {
       try {
         for (std::size_t p = 0; p < request.n_pieces; ++p) {
           request.file->write_at(request.pieces[p].offset, request.pieces[p].bytes);
-          wrote(*request.file, request.pieces[p].bytes.size());
+          wrote(*request.file, request.pieces[p].offset, request.pieces[p].bytes.size());
         }
         on_written_(request.job);
       } catch (...) {
@@ -74,7 +74,7 @@ bool WriteQueue::write_one(std::unique_lock<std::mutex>& lock) {
       try {
         const FdLease in = slice.in_file->descriptor();
         slice.file->copy_from(in->get(), slice.in_offset, slice.out_offset, n);
-        wrote(*slice.file, n);
+        wrote(*slice.file, slice.out_offset, n);
         if (last) on_written_(slice.job);
       } catch (...) {
         on_error_(slice.job, std::current_exception());
@@ -86,7 +86,8 @@ bool WriteQueue::write_one(std::unique_lock<std::mutex>& lock) {
   return false;
 }
 
-void WriteQueue::wrote(const OutputFile& file, std::uint64_t bytes) {
+void WriteQueue::wrote(const OutputFile& file, std::uint64_t offset, std::uint64_t bytes) {
+  if (on_bytes_) on_bytes_(file, offset, bytes);
   if (!writeback_) return;
   unflushed_bytes_ += bytes;
   if (unflushed_bytes_ < kWritebackBytes) return;

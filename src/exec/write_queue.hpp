@@ -60,13 +60,16 @@ class WriteQueue {
  public:
   // on_written(job) is called after a job's last write; on_error(job, e)
   // after a failed one, once `failed` is set no more writes are made (their
-  // buffers are released).
+  // buffers are released). on_bytes(file, offset, length) after each write
+  // (from the write-token holder, one at a time).
+  using BytesWritten = std::function<void(const OutputFile&, std::uint64_t, std::uint64_t)>;
   WriteQueue(bool writeback, std::function<void(std::size_t)> on_written,
              std::function<void(std::size_t, std::exception_ptr)> on_error,
-             const std::atomic<bool>& failed)
+             const std::atomic<bool>& failed, BytesWritten on_bytes)
       : writeback_(writeback),
         on_written_(std::move(on_written)),
         on_error_(std::move(on_error)),
+        on_bytes_(std::move(on_bytes)),
         failed_(failed) {}
 
   // Queues a write, then writes the queue if no other thread is writing.
@@ -80,11 +83,12 @@ class WriteQueue {
  private:
   void write_queued(std::unique_lock<std::mutex>& lock);
   bool write_one(std::unique_lock<std::mutex>& lock);
-  void wrote(const OutputFile& file, std::uint64_t bytes);
+  void wrote(const OutputFile& file, std::uint64_t offset, std::uint64_t bytes);
 
   const bool writeback_;
   const std::function<void(std::size_t)> on_written_;
   const std::function<void(std::size_t, std::exception_ptr)> on_error_;
+  const BytesWritten on_bytes_;
   const std::atomic<bool>& failed_;
   std::mutex mutex_;
   std::condition_variable written_cv_;  // a write finished, or the token was released

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -10,6 +11,8 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/plan/matcher.hpp"
+#include "ctquant/scheme/fused_sets.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
@@ -46,8 +49,16 @@ const SchemeFamily* SchemeGroup::family() const {
 SchemeGroup preset_group(const std::string& preset) {
   const Preset* p = find_preset(preset);
   if (p == nullptr) {
+    if (const RefusedPreset* refused = refused_preset(preset)) {
+      throw usage_error(fmt::format("scheme '{}' is not written: {} (presets: {})", preset,
+                                    refused->reason, preset_names()));
+    }
     throw usage_error(
         fmt::format("unknown scheme '{}' (known presets: {})", preset, preset_names()));
+  }
+  if (!p->refused.empty()) {
+    throw usage_error(fmt::format("scheme '{}' is not written: {} (presets: {})", preset,
+                                  p->refused, preset_names()));
   }
   SchemeGroup g;
   g.name = preset;
@@ -445,6 +456,79 @@ json plan_quantization_config(const PlanOptions& options,
   return quantization_config(groups, options.ignore);
 }
 
+namespace {
+
+// The amax sets (QuantizePlan::amax_sets) of the modules whose family needs
+// max |w| before quantizing. When a group is TENSOR_GROUP (NVFP4),
+// model_free_ptq gives the members of a fused set that it quantizes with a
+// TENSOR_GROUP group one global scale, the sets found per input-shard job
+// with its partners fetched from other shards, on the names after the
+// expert split (schemes.md 7; scheme/fused_sets.hpp); every other module
+// is a set of its own. Throws Error{kBadInput} where model_free_ptq's
+// grouping fails ("Matched a ... twice before completing set").
+void assign_amax_sets(const Checkpoint& checkpoint, QuantizePlan& plan) {
+  const auto needs_amax = [&](std::size_t i) {
+    const PlannedModule& m = plan.modules[i];
+    if (m.kind != PlannedModule::Kind::kQuantize) return false;
+    const SchemeGroup& g = plan.group_of(m);
+    return g.family()->needs_tensor_amax(g.weights);
+  };
+  const auto tensor_group = [&](std::size_t i) {
+    return needs_amax(i) &&
+           plan.group_of(plan.modules[i]).weights.strategy == QuantArgs::Strategy::kTensorGroup;
+  };
+  std::vector<bool> assigned(plan.modules.size(), false);
+  const bool microscale = std::any_of(
+      plan.options.groups.begin(), plan.options.groups.end(),
+      [](const SchemeGroup& g) { return g.weights.strategy == QuantArgs::Strategy::kTensorGroup; });
+  if (microscale) {
+    std::vector<std::pair<std::string, std::string>> weight_map;
+    std::unordered_map<std::string, std::size_t> decision_of;
+    for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
+      const TensorDecision& d = plan.decisions[i];
+      weight_map.emplace_back(d.name, checkpoint.shards[d.source.shard].label());
+      decision_of.emplace(d.name, i);
+    }
+    std::unordered_map<std::string, std::size_t> module_of;  // "<module>.weight" -> index
+    for (std::size_t i = 0; i < plan.modules.size(); ++i) {
+      module_of.emplace(plan.modules[i].name + ".weight", i);
+    }
+    for (const auto& [shard, names] : microscale_job_names(weight_map)) {
+      std::vector<std::string> job;
+      for (const std::string& n : names) {
+        const TensorDecision& d = plan.decisions[decision_of.at(n)];
+        if (d.fate != Fate::kSplit) {
+          job.push_back(n);
+          continue;
+        }
+        for (const std::size_t mi : d.modules) job.push_back(plan.modules[mi].name + ".weight");
+      }
+      for (const std::vector<std::string>& set : fused_sets(job).sets) {
+        std::vector<std::size_t> members;
+        for (const std::string& n : set) {
+          const auto it = module_of.find(n);
+          if (it != module_of.end() && !assigned[it->second] && tensor_group(it->second)) {
+            members.push_back(it->second);
+          }
+        }
+        if (members.empty()) continue;
+        for (const std::size_t mi : members) {
+          assigned[mi] = true;
+          plan.modules[mi].amax_set = plan.amax_sets.size();
+        }
+        plan.amax_sets.push_back(std::move(members));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < plan.modules.size(); ++i) {
+    if (assigned[i] || !needs_amax(i)) continue;
+    plan.modules[i].amax_set = plan.amax_sets.size();
+    plan.amax_sets.push_back({i});
+  }
+}
+
+}  // namespace
+
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options) {
   check_plan_options(options);
   QuantizePlan plan;
@@ -700,15 +784,8 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& options)
     throw bad_input(message);
   }
 
-  // Modules that need max |w| first: each in its own set.
-  for (std::size_t i = 0; i < plan.modules.size(); ++i) {
-    PlannedModule& m = plan.modules[i];
-    if (m.kind != PlannedModule::Kind::kQuantize) continue;
-    const SchemeGroup& g = plan.group_of(m);
-    if (!g.family()->needs_tensor_amax(g.weights)) continue;
-    m.amax_set = plan.amax_sets.size();
-    plan.amax_sets.push_back({i});
-  }
+  // Modules that need max |w| first, in the sets that share one amax.
+  assign_amax_sets(checkpoint, plan);
 
   // Output tensors, shard by shard.
   json weight_map = json::object();

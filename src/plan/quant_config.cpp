@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -83,6 +84,49 @@ json activation_args_json(const json& args, const std::string& where) {
   return out;
 }
 
+void apply_group_size(SchemeGroup& group, long long group_size) {
+  using S = QuantArgs::Strategy;
+  if (group.weights.type != QuantArgs::Type::kInt ||
+      (group.weights.strategy != S::kGroup && group.weights.strategy != S::kChannel)) {
+    throw usage_error(fmt::format(
+        "--group-size applies to the integer presets; {} has a fixed layout", group.name));
+  }
+  if (group_size == -1) {
+    group.weights.strategy = S::kChannel;
+    group.weights.group_size = 0;
+  } else if (group_size > 0) {
+    group.weights.strategy = S::kGroup;
+    group.weights.group_size = static_cast<std::uint64_t>(group_size);
+  } else {
+    throw usage_error(fmt::format(
+        "--group-size {}: expected a positive number of columns, or -1 for channel-wise",
+        group_size));
+  }
+  const Preset* preset = find_preset(group.name);
+  if (preset == nullptr || !(preset->weights == group.weights)) group.name = "config_group_0";
+}
+
+SchemeGroup scheme_for_group(const std::string& spec) {
+  const auto eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {
+    throw usage_error(fmt::format(
+        "--scheme-for '{}': expected PATTERN=PRESET, e.g. 're:.*self_attn.*=W8A16'", spec));
+  }
+  SchemeGroup g = preset_group(spec.substr(eq + 1));
+  g.targets = {spec.substr(0, eq)};
+  return g;
+}
+
+void add_scheme_group(PlanOptions& options, SchemeGroup group) {
+  for (SchemeGroup& existing : options.groups) {
+    if (existing.name == group.name) {
+      existing.targets.insert(existing.targets.end(), group.targets.begin(), group.targets.end());
+      return;
+    }
+  }
+  options.groups.push_back(std::move(group));
+}
+
 PlanOptions plan_options_from_config(const json& config, const std::string& where) {
   if (!config.is_object()) {
     throw usage_error(fmt::format("{}: a QuantizationConfig must be a JSON object", where));
@@ -135,6 +179,10 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
     if (group.is_array()) {
       // A preset name mapped to its targets.
       if (find_preset(name) == nullptr) {
+        if (const RefusedPreset* refused = refused_preset(name)) {
+          throw usage_error(fmt::format("{}: preset '{}' is not written: {}", at, name,
+                                        refused->reason));
+        }
         throw usage_error(fmt::format("{}: a list of targets needs a preset name as its key "
                                       "(presets: {})",
                                       at, preset_names()));

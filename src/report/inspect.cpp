@@ -1,5 +1,7 @@
 #include "ctquant/report/inspect.hpp"
 
+#include "ctquant/report/manifest.hpp"
+
 #include <algorithm>
 #include <map>
 #include <system_error>
@@ -198,12 +200,23 @@ json inventory_json(const Inventory& inv) {
       {"other_files", inv.other_files}};
 }
 
+std::vector<ManifestEntry> expected_output_files(const Checkpoint& checkpoint,
+                                                 const QuantizePlan& plan) {
+  std::vector<ManifestEntry> files;
+  for (const ShardPlan& shard : plan.shards) files.push_back({shard.file_name, shard.file_size, {}});
+  files.push_back({kIndexFileName, dump_json(plan.index).size(), {}});
+  files.push_back({kConfigFileName, dump_json(plan.config).size(), {}});
+  for (const auto& name : plan.copied_files) {
+    files.push_back({name, file_bytes(checkpoint.root / name), {}});
+  }
+  return files;
+}
+
 std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan) {
-  std::uint64_t total = plan.shard_bytes_out;
-  total += dump_json(plan.index).size();
-  total += dump_json(plan.config).size();
-  for (const auto& name : plan.copied_files) total += file_bytes(checkpoint.root / name);
-  return total;
+  const std::vector<ManifestEntry> files = expected_output_files(checkpoint, plan);
+  std::uint64_t total = 0;
+  for (const ManifestEntry& f : files) total += f.size;
+  return total + manifest_bytes(files);
 }
 
 namespace {

@@ -10,13 +10,6 @@
 
 namespace ctquant {
 
-std::optional<QuantScheme> scheme_by_name(const std::string& name) {
-  if (name == "W4A16") return QuantScheme{"W4A16", 4, true, 128};
-  if (name == "W4A16_ASYM") return QuantScheme{"W4A16_ASYM", 4, false, 128};
-  if (name == "W8A16") return QuantScheme{"W8A16", 8, true, 128};
-  return std::nullopt;
-}
-
 namespace {
 
 std::size_t element_bytes(DType dtype) { return static_cast<std::size_t>(dtype_bits(dtype) / 8); }
@@ -104,7 +97,7 @@ std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const Ker
   return quantize_block_ref(scheme, block);
 }
 
-const char* kernel_path_name() { return detail::simd_level_name(detail::simd_level()); }
+const char* kernel_path_name() { return detail::simd_best_level().name; }
 
 }  // namespace ctquant
 

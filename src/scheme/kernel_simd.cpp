@@ -1,443 +1,249 @@
-// The vector kernels behind quantize_block(): symmetric schemes of 4 or 8
-// bits, BF16 / F16 / F32 weights; AVX2 + F16C for group sizes that are
-// multiples of 8, AVX-512 (F, BW) for multiples of 16.
+// The vector kernel behind quantize_block() for symmetric schemes of 4 or 8
+// bits on BF16 / F16 / F32 weights, written once with Google Highway and
+// compiled for every level of simd_levels() (SVE2, SVE and NEON on AArch64;
+// AVX-512 and AVX2 on x86-64), chosen at run time (simd_dispatch.hpp). On
+// x86-64, quantize_block() runs the hand-written kernels of kernel_x86.cpp
+// instead, which are faster there; this one is still compiled, tested and
+// benchmarked at those levels (quantize_block_hwy_at).
 //
 // It follows section 3 of the format spec step for step with the same IEEE
-// operations as quantize_block_ref(), eight elements at a time, so the bytes
-// are the same:
+// operations as quantize_block_ref(), one vector of float lanes at a time,
+// so the bytes are the same:
 // - the group's absolute maximum is taken on the raw bits with the sign bit
 //   cleared (for non-negative IEEE values the integer order is the numeric
 //   order), which also finds NaN and infinities: their magnitude bits are
 //   the largest; max(|lo|, hi) of the spec equals max |w| (both +0 for an
 //   all-zero group);
 // - the scale is computed with the same scalar code as the reference;
-// - w / s is one correctly rounded vdivps (as divss in the reference), then
-//   rounded to T: BF16 with the integer round-to-nearest-even the reference
-//   uses, F16 with vcvtps2ph (round to nearest even, subnormals kept), F32
-//   as is;
-// - clamp with vmaxps/vminps (v is finite, so they agree with std::clamp),
-//   round half to even with vcvtps2dq (the default rounding mode, as
-//   std::nearbyint), offset, pack.
-// The AVX-512 code does the same sixteen elements at a time and packs with
-// vpmovdb / vpmovqb. Both are compiled with function target attributes and
-// chosen at run time, so the library still runs on CPUs without them.
-#include "scheme/kernel_simd.hpp"
+// - w / s is one correctly rounded division per lane (as the reference's
+//   scalar division), then rounded to T: BF16 with the integer
+//   round-to-nearest-even the reference uses, F16 with the hardware
+//   conversion (F16C, AArch64 FCVT: round to nearest even, subnormals kept),
+//   F32 as is;
+// - clamp with Min/Max (v is finite, so they agree with std::clamp), round
+//   half to even to an integer (NearestInt: the default rounding mode, as
+//   std::nearbyint), offset by 2^(b-1), pack (section 4).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "scheme/kernel_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
 
-// GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(),
-// which -Wmaybe-uninitialized reports at every use; the values are fully
-// written before they are read. (Clang has no such warning, nor the group.)
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <cpuid.h>
-#include <immintrin.h>
+#include "scheme/simd_dispatch.hpp"
 
-#include <bit>
-#include <cmath>
+#ifndef CTQUANT_SCHEME_KERNEL_SIMD_ONCE
+#define CTQUANT_SCHEME_KERNEL_SIMD_ONCE
+
+#include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "ctquant/format/dtype.hpp"
+#include "scheme/kernel_simd.hpp"
+#include "scheme/kernel_steps.hpp"
+#include "scheme/kernel_x86.hpp"
 
-namespace ctquant::detail {
+#endif  // CTQUANT_SCHEME_KERNEL_SIMD_ONCE
 
+HWY_BEFORE_NAMESPACE();
+namespace ctquant::detail::HWY_NAMESPACE {
+#if CTQUANT_SIMD_KERNEL_TARGET
 namespace {
 
-#define CTQUANT_TARGET_AVX2 __attribute__((target("avx2,f16c")))
-#define CTQUANT_INLINE_AVX2 __attribute__((target("avx2,f16c"), always_inline)) inline
+namespace hn = hwy::HWY_NAMESPACE;
 
-// Magnitude bits at and above which a value is NaN or infinite.
+// The lanes of one stored element: the raw bits of BF16 / F16 (uint16_t) or F32.
 template <DType T>
-constexpr std::uint32_t kNonFiniteBits = T == DType::kF32    ? 0x7F800000u
-                                         : T == DType::kBF16 ? 0x7F80u
-                                                             : 0x7C00u;
+using RawLane = std::conditional_t<T == DType::kF32, std::uint32_t, std::uint16_t>;
 
+// Largest magnitude bits (sign cleared) of n elements at p, n a multiple of 8.
 template <DType T>
-constexpr std::size_t kElementBytes = T == DType::kF32 ? 4 : 2;
-
-CTQUANT_INLINE_AVX2 std::uint32_t horizontal_max_u16(__m256i v, __m128i more) {
-  __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu16(m, more);
-  // minpos finds the smallest u16; on inverted values that is the largest.
-  const __m128i ones = _mm_set1_epi32(-1);
-  m = _mm_minpos_epu16(_mm_xor_si128(m, ones));
-  return 0xFFFFu - static_cast<std::uint32_t>(_mm_extract_epi16(m, 0));
-}
-
-CTQUANT_INLINE_AVX2 std::uint32_t horizontal_max_u32(__m256i v) {
-  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
-}
-
-// Largest magnitude bits (sign cleared) of n elements, n a multiple of 8.
-template <DType T>
-CTQUANT_INLINE_AVX2 std::uint32_t magnitude_max(const std::byte* p, std::uint64_t n) {
-  if constexpr (T == DType::kF32) {
-    const __m256i mask = _mm256_set1_epi32(0x7FFFFFFF);
-    __m256i m0 = _mm256_setzero_si256();
-    __m256i m1 = _mm256_setzero_si256();
-    std::uint64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4 * i));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4 * i + 32));
-      m0 = _mm256_max_epu32(m0, _mm256_and_si256(a, mask));
-      m1 = _mm256_max_epu32(m1, _mm256_and_si256(b, mask));
-    }
-    if (i < n) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4 * i));
-      m0 = _mm256_max_epu32(m0, _mm256_and_si256(a, mask));
-    }
-    return horizontal_max_u32(_mm256_max_epu32(m0, m1));
-  } else {
-    const __m256i mask = _mm256_set1_epi16(0x7FFF);
-    __m256i m0 = _mm256_setzero_si256();
-    __m256i m1 = _mm256_setzero_si256();
-    std::uint64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i + 32));
-      m0 = _mm256_max_epu16(m0, _mm256_and_si256(a, mask));
-      m1 = _mm256_max_epu16(m1, _mm256_and_si256(b, mask));
-    }
-    for (; i + 16 <= n; i += 16) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i));
-      m0 = _mm256_max_epu16(m0, _mm256_and_si256(a, mask));
-    }
-    __m128i tail = _mm_setzero_si128();
-    if (i < n) {  // 8 left
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
-      tail = _mm_and_si128(a, _mm256_castsi256_si128(mask));
-    }
-    return horizontal_max_u16(_mm256_max_epu16(m0, m1), tail);
+HWY_INLINE std::uint32_t magnitude_max(const std::byte* p, std::uint64_t n) {
+  using Raw = RawLane<T>;
+  constexpr Raw kMagnitude = static_cast<Raw>(T == DType::kF32 ? 0x7FFFFFFFu : 0x7FFFu);
+  const Raw* raw = reinterpret_cast<const Raw*>(p);
+  const hn::ScalableTag<Raw> d;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto mask = hn::Set(d, kMagnitude);
+  auto m0 = hn::Zero(d);
+  auto m1 = hn::Zero(d);
+  std::uint64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    m0 = hn::Max(m0, hn::And(hn::LoadU(d, raw + i), mask));
+    m1 = hn::Max(m1, hn::And(hn::LoadU(d, raw + i + lanes), mask));
   }
+  if (i + lanes <= n) {
+    m0 = hn::Max(m0, hn::And(hn::LoadU(d, raw + i), mask));
+    i += lanes;
+  }
+  std::uint32_t m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+  // The rest, fewer than a vector: eight at a time.
+  const hn::CappedTag<Raw, 8> d8;
+  for (; i < n; i += hn::Lanes(d8)) {
+    const auto v = hn::And(hn::LoadU(d8, raw + i), hn::Set(d8, kMagnitude));
+    m = std::max<std::uint32_t>(m, hn::GetLane(hn::MaxOfLanes(d8, v)));
+  }
+  return m;
 }
 
-// Eight elements widened to float, exactly.
-template <DType T>
-CTQUANT_INLINE_AVX2 __m256 load8(const std::byte* p) {
+// Lanes(df) elements at p widened to float, exactly.
+template <DType T, class DF>
+HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p) {
   if constexpr (T == DType::kF32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    return hn::LoadU(df, reinterpret_cast<const float*>(p));
   } else if constexpr (T == DType::kF16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
   } else {
-    const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    const hn::RebindToUnsigned<DF> du;
+    const hn::Rebind<std::uint16_t, DF> du16;
+    const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(p)));
+    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
   }
 }
 
 // round_T of section 3 for finite values: round to T (nearest even), widen.
-template <DType T>
-CTQUANT_INLINE_AVX2 __m256 round_to_t(__m256 v) {
+template <DType T, class DF>
+HWY_INLINE hn::Vec<DF> round_to_t(DF df, hn::Vec<DF> v) {
   if constexpr (T == DType::kF32) {
     return v;
   } else if constexpr (T == DType::kF16) {
-    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(df, hn::DemoteTo(df16, v));
   } else {
     // As float_to_bf16: add 0x7FFF plus the lowest kept bit, drop 16 bits.
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i biased = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-    return _mm256_castsi256_ps(_mm256_and_si256(biased, _mm256_set1_epi32(-65536)));
+    const hn::RebindToUnsigned<DF> du;
+    const auto u = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    const auto biased = hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFu)));
+    return hn::BitCast(df, hn::And(biased, hn::Set(du, 0xFFFF0000u)));
   }
 }
 
-struct QuantConstants {
-  __m256 qmin;
-  __m256 qmax;
-  __m256i offset;
-};
-
-// Codes q + 2^(b-1) of eight elements, as int32 lanes.
-template <DType T>
-CTQUANT_INLINE_AVX2 __m256i quantize8(const std::byte* p, __m256 scale, const QuantConstants& k) {
-  __m256 v = round_to_t<T>(_mm256_div_ps(load8<T>(p), scale));
-  v = _mm256_min_ps(_mm256_max_ps(v, k.qmin), k.qmax);
-  return _mm256_add_epi32(_mm256_cvtps_epi32(v), k.offset);
-}
-
-// Packs 32 offset codes (four vectors of eight, in column order) into
-// 32 * bits / 32 words: 4 words for 4 bits, 8 for 8 bits (section 4).
-template <int kBits>
-CTQUANT_INLINE_AVX2 void pack32(const __m256i* c, std::uint32_t* out) {
-  const __m256i w16a = _mm256_packs_epi32(c[0], c[1]);
-  const __m256i w16b = _mm256_packs_epi32(c[2], c[3]);
-  // packs work within 128-bit lanes; this puts the 4-byte runs back in order.
-  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(w16a, w16b),
-                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+// Quantizes Lanes(df) elements at p with scale s and stores their codes
+// q + 2^(b-1), packed (section 4), at out: Lanes(df) * kBits / 8 bytes.
+// Column c of a row is byte c of an 8-bit row and bits 4 (c % 2) of byte
+// c / 2 of a 4-bit row (little-endian words).
+template <DType T, int kBits, class DF>
+HWY_INLINE void quantize_vector(DF df, const std::byte* p, hn::Vec<DF> s, std::uint8_t* out) {
+  constexpr float kQmin = -static_cast<float>(1 << (kBits - 1));
+  constexpr float kQmax = static_cast<float>((1 << (kBits - 1)) - 1);
+  // 1.5 * 2^23 + 2^(b-1): an even integer in [2^23, 2^24), where floats are
+  // the integers. For |v| <= 2^(b-1), v + kRound (one add, rounded to
+  // nearest even) is kRound + q with q = v rounded half to even (kRound is
+  // even, so the parity of the sum is the parity of q): its low mantissa
+  // bits hold q + 2^(b-1), the offset code.
+  constexpr float kRound = 12582912.0f + static_cast<float>(1 << (kBits - 1));
+  auto v = round_to_t<T>(df, hn::Div(load_as_float<T>(df, p), s));
+  v = hn::Min(hn::Max(v, hn::Set(df, kQmin)), hn::Set(df, kQmax));
+  const hn::RebindToUnsigned<DF> du;
+  const auto biased = hn::BitCast(du, hn::Add(v, hn::Set(df, kRound)));
   if constexpr (kBits == 8) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
+    const hn::Rebind<std::uint8_t, decltype(du)> d8;
+    hn::StoreU(hn::TruncateTo(d8, biased), d8, out);
   } else {
-    // Byte pairs (even, odd) -> even | odd << 4: column 8j+k lands in bits 4k.
-    const __m256i nibbles = _mm256_maddubs_epi16(bytes, _mm256_set1_epi16(0x1001));
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nibbles, nibbles), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+    // Each 64-bit lane holds columns 2i (low half) and 2i+1 (high half):
+    // bring the high code down to bits 4-7, keep the low byte of each lane.
+    const hn::Repartition<std::uint64_t, decltype(du)> d64;
+    const auto pairs = hn::BitCast(d64, hn::And(biased, hn::Set(du, 0xFu)));
+    const auto bytes = hn::Or(pairs, hn::ShiftRight<28>(pairs));
+    const hn::Rebind<std::uint8_t, decltype(d64)> d8;
+    hn::StoreU(hn::TruncateTo(d8, bytes), d8, out);
   }
-}
-
-// Fewer than 32 offset codes (a multiple of 8) into their words.
-template <int kBits>
-CTQUANT_INLINE_AVX2 void pack_tail(const __m256i* c, int n_vectors, std::uint32_t* out) {
-  alignas(32) std::uint32_t codes[24];
-  for (int i = 0; i < n_vectors; ++i) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * i), c[i]);
-  }
-  constexpr int kPerWord = 32 / kBits;
-  for (int w = 0; w < n_vectors * 8 / kPerWord; ++w) {
-    std::uint32_t word = 0;
-    for (int i = 0; i < kPerWord; ++i) word |= codes[w * kPerWord + i] << (kBits * i);
-    out[w] = word;
-  }
-}
-
-float magnitude_to_float(DType t, std::uint32_t bits) {
-  switch (t) {
-    case DType::kBF16:
-      return bf16_to_float(static_cast<std::uint16_t>(bits));
-    case DType::kF16:
-      return f16_to_float(static_cast<std::uint16_t>(bits));
-    default:
-      return std::bit_cast<float>(bits);
-  }
-}
-
-// Stores a float that is already exactly representable in t.
-void store_scale(DType t, float s, std::byte* out) {
-  if (t == DType::kF32) {
-    std::memcpy(out, &s, 4);
-    return;
-  }
-  const std::uint16_t b = t == DType::kBF16 ? float_to_bf16(s) : float_to_f16(s);
-  std::memcpy(out, &b, 2);
-}
-
-// Steps 2-3 of section 3 from the group's largest magnitude bits, with the
-// reference's scalar code; stores the scale and returns it as a float.
-float group_scale(DType t, std::uint32_t max_bits, float divisor, std::byte* out) {
-  float s = round_to_dtype(t, magnitude_to_float(t, max_bits) / divisor);
-  if (s == 0.0f) s = dtype_eps(t);
-  store_scale(t, s, out);
-  return s;
-}
-
-// Index of the first NaN or infinity of a group known to hold one.
-std::uint64_t first_non_finite(DType t, const std::byte* group) {
-  const std::size_t esize = t == DType::kF32 ? 4 : 2;
-  std::uint64_t c = 0;
-  while (std::isfinite(load_as_float(t, group + c * esize))) ++c;
-  return c;
 }
 
 template <DType T, int kBits>
-CTQUANT_TARGET_AVX2 std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme,
-                                                               const KernelBlock& block) {
+std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme, const KernelBlock& block) {
   constexpr std::size_t kEsize = kElementBytes<T>;
   const std::uint64_t n_cols = block.n_cols;
   const std::uint64_t g_size = scheme.effective_group_size(n_cols);
   const std::uint64_t n_groups = n_cols / g_size;
   const std::uint64_t words_per_row = packed_words_per_row(n_cols, kBits);
-  const float qmin = static_cast<float>(scheme.qmin());
-  const float qmax = static_cast<float>(scheme.qmax());
-  const float divisor = (qmax - qmin) / 2.0f;
-  const QuantConstants k{_mm256_set1_ps(qmin), _mm256_set1_ps(qmax),
-                         _mm256_set1_epi32(1 << (kBits - 1))};
+  const float divisor = static_cast<float>(scheme.qmax() - scheme.qmin()) / 2.0f;
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const hn::CappedTag<float, 8> df8;  // the rest of a group, fewer than a vector
+  const std::size_t lanes8 = hn::Lanes(df8);
 
   for (std::uint64_t r = 0; r < block.n_rows; ++r) {
     const std::byte* row = block.weight + r * n_cols * kEsize;
-    std::uint32_t* out = block.packed + r * words_per_row;
+    auto* out = reinterpret_cast<std::uint8_t*>(block.packed + r * words_per_row);
     std::byte* scale_out = block.scale + r * n_groups * kEsize;
-    __m256i codes[4];
-    int n_codes = 0;
     for (std::uint64_t c0 = 0; c0 < n_cols; c0 += g_size) {
       const std::byte* group = row + c0 * kEsize;
       // Steps 1-3 of section 3 (and the finite check of the reference).
       const std::uint32_t max_bits = magnitude_max<T>(group, g_size);
       if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
       const float s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
-      const __m256 vs = _mm256_set1_ps(s);
-      // Steps 4-5, eight elements at a time, packed 32 codes at a time.
-      if (g_size % 32 == 0) {  // whole blocks of 32 codes (n_codes stays 0)
-        for (std::uint64_t c = 0; c < g_size; c += 32) {
-          const std::byte* p = group + c * kEsize;
-          const __m256i codes32[4] = {quantize8<T>(p, vs, k), quantize8<T>(p + 8 * kEsize, vs, k),
-                                      quantize8<T>(p + 16 * kEsize, vs, k),
-                                      quantize8<T>(p + 24 * kEsize, vs, k)};
-          pack32<kBits>(codes32, out);
-          out += kBits;
-        }
-        continue;
+      // Steps 4-5, a vector at a time.
+      const auto vs = hn::Set(df, s);
+      std::uint64_t c = 0;
+      for (; c + lanes <= g_size; c += lanes) {
+        quantize_vector<T, kBits>(df, group + c * kEsize, vs, out + (c0 + c) * kBits / 8);
       }
-      for (std::uint64_t c = 0; c < g_size; c += 8) {
-        codes[n_codes++] = quantize8<T>(group + c * kEsize, vs, k);
-        if (n_codes == 4) {
-          pack32<kBits>(codes, out);
-          out += kBits;  // 32 codes of kBits bits are kBits words
-          n_codes = 0;
-        }
-      }
-    }
-    if (n_codes > 0) pack_tail<kBits>(codes, n_codes, out);
-  }
-  return std::nullopt;
-}
-
-// ---- AVX-512 (F + BW): the same steps, sixteen elements at a time ----
-
-#define CTQUANT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx2,f16c")))
-#define CTQUANT_INLINE_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx2,f16c"), always_inline)) inline
-
-// Largest magnitude bits (sign cleared) of n elements, n a multiple of 16.
-template <DType T>
-CTQUANT_INLINE_AVX512 std::uint32_t magnitude_max_512(const std::byte* p, std::uint64_t n) {
-  if constexpr (T == DType::kF32) {
-    const __m512i mask = _mm512_set1_epi32(0x7FFFFFFF);
-    __m512i m = _mm512_setzero_si512();
-    for (std::uint64_t i = 0; i < n; i += 16) {
-      m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_loadu_si512(p + 4 * i), mask));
-    }
-    return _mm512_reduce_max_epu32(m);
-  } else {
-    const __m512i mask = _mm512_set1_epi16(0x7FFF);
-    __m512i m = _mm512_setzero_si512();
-    std::uint64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_loadu_si512(p + 2 * i), mask));
-    }
-    if (i < n) {  // 16 left
-      m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(0xFFFF, p + 2 * i), mask));
-    }
-    return horizontal_max_u16(
-        _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1)),
-        _mm_setzero_si128());
-  }
-}
-
-template <DType T>
-CTQUANT_INLINE_AVX512 __m512 load16(const std::byte* p) {
-  if constexpr (T == DType::kF32) {
-    return _mm512_loadu_ps(p);
-  } else if constexpr (T == DType::kF16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  } else {
-    const __m512i h =
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
-  }
-}
-
-template <DType T>
-CTQUANT_INLINE_AVX512 __m512 round_to_t_512(__m512 v) {
-  if constexpr (T == DType::kF32) {
-    return v;
-  } else if constexpr (T == DType::kF16) {
-    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  } else {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i biased = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-    return _mm512_castsi512_ps(_mm512_and_si512(biased, _mm512_set1_epi32(-65536)));
-  }
-}
-
-// Quantizes sixteen elements and stores their 16 * kBits / 32 words.
-template <DType T, int kBits>
-CTQUANT_INLINE_AVX512 void quantize16(const std::byte* p, __m512 scale, __m512 qmin, __m512 qmax,
-                                      std::uint32_t* out) {
-  __m512 v = round_to_t_512<T>(_mm512_div_ps(load16<T>(p), scale));
-  v = _mm512_min_ps(_mm512_max_ps(v, qmin), qmax);
-  const __m512i codes =
-      _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(1 << (kBits - 1)));
-  if constexpr (kBits == 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(codes));
-  } else {
-    // Each 64-bit lane holds columns 2i (low) and 2i+1 (high); bring the
-    // high code down to bits 4-7, then keep the low byte of every lane.
-    const __m512i pairs = _mm512_or_si512(codes, _mm512_srli_epi64(codes, 28));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(pairs));
-  }
-}
-
-template <DType T, int kBits>
-CTQUANT_TARGET_AVX512 std::optional<std::uint64_t> quantize_rows_512(const QuantScheme& scheme,
-                                                                     const KernelBlock& block) {
-  constexpr std::size_t kEsize = kElementBytes<T>;
-  const std::uint64_t n_cols = block.n_cols;
-  const std::uint64_t g_size = scheme.effective_group_size(n_cols);
-  const std::uint64_t n_groups = n_cols / g_size;
-  const std::uint64_t words_per_row = packed_words_per_row(n_cols, kBits);
-  const float qmin = static_cast<float>(scheme.qmin());
-  const float qmax = static_cast<float>(scheme.qmax());
-  const float divisor = (qmax - qmin) / 2.0f;
-  const __m512 vqmin = _mm512_set1_ps(qmin);
-  const __m512 vqmax = _mm512_set1_ps(qmax);
-
-  for (std::uint64_t r = 0; r < block.n_rows; ++r) {
-    const std::byte* row = block.weight + r * n_cols * kEsize;
-    std::uint32_t* out = block.packed + r * words_per_row;
-    std::byte* scale_out = block.scale + r * n_groups * kEsize;
-    for (std::uint64_t c0 = 0; c0 < n_cols; c0 += g_size) {
-      const std::byte* group = row + c0 * kEsize;
-      const std::uint32_t max_bits = magnitude_max_512<T>(group, g_size);
-      if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
-      const float s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
-      const __m512 vs = _mm512_set1_ps(s);
-      for (std::uint64_t c = 0; c < g_size; c += 16) {
-        quantize16<T, kBits>(group + c * kEsize, vs, vqmin, vqmax, out);
-        out += kBits / 2;  // 16 codes of kBits bits are kBits / 2 words
+      const auto vs8 = hn::Set(df8, s);
+      for (; c < g_size; c += lanes8) {
+        quantize_vector<T, kBits>(df8, group + c * kEsize, vs8, out + (c0 + c) * kBits / 8);
       }
     }
   }
   return std::nullopt;
-}
-
-template <DType T>
-std::optional<std::uint64_t> quantize_rows_for(SimdLevel level, const QuantScheme& scheme,
-                                               const KernelBlock& block) {
-  const bool wide =
-      level == SimdLevel::kAvx512 && scheme.effective_group_size(block.n_cols) % 16 == 0;
-  if (scheme.num_bits == 4) {
-    return wide ? quantize_rows_512<T, 4>(scheme, block) : quantize_rows<T, 4>(scheme, block);
-  }
-  return wide ? quantize_rows_512<T, 8>(scheme, block) : quantize_rows<T, 8>(scheme, block);
-}
-
-// F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for
-// __builtin_cpu_supports. AVX2 support, checked first, includes the OS
-// saving the YMM state that F16C uses.
-bool cpu_has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-
-SimdLevel detect_cpu() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !cpu_has_f16c()) return SimdLevel::kNone;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
-    return SimdLevel::kAvx512;
-  }
-  return SimdLevel::kAvx2;
 }
 
 }  // namespace
 
-SimdLevel simd_level() {
-  static const SimdLevel level = detect_cpu();
-  return level;
-}
-
-const char* simd_level_name(SimdLevel level) {
-  switch (level) {
-    case SimdLevel::kAvx512:
-      return "avx512";
-    case SimdLevel::kAvx2:
-      return "avx2";
+// The per-level entry point (see simd_dispatch.hpp); simd_supports() holds.
+std::optional<std::uint64_t> quantize_symmetric(const QuantScheme& scheme,
+                                                const KernelBlock& block) {
+  const bool four = scheme.num_bits == 4;
+  switch (block.dtype) {
+    case DType::kBF16:
+      return four ? quantize_rows<DType::kBF16, 4>(scheme, block)
+                  : quantize_rows<DType::kBF16, 8>(scheme, block);
+    case DType::kF16:
+      return four ? quantize_rows<DType::kF16, 4>(scheme, block)
+                  : quantize_rows<DType::kF16, 8>(scheme, block);
     default:
-      return "scalar";
+      return four ? quantize_rows<DType::kF32, 4>(scheme, block)
+                  : quantize_rows<DType::kF32, 8>(scheme, block);
   }
 }
 
-bool simd_available() { return simd_level() != SimdLevel::kNone; }
+#endif  // CTQUANT_SIMD_KERNEL_TARGET
+}  // namespace ctquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ctquant::detail {
+namespace {
+
+using QuantizeSymmetric = std::optional<std::uint64_t>(const QuantScheme&, const KernelBlock&);
+
+// The Highway kernel at every level.
+constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetricHwy[] =
+    CTQUANT_SIMD_TABLE(quantize_symmetric);
+
+// What quantize_block() runs at each level: on x86-64 the hand-written
+// kernels of kernel_x86.cpp (the Highway kernel is 1.2x slower there,
+// docs/performance.md), elsewhere the Highway kernel.
+#if HWY_ARCH_X86_64
+constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetric[] = {
+    {HWY_AVX3, &x86::quantize_symmetric_avx512},
+    {HWY_AVX2, &x86::quantize_symmetric_avx2},
+    {0, nullptr},
+};
+#else
+constexpr const auto& kQuantizeSymmetric = kQuantizeSymmetricHwy;
+#endif
+
+std::optional<std::uint64_t> run_at(QuantizeSymmetric* fn, const QuantScheme& scheme,
+                                    const KernelBlock& block) {
+  if (fn == nullptr || !simd_supports(scheme, block)) return quantize_block_ref(scheme, block);
+  return fn(scheme, block);
+}
+
+}  // namespace
+
+bool simd_available() { return simd_best_level().supported; }
 
 bool simd_supports(const QuantScheme& scheme, const KernelBlock& block) {
   if (!simd_available() || !scheme.symmetric) return false;
@@ -451,23 +257,22 @@ bool simd_supports(const QuantScheme& scheme, const KernelBlock& block) {
 
 std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
                                                  const KernelBlock& block) {
-  return quantize_block_simd_at(simd_level(), scheme, block);
+  return quantize_block_simd_at(simd_best_level(), scheme, block);
 }
 
-std::optional<std::uint64_t> quantize_block_simd_at(SimdLevel level, const QuantScheme& scheme,
+std::optional<std::uint64_t> quantize_block_simd_at(const SimdLevel& level,
+                                                    const QuantScheme& scheme,
                                                     const KernelBlock& block) {
-  if (level > simd_level()) level = simd_level();
-  if (level == SimdLevel::kNone || !simd_supports(scheme, block)) {
-    return quantize_block_ref(scheme, block);
-  }
-  switch (block.dtype) {
-    case DType::kBF16:
-      return quantize_rows_for<DType::kBF16>(level, scheme, block);
-    case DType::kF16:
-      return quantize_rows_for<DType::kF16>(level, scheme, block);
-    default:
-      return quantize_rows_for<DType::kF32>(level, scheme, block);
-  }
+  return run_at(simd_entry(kQuantizeSymmetric, level), scheme, block);
+}
+
+bool simd_hand_written() { return HWY_ARCH_X86_64 != 0; }
+
+std::optional<std::uint64_t> quantize_block_hwy_at(const SimdLevel& level,
+                                                   const QuantScheme& scheme,
+                                                   const KernelBlock& block) {
+  return run_at(simd_entry(kQuantizeSymmetricHwy, level), scheme, block);
 }
 
 }  // namespace ctquant::detail
+#endif  // HWY_ONCE

@@ -1,36 +1,47 @@
-// Private: the vectorised kernel behind quantize_block(). Selected at run time
-// when the CPU supports it and the block's scheme and dtype are covered;
-// output is byte-identical to quantize_block_ref().
+// Private: the vector kernels behind quantize_block() for symmetric schemes
+// (W4A16, W8A16), run at the best level of simd_levels() (scheme/simd.hpp)
+// this CPU has: one Highway source (kernel_simd.cpp) compiled for every
+// level, and on x86-64 the hand-written AVX2 / AVX-512 kernels
+// (kernel_x86.cpp), which quantize_block() runs there instead. Every one is
+// byte-identical to quantize_block_ref().
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "ctquant/scheme/kernel.hpp"
+#include "scheme/simd.hpp"
 
 namespace ctquant::detail {
 
-// The vector instruction sets the kernel has code for, in order.
-enum class SimdLevel { kNone, kAvx2, kAvx512 };
-
-// The best level this CPU supports (checked once): kAvx512 needs AVX-512 F
-// and BW, kAvx2 needs AVX2 and F16C.
-SimdLevel simd_level();
-const char* simd_level_name(SimdLevel level);  // "avx512", "avx2", "scalar"
-
-// True when this CPU has the instructions the vector kernel needs (AVX2, F16C).
+// True when the CPU runs a level of simd_levels().
 bool simd_available();
 
-// True when quantize_block_simd() handles this scheme and block.
+// True when the vector kernel handles this scheme and block (on a CPU that
+// runs a level): symmetric, 4 or 8 bits, BF16/F16/F32 weights, and a group
+// size that is a multiple of 8 dividing n_cols.
 bool simd_supports(const QuantScheme& scheme, const KernelBlock& block);
 
-// The kernel at simd_level(): AVX-512 for group sizes that are multiples of
-// 16, AVX2 for the other multiples of 8, the reference for the rest.
+// The kernel at simd_best_level() (the reference when there is none or the
+// block is not supported).
 std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
                                                  const KernelBlock& block);
 
-// The same at a given level (capped at simd_level()), for tests and benchmarks.
-std::optional<std::uint64_t> quantize_block_simd_at(SimdLevel level, const QuantScheme& scheme,
+// The same at one level of simd_levels(), for tests and benchmarks; a level
+// this CPU does not run, or a block the kernel does not handle, goes to the
+// reference.
+std::optional<std::uint64_t> quantize_block_simd_at(const SimdLevel& level,
+                                                    const QuantScheme& scheme,
                                                     const KernelBlock& block);
+
+// True when quantize_block_simd_at() runs hand-written kernels rather than
+// the Highway kernel (x86-64).
+bool simd_hand_written();
+
+// The Highway kernel at one level, with the same fallbacks (on AArch64 this
+// is quantize_block_simd_at()).
+std::optional<std::uint64_t> quantize_block_hwy_at(const SimdLevel& level,
+                                                   const QuantScheme& scheme,
+                                                   const KernelBlock& block);
 
 }  // namespace ctquant::detail

@@ -13,7 +13,13 @@ namespace ctquant {
 using nlohmann::json;
 
 // The rows, each defined in its own file under src/scheme/.
-extern const SchemeFamily kIntPackedFamily;  // int_packed.cpp
+extern const SchemeFamily kMxfp4Family;           // mxfp4.cpp
+extern const SchemeFamily kMxfp8Family;           // mxfp8.cpp
+extern const SchemeFamily kNvfp4Family;           // nvfp4.cpp
+extern const SchemeFamily kIntPackedFamily;       // int_packed.cpp
+extern const SchemeFamily kIntQuantizedFamily;    // int8.cpp
+extern const SchemeFamily kFloatQuantizedFamily;  // fp8.cpp
+extern const SchemeFamily kNaiveQuantizedFamily;  // fp8.cpp
 
 namespace {
 
@@ -22,7 +28,13 @@ namespace {
 // mxfp8-quantized, nvfp4-pack-quantized, int-quantized, pack-quantized,
 // float-quantized, naive-quantized.
 constexpr std::array kFamilies = {
+    &kMxfp4Family,
+    &kMxfp8Family,
+    &kNvfp4Family,
+    &kIntQuantizedFamily,
     &kIntPackedFamily,
+    &kFloatQuantizedFamily,
+    &kNaiveQuantizedFamily,
 };
 
 std::string upper(std::string_view text) {
@@ -110,6 +122,7 @@ std::string preset_names() {
   std::string out;
   for (const SchemeFamily* f : kFamilies) {
     for (const Preset& p : f->presets) {
+      if (!p.refused.empty()) continue;
       if (!out.empty()) out += ", ";
       out += p.name;
     }
@@ -166,6 +179,14 @@ json quant_args_json(const QuantArgs& args) {
   };
 }
 
+namespace {
+// A JSON whole number greater than zero: signed or unsigned, as JSON files and
+// YAML recipes give them.
+bool is_positive_whole(const json& v) {
+  return v.is_number_integer() && v.get<std::int64_t>() > 0;
+}
+}  // namespace
+
 QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
   const auto fail = [&](const std::string& what) {
     return usage_error(fmt::format("{}: {}", where, what));
@@ -195,7 +216,7 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
     }
   }
   if (const json* v = get("num_bits")) {
-    if (!v->is_number_unsigned() || v->get<std::uint64_t>() < 1 || v->get<std::uint64_t>() > 8) {
+    if (!is_positive_whole(*v) || v->get<std::int64_t>() > 8) {
       throw fail(fmt::format("num_bits {} is not a whole number from 1 to 8", v->dump()));
     }
     args.num_bits = v->get<int>();
@@ -222,7 +243,7 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
   if (const json* v = get("group_size")) {
     if (v->is_number_integer() && v->get<std::int64_t>() == -1) {
       group_size.reset();  // compressed-tensors: -1 means channel-wise
-    } else if (!v->is_number_unsigned() || v->get<std::uint64_t>() == 0) {
+    } else if (!is_positive_whole(*v)) {
       throw fail(fmt::format("group_size {} is not a positive whole number", v->dump()));
     } else {
       group_size = v->get<std::uint64_t>();
@@ -256,9 +277,8 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
     args.strategy = QuantArgs::Strategy::kBlock;
     args.group_size = 0;
     const json* b = get("block_structure");
-    if (b == nullptr || !b->is_array() || b->size() != 2 || !(*b)[0].is_number_unsigned() ||
-        !(*b)[1].is_number_unsigned() || (*b)[0].get<std::uint64_t>() == 0 ||
-        (*b)[1].get<std::uint64_t>() == 0) {
+    if (b == nullptr || !b->is_array() || b->size() != 2 || !is_positive_whole((*b)[0]) ||
+        !is_positive_whole((*b)[1])) {
       throw fail("strategy \"block\" needs block_structure [rows, cols] of positive numbers");
     }
     args.block = {(*b)[0].get<std::uint64_t>(), (*b)[1].get<std::uint64_t>()};

@@ -113,6 +113,9 @@ std::vector<std::string> list_checkpoint_files(const fs::path& dir, bool follow_
        it.increment(ec)) {
     const fs::directory_entry& item = *it;
     const std::string name = item.path().filename().string();
+    // A ctquant output's manifest lists that directory's files: it is not
+    // part of the checkpoint, and an output made from it gets its own.
+    if (name == kManifestFileName) continue;
     std::error_code type_ec;
     if (!item.is_regular_file(type_ec)) {  // follows links
       if (name == kConfigFileName || name == kIndexFileName || is_safetensors_name(name)) {

@@ -73,7 +73,8 @@ std::string sha256_hex(std::string_view bytes) {
   return hash.hex_digest();
 }
 
-FileDigest sha256_file(const std::filesystem::path& path, const std::string& label) {
+FileDigest sha256_file(const std::filesystem::path& path, const std::string& label,
+                       const std::atomic<bool>* cancel) {
   std::uint64_t size = 0;
   const detail::UniqueFd fd = detail::open_input_file(path, label, size);
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -81,6 +82,9 @@ FileDigest sha256_file(const std::filesystem::path& path, const std::string& lab
   Sha256 hash;
   FileDigest digest;
   for (;;) {
+    if (cancel != nullptr && cancel->load()) {
+      throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+    }
     const ssize_t n = ::read(fd.get(), buffer.data(), buffer.size());
     if (n < 0) {
       if (errno == EINTR) continue;

@@ -33,6 +33,8 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/plan/quant_config.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/format/safetensors.hpp"
 
 namespace {
@@ -223,11 +225,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   PlanOptions options;
   const std::uint8_t pick = size > 0 ? data[size - 1] : 0;
   const std::uint8_t pick2 = size > 1 ? data[size - 2] : 0;
-  options.scheme = *scheme_by_name(pick % 3 == 0   ? "W4A16"
-                                   : pick % 3 == 1 ? "W4A16_ASYM"
-                                                   : "W8A16");
-  if (pick & 0x10) options.scheme.group_size = 0;  // channel-wise
-  if (pick & 0x20) options.scheme.group_size = 32;
+  // Any preset of the registry; integer ones also channel-wise or g32.
+  std::vector<const Preset*> presets;
+  for (const SchemeFamily* f : scheme_families()) {
+    for (const Preset& p : f->presets) presets.push_back(&p);
+  }
+  options.groups = {preset_group(std::string(presets[pick % presets.size()]->name))};
+  try {
+    if (pick & 0x10) apply_group_size(options.groups[0], -1);  // channel-wise
+    if (pick & 0x20) apply_group_size(options.groups[0], 32);
+  } catch (const Error&) {
+    // Not an integer preset: its layout is fixed.
+  }
   if (pick & 0x40) options.ignore = {"re:.*(qkv|g)_proj$"};
   if (pick & 0x80) {
     // Block FP8 input; a block dimension of 16 stands for 2^64 - 1.

@@ -40,12 +40,15 @@ struct Progress {
 };
 
 struct ExecuteOptions {
+  // Worker threads. With 1 the jobs run on the calling thread and no thread
+  // is created.
   unsigned threads = 1;
   // Bytes of weight rows per quantization or dequantization job, as loaded
   // (BF16 for an FP8 weight); at least one row.
   std::uint64_t chunk_bytes = 4u << 20;
   // Called from the calling thread about every progress_interval_ms while
-  // workers run, and once at the end. May be empty.
+  // workers run (with one thread: between jobs, at most that often), and
+  // once at the end. May be empty.
   std::function<void(const Progress&)> on_progress;
   unsigned progress_interval_ms = 200;
   // When it becomes true the run stops and throws Error{kInterrupted}.
@@ -55,6 +58,14 @@ struct ExecuteOptions {
   // copied files); unset: every file of the plan. A part of a run split
   // across processes writes its own files only (parts.hpp).
   std::optional<std::set<std::string>> files;
+  // Called after each write into out_dir returns, with the file and the byte
+  // range [offset, offset + length) now in it, one call at a time (the
+  // writes are serialised), from whichever thread wrote. Every byte of every
+  // output file is reported once. May be empty. Lets a caller hash the files
+  // while they are written (report/manifest.hpp, WrittenFilesHasher).
+  std::function<void(const std::filesystem::path& file, std::uint64_t offset,
+                     std::uint64_t length)>
+      on_written;
 };
 
 // Where the time of execute_plan() went, for logs and benchmarks.

@@ -30,8 +30,9 @@
 // plan are all there and complete, that every output file and tensor appears
 // exactly once and that the sizes add up to the plan's; then links the files
 // into the temporary output directory and renames it into place as a
-// one-process run does (output_dir.hpp). The result is byte-identical to a
-// one-process run. On any problem it lists them all (Error{kBadInput}),
+// one-process run does (output_dir.hpp), with the manifest
+// (report/manifest.hpp) built from the digests the parts recorded. The result
+// is byte-identical to a one-process run. On any problem it lists them all (Error{kBadInput}),
 // creates no OUTPUT and leaves STAGE as it is.
 #pragma once
 
@@ -49,6 +50,7 @@
 
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/report/manifest.hpp"
 #include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant {
@@ -148,9 +150,12 @@ struct FinalizeOptions {
 
 struct FinalizeSummary {
   unsigned parts = 0;
-  std::size_t files = 0;
+  std::size_t files = 0;    // files of the plan (the manifest not counted)
   std::size_t tensors = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;  // of every file of OUTPUT, the manifest included
+  // OUTPUT's files with their sizes and SHA-256 as the manifest lists them,
+  // and the manifest's own entry; sorted by name.
+  std::vector<ManifestEntry> manifest;
   std::filesystem::path stage;
 };
 

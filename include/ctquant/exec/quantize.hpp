@@ -24,6 +24,7 @@
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/report/manifest.hpp"
 
 namespace ctquant {
 
@@ -68,6 +69,17 @@ struct QuantizeOptions {
 // targets ["Linear"], one thread per core.
 QuantizeOptions default_quantize_options();
 
+// Wall time of each phase of quantize(), in seconds.
+struct PhaseTimes {
+  double open = 0;      // list the input, read and validate every header
+  double plan = 0;      // make_plan
+  double lint = 0;      // run_lint
+  double stream = 0;    // execute_plan's jobs: read, quantize, write (page cache)
+  double flush = 0;     // execute_plan's fsync of every file (0 with fsync off)
+  double manifest = 0;  // hash every output file, write the manifest
+  double commit = 0;    // rename into place
+};
+
 struct QuantizeSummary {
   std::size_t tensors_quantized = 0;
   std::size_t tensors_copied = 0;
@@ -77,12 +89,18 @@ struct QuantizeSummary {
   std::uint64_t bytes_out = 0;          // output files
   double seconds = 0;                   // wall time of the whole job
   ExecuteStats execute;                 // where the writing's time went (zero for a dry run)
+  PhaseTimes phases;
+  // Every file of OUTPUT with its size and SHA-256, sorted by name, the
+  // manifest (kManifestFileName) included; empty for a dry run.
+  std::vector<ManifestEntry> output_files;
   QuantizePlan plan;
   std::vector<Finding> findings;  // every lint finding, blocking or not
   std::optional<PartSummary> part;  // a part's or a --resume run's files (kept, written)
 };
 
-// Runs the job. Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp
+// Runs the job. OUTPUT gets a manifest (report/manifest.hpp) of its files,
+// hashed while they are written (WrittenFilesHasher).
+// Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp
 // for the kinds; Error{kLint} when lint findings stop the run, also under
 // dry_run); on any error OUTPUT does not exist afterwards (or, with force,
 // still holds what it held before). With dry_run, bytes_out is the expected

@@ -29,6 +29,21 @@ PlanOptions plan_options_from_config(const nlohmann::json& config, const std::st
 // Throws Error{kUsage} for a file that cannot be read or is not JSON.
 PlanOptions read_quantization_config(const std::string& path);
 
+// Applies `--group-size N` to an integer preset's group: N columns per
+// scale, -1 channel-wise. A preset changed is a scheme object to
+// compressed-tensors, so its group is renamed "config_group_0" (schemes.md
+// 9.1) unless the result is the preset itself. Throws Error{kUsage} for a
+// non-integer scheme or a group size that is neither positive nor -1.
+void apply_group_size(SchemeGroup& group, long long group_size);
+
+// The group of `--scheme-for PATTERN=PRESET`: PRESET with targets
+// [PATTERN]. Throws Error{kUsage} for a malformed spec or an unknown preset.
+SchemeGroup scheme_for_group(const std::string& spec);
+
+// Appends a group, merging it into an earlier group of the same name (one
+// config_groups key per preset): its targets are appended.
+void add_scheme_group(PlanOptions& options, SchemeGroup group);
+
 // The input activations block as compressed-tensors serialises it
 // (QuantizationArgs.model_dump: every field, defaults filled in, observer
 // null for dynamic activations). Throws Error{kUsage} naming `where` for

@@ -22,6 +22,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/report/manifest.hpp"
 
 namespace ctquant {
 
@@ -75,8 +76,14 @@ std::string render_inventory_text(const Inventory& inventory);
 // "quantization_config" (or null), "other_files"}.
 nlohmann::json inventory_json(const Inventory& inventory);
 
+// The files quantize writes for plan, except the manifest: name and size
+// of the shards, the index and config.json as serialised, and the copied
+// files (sha256 left empty).
+std::vector<ManifestEntry> expected_output_files(const Checkpoint& checkpoint,
+                                                 const QuantizePlan& plan);
+
 // Bytes of the output quantize would write for plan: the shards, the index
-// and config.json as serialised, and the copied files.
+// and config.json as serialised, the copied files and the manifest.
 std::uint64_t expected_output_bytes(const Checkpoint& checkpoint, const QuantizePlan& plan);
 
 // The plan as text: scheme, one line per input tensor (fate, name, dtype,

@@ -37,8 +37,6 @@ struct QuantScheme {
   }
 };
 
-// The built-in schemes by name (W4A16, W4A16_ASYM, W8A16), or nullopt.
-std::optional<QuantScheme> scheme_by_name(const std::string& name);
 
 // One block of n_rows full rows of a weight [R, n_cols].
 //
@@ -71,12 +69,14 @@ std::optional<std::uint64_t> quantize_block_ref(const QuantScheme& scheme,
                                                 const KernelBlock& block);
 
 // Fast path with the same contract and the same output bytes as
-// quantize_block_ref(). Uses AVX-512 or AVX2/F16C when the CPU has them
-// (checked once at run time), otherwise the scalar reference.
+// quantize_block_ref(). Symmetric 4- and 8-bit schemes with group sizes that
+// are multiples of 8 run a vector kernel at the best instruction set this CPU
+// has (checked once at run time): AVX-512 or AVX2 on x86-64, SVE2, SVE or
+// NEON on AArch64; everything else runs the scalar reference.
 std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const KernelBlock& block);
 
-// Name of the code path quantize_block() takes on this CPU for W4A16
-// ("avx512", "avx2" or "scalar").
+// Name of the code path quantize_block() takes on this CPU for W4A16:
+// "avx512", "avx2", "sve2_128", "sve_256", "sve2", "sve", "neon" or "scalar".
 const char* kernel_path_name();
 
 }  // namespace ctquant

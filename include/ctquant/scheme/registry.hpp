@@ -23,11 +23,12 @@ const SchemeFamily* family_for(const QuantArgs& args, bool has_input_activations
 const SchemeFamily* family_by_format(std::string_view format);
 
 // A preset by name, as compressed-tensors' preset_name_to_scheme looks it up
-// (the name upper-cased), or nullptr.
+// (the name upper-cased), or nullptr. A refused preset is returned too (its
+// `refused` says why).
 const Preset* find_preset(std::string_view name);
 
-// Every preset name, in registry order, comma-separated (for --help and
-// error messages).
+// Every preset name ctquant writes, in registry order, comma-separated (for
+// --help and error messages); refused presets are left out.
 std::string preset_names();
 
 // QuantArgs <-> the `weights` object of a config group, as compressed-tensors

@@ -144,10 +144,14 @@ using DequantFn = void (*)(const QuantArgs& args, const DequantIo& io);
 // name as `--scheme` takes it, the weights' args and the input activations
 // block config.json gets ("" for null; JSON text otherwise: always dynamic,
 // since model_free_ptq cannot calibrate activations, schemes.md section 10).
+// A preset that model_free_ptq refuses (NVFP4: its input activations need a
+// calibrated global scale) is listed with `refused`, why, so that asking for
+// it says so rather than "unknown".
 struct Preset {
   std::string_view name;
   QuantArgs weights;
   std::string_view input_activations;
+  std::string_view refused{};  // "" for a preset ctquant writes
 };
 
 // How a layer is split across tensor-parallel ranks, for the vLLM shape rules.

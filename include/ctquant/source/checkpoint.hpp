@@ -25,6 +25,9 @@ namespace ctquant {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kConfigFileName = "config.json";
+// The manifest ctquant writes into every output directory (report/manifest.hpp):
+// the directory's own checksums, never read as part of a checkpoint nor copied.
+inline constexpr const char* kManifestFileName = "ctquant-manifest.json";
 
 // Where a tensor lives: shard index and entry index in that shard's header.
 struct TensorLocation {
@@ -73,9 +76,9 @@ bool is_safetensors_name(std::string_view name);
 // elsewhere only with follow_links_outside.
 // Other entries (subdirectories, devices, FIFOs, sockets, dangling links) are
 // appended to skipped as "name (what it is)", sorted, except that under the
-// name of a config.json, index or .safetensors file they are refused. Throws
-// Error{kBadInput} listing every refused entry, Error{kIo} when dir cannot be
-// listed.
+// name of a config.json, index or .safetensors file they are refused. The
+// manifest (kManifestFileName) is left out. Throws Error{kBadInput} listing
+// every refused entry, Error{kIo} when dir cannot be listed.
 std::vector<std::string> list_checkpoint_files(const std::filesystem::path& dir,
                                                bool follow_links_outside,
                                                std::vector<std::string>& skipped);

@@ -4,6 +4,7 @@
 // its own.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -42,11 +43,13 @@ std::string sha256_hex(std::string_view bytes);
 // The digest and size of a regular file, read sequentially in 1 MiB blocks
 // (page cache hints: sequential read-ahead). label names the file in
 // messages. Throws Error{kIo} when the file cannot be opened or read,
-// Error{kBadInput} when it is not a regular file.
+// Error{kBadInput} when it is not a regular file, Error{kInterrupted} when
+// *cancel becomes true (checked between blocks; cancel may be null).
 struct FileDigest {
   std::uint64_t size = 0;  // bytes hashed
   std::string sha256;      // 64 lowercase hex digits
 };
-FileDigest sha256_file(const std::filesystem::path& path, const std::string& label);
+FileDigest sha256_file(const std::filesystem::path& path, const std::string& label,
+                       const std::atomic<bool>* cancel = nullptr);
 
 }  // namespace ctquant

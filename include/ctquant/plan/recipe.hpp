@@ -1,0 +1,160 @@
+// llm-compressor recipes, in and out.
+//
+// A recipe (llm-compressor `recipe/recipe.py`, `Recipe.from_dict`) is a YAML
+// mapping of stages (keys ending in `_stage`) holding modifier groups (keys
+// ending in `_modifiers`) holding modifiers by type name. ctquant reads the
+// one data-free modifier llm-compressor has, `QuantizationModifier`, with
+// `scheme` (a preset name, or a mapping of preset names to targets) or
+// `config_groups` (compressed-tensors QuantizationScheme objects, or a preset
+// name mapped to targets), `targets` and `ignore`
+// (`modifiers/quantization/quantization/mixin.py`, QuantizationMixin), and
+// refuses everything it cannot honour, naming the file, the line and the key:
+// calibration-based modifiers (GPTQModifier, AWQModifier, SmoothQuantModifier,
+// ...), activation quantization that is not dynamic, a kv_cache_scheme,
+// observer overrides, and any key it does not know. llm-compressor itself
+// ignores unknown top-level keys and groups silently; ctquant does not.
+//
+// parse_recipe() gives a RecipeSpec: the values of the file, each with the
+// line it came from. resolve_recipe() merges it with the command line
+// (options given there win; a combination that cannot be resolved, such as
+// --group-size with config_groups, is a usage error) into an EffectiveRecipe,
+// which says where each value came from. recipe_yaml() writes an
+// EffectiveRecipe back as a recipe that llm-compressor's `oneshot` accepts
+// and that parse_recipe() reads into the same plan.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/plan/plan.hpp"
+
+namespace ctquant {
+
+// Where an effective value came from.
+struct ValueOrigin {
+  enum class Kind { kDefault, kCommandLine, kRecipe };
+  Kind kind = Kind::kDefault;
+  std::string file;  // kRecipe: the recipe file as given
+  int line = 0;      // kRecipe: 1-based line of the value
+  std::string note;  // why, when the value is implied (e.g. llm-compressor's default)
+
+  // "default", "command line", or "FILE:LINE", then " (note)" if any.
+  std::string describe() const;
+  // {"source": "default" | "command_line" | "recipe", "file", "line", "note"}
+  // (file and line only for a recipe, note only when set).
+  nlohmann::json to_json() const;
+};
+
+// A value read from a recipe and its 1-based line.
+template <class T>
+struct RecipeValue {
+  T value{};
+  int line = 0;
+};
+
+// What one recipe file asks for. At most one of scheme and config_groups
+// (both is an error, as in llm-compressor).
+struct RecipeSpec {
+  std::string file;   // as given on the command line, for messages
+  std::string stage;  // the stage name without `_stage` ("quant")
+  std::string group;  // the modifier group without `_modifiers` ("quant")
+  int modifier_line = 0;  // the QuantizationModifier key
+  // A preset name, as written (compressed-tensors upper-cases it to look it up).
+  std::optional<RecipeValue<std::string>> scheme;
+  // A compressed-tensors QuantizationConfig `config_groups` object: NAME ->
+  // {"targets": [...], "weights": {...}, "input_activations": ...,
+  // "output_activations": ..., "format": ...}, or NAME -> [targets] with NAME
+  // a preset. A `scheme` mapping of presets to targets is given here too, in
+  // the second form. Scalars are typed as PyYAML's safe_load types them.
+  std::optional<RecipeValue<nlohmann::json>> config_groups;
+  std::optional<RecipeValue<std::vector<std::string>>> targets;
+  std::optional<RecipeValue<std::vector<std::string>>> ignore;
+  // The line of every value under config_groups, by dotted path
+  // ("config_groups.group_0.weights.num_bits"), for messages.
+  std::map<std::string, int> lines;
+
+  // "FILE:LINE" of a dotted path (the nearest enclosing one that has a line).
+  std::string where(const std::string& path) const;
+};
+
+// Reads a recipe file. Throws Error{kUsage} (exit 2) naming the file, the
+// line and the key for: a file that cannot be read; invalid YAML (with the
+// line and column of the parser); a document that is not a recipe (no
+// `*_stage` mapping, a stage without `*_modifiers`); a key ctquant does not
+// know at any level; a modifier other than QuantizationModifier (calibration
+// and transform modifiers named as such); no or several QuantizationModifier;
+// scheme and config_groups together; targets together with config_groups
+// (llm-compressor would ignore them); a kv_cache_scheme; observer overrides;
+// input or output activations that are not dynamic; a repeated key.
+RecipeSpec parse_recipe(const std::filesystem::path& path);
+// The same, from text (path only names it in messages).
+RecipeSpec parse_recipe_text(const std::string& text, const std::string& path);
+
+// The quantize options given on the command line, before defaults.
+struct CommandLinePlan {
+  std::optional<std::string> scheme;
+  std::optional<long long> group_size;  // -1: channel-wise
+  std::vector<std::string> ignore;      // empty: not given
+  std::vector<std::string> targets;     // empty: not given
+  std::vector<std::string> scheme_for;  // PATTERN=PRESET, tried before the scheme
+  std::string quantization_config;      // a QuantizationConfig JSON file, or empty
+};
+
+// What a run quantizes with, in recipe terms, and where each value came from.
+struct EffectiveRecipe {
+  // Exactly one of scheme and config_groups is set.
+  std::optional<std::string> scheme;
+  std::optional<nlohmann::json> config_groups;
+  // The order the config groups are tried in, when it is not the object's
+  // (key) order: the order of a --quantization-config file.
+  std::vector<std::string> config_group_order;
+  std::optional<long long> group_size;  // overrides the preset's; -1: channel-wise
+  std::vector<std::string> targets;     // with scheme (config groups carry their own)
+  std::vector<std::string> scheme_for;  // with scheme: PATTERN=PRESET groups tried first
+  std::vector<std::string> ignore;
+  ValueOrigin scheme_origin;  // of scheme or config_groups
+  ValueOrigin group_size_origin;
+  ValueOrigin targets_origin;
+  ValueOrigin ignore_origin;
+  const RecipeSpec* recipe = nullptr;  // the recipe read, if any (for messages)
+};
+
+// Merges a recipe (or none) with the command line: a command-line value
+// replaces the recipe's, which replaces the default (W4A16, targets
+// ["Linear"], ignore ["lm_head"]). A --quantization-config file gives the
+// config groups and the ignore list (--ignore entries appended). Throws
+// Error{kUsage} naming the recipe's file, line and key when they cannot be
+// merged: --group-size, --targets, --scheme or --scheme-for together with
+// config_groups (each group has its own weights and targets), a recipe
+// together with --quantization-config.
+EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& command_line);
+
+// The planner's options for an effective recipe: the --scheme-for groups,
+// then the scheme's (or the config groups, read by plan_options_from_config).
+// Throws Error{kUsage} naming the recipe's file and line (or the option) for
+// a scheme or config group ctquant does not write, and for invalid group
+// sizes.
+PlanOptions plan_options_for(const EffectiveRecipe& recipe);
+
+// The effective recipe as llm-compressor recipe YAML (one stage `quant_stage`,
+// group `quant_modifiers`, one QuantizationModifier): `scheme`, `targets` and
+// `ignore` when a preset is used as it is, otherwise `config_groups` (taken
+// from the compressed-tensors quantization_config the plan writes, without
+// the per-group `format`) and `ignore`. Strings are double-quoted, nested
+// values written as JSON flow collections (valid YAML); no timestamp.
+std::string recipe_yaml(const EffectiveRecipe& recipe, const QuantizePlan& plan);
+
+// The effective recipe as JSON for reports: {"scheme" | "config_groups",
+// "group_size", "targets", "ignore", "origins": {key: ValueOrigin::to_json}}.
+nlohmann::json effective_recipe_json(const EffectiveRecipe& recipe);
+
+// Lines for `--dry-run` and logs: "  scheme   W4A16   (recipe.yaml:5)" per value.
+std::string render_recipe_origins(const EffectiveRecipe& recipe);
+
+}  // namespace ctquant

@@ -1,0 +1,484 @@
+#include "ctquant/report/manifest.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ctquant/format/safetensors_writer.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/util/sha256.hpp"
+#include "util/input_file.hpp"
+
+namespace ctquant {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A manifest lists a few dozen files; the bound keeps a hostile one small.
+constexpr std::uint64_t kMaxManifestBytes = 16u << 20;
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads taken from a shared
+// counter; rethrows the exception of the lowest failing index.
+template <class Fn>
+void for_each_index(std::size_t n, unsigned threads, Fn fn) {
+  std::atomic<std::size_t> next{0};
+  std::mutex error_mutex;
+  std::exception_ptr first_error;
+  std::size_t first_error_index = n;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        const std::lock_guard lock(error_mutex);
+        if (i < first_error_index) {
+          first_error_index = i;
+          first_error = std::current_exception();
+        }
+      }
+    }
+  };
+  const std::size_t n_threads = std::clamp<std::size_t>(threads, 1, std::max<std::size_t>(n, 1));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+// What a directory entry that is not a regular file is, for messages.
+std::string entry_kind(const fs::directory_entry& item) {
+  std::error_code ec;
+  if (item.is_symlink(ec) && !fs::exists(item.path(), ec)) return "a dangling symbolic link";
+  if (item.is_directory(ec)) return "a directory";
+  return "a special file (FIFO, socket or device)";
+}
+
+struct Listing {
+  std::vector<std::string> regular;      // sorted, without the manifest
+  std::map<std::string, std::string> other;  // name -> what it is
+};
+
+Listing list_directory(const fs::path& dir) {
+  Listing listing;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == kManifestFileName) continue;
+    std::error_code type_ec;
+    if (it->is_regular_file(type_ec)) {
+      listing.regular.push_back(name);
+    } else {
+      listing.other.emplace(name, entry_kind(*it));
+    }
+  }
+  if (ec) throw io_error(fmt::format("{}: cannot list: {}", dir.string(), ec.message()));
+  std::sort(listing.regular.begin(), listing.regular.end());
+  return listing;
+}
+
+bool is_hex_digest(const std::string& text) {
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+// Whether the file starts with the Git LFS pointer header. Reads at most the
+// header's length.
+bool is_lfs_pointer(const fs::path& path, const std::string& label) {
+  std::uint64_t size = 0;
+  const detail::UniqueFd fd = detail::open_input_file(path, label, size);
+  if (size < kLfsPointerHeader.size()) return false;
+  std::string head(kLfsPointerHeader.size(), '\0');
+  std::size_t got = 0;
+  while (got < head.size()) {
+    const ssize_t n = ::pread(fd.get(), head.data() + got, head.size() - got,
+                              static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  return got == head.size() && head == kLfsPointerHeader;
+}
+
+}  // namespace
+
+// ---- hashing while writing ----
+
+struct WrittenFilesHasher::State {
+  struct File {
+    std::string name;
+    std::uint64_t size = 0;
+    std::map<std::uint64_t, std::uint64_t> pending;  // written ranges past `ready`: begin -> end
+    std::uint64_t ready = 0;   // bytes [0, ready) are written (guarded by mutex)
+    std::uint64_t hashed = 0;  // bytes [0, hashed) are hashed (hashing thread only)
+    Sha256 sha;
+    detail::UniqueFd fd;
+  };
+
+  fs::path dir;
+  const std::atomic<bool>* cancel = nullptr;
+  std::vector<File> files;
+  std::map<std::string, std::size_t> by_name;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finishing = false;  // every file is complete: hash to the end, then exit
+  bool stop = false;       // give up (destructor without finish)
+  std::exception_ptr error;
+  std::thread thread;
+
+  bool cancelled() const { return cancel != nullptr && cancel->load(); }
+
+  // The one file whose descriptor is open (hashing thread only): a run of
+  // thousands of shards must not hold a descriptor per shard (util/fd_pool.hpp
+  // says why); a file is reopened by name when its hashing resumes.
+  File* open_file = nullptr;
+
+  // With mutex held: a file with written bytes not yet hashed, or nullptr;
+  // the open file first.
+  File* next_work() {
+    if (open_file != nullptr && open_file->hashed < open_file->ready) return open_file;
+    for (File& f : files) {
+      if (f.hashed < f.ready) return &f;
+    }
+    return nullptr;
+  }
+
+  void hash_range(File& f, std::uint64_t end, std::vector<std::byte>& buffer) {
+    if (f.fd.get() < 0) {
+      if (open_file != nullptr) open_file->fd = detail::UniqueFd();
+      open_file = &f;
+      const fs::path path = dir / f.name;
+      f.fd = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (f.fd.get() < 0) {
+        throw io_error(fmt::format("{}: cannot open to hash: {}", path.string(),
+                                   std::strerror(errno)));
+      }
+    }
+    while (f.hashed < end) {
+      if (cancelled()) {
+        throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+      }
+      const std::size_t want =
+          static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), end - f.hashed));
+      const ssize_t n = ::pread(f.fd.get(), buffer.data(), want, static_cast<off_t>(f.hashed));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw io_error(fmt::format("{}: cannot read back at byte {} to hash: {}",
+                                   (dir / f.name).string(), f.hashed,
+                                   n == 0 ? "unexpected end of file" : std::strerror(errno)));
+      }
+      f.sha.update(std::span(buffer.data(), static_cast<std::size_t>(n)));
+      f.hashed += static_cast<std::uint64_t>(n);
+    }
+  }
+
+  void run() {
+    std::vector<std::byte> buffer(4u << 20);
+    std::unique_lock lock(mutex);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || finishing || next_work() != nullptr; });
+      if (stop) return;
+      File* f = next_work();
+      if (f == nullptr) {
+        if (finishing) return;
+        continue;
+      }
+      const std::uint64_t end = f->ready;
+      lock.unlock();
+      try {
+        hash_range(*f, end, buffer);
+      } catch (...) {
+        lock.lock();
+        error = std::current_exception();
+        return;
+      }
+      lock.lock();
+    }
+  }
+};
+
+WrittenFilesHasher::WrittenFilesHasher(fs::path dir, const std::vector<ManifestEntry>& expected,
+                                       const std::atomic<bool>* cancel)
+    : state_(std::make_unique<State>()) {
+  state_->dir = std::move(dir);
+  state_->cancel = cancel;
+  state_->files.resize(expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    state_->files[i].name = expected[i].name;
+    state_->files[i].size = expected[i].size;
+    state_->by_name.emplace(expected[i].name, i);
+  }
+  state_->thread = std::thread([s = state_.get()] { s->run(); });
+}
+
+WrittenFilesHasher::~WrittenFilesHasher() {
+  {
+    const std::lock_guard lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+void WrittenFilesHasher::written(const fs::path& file, std::uint64_t offset,
+                                 std::uint64_t length) {
+  if (length == 0) return;
+  State& s = *state_;
+  const auto it = s.by_name.find(file.filename().string());
+  if (it == s.by_name.end()) return;
+  bool advanced = false;
+  {
+    const std::lock_guard lock(s.mutex);
+    State::File& f = s.files[it->second];
+    std::uint64_t& end = f.pending[offset];
+    end = std::max(end, offset + length);
+    // Move the written prefix over every range that now touches it.
+    for (auto r = f.pending.begin(); r != f.pending.end() && r->first <= f.ready;
+         r = f.pending.erase(r)) {
+      if (r->second > f.ready) {
+        f.ready = r->second;
+        advanced = true;
+      }
+    }
+  }
+  if (advanced) s.cv.notify_one();
+}
+
+std::vector<ManifestEntry> WrittenFilesHasher::finish() {
+  State& s = *state_;
+  {
+    const std::lock_guard lock(s.mutex);
+    s.finishing = true;
+    // The files are complete now: whatever was not reported is written too.
+    for (State::File& f : s.files) {
+      f.ready = f.size;
+      f.pending.clear();
+    }
+  }
+  s.cv.notify_all();
+  s.thread.join();
+  if (s.error) std::rethrow_exception(s.error);
+  if (s.cancelled()) {
+    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+  }
+  std::vector<ManifestEntry> entries;
+  for (State::File& f : s.files) {
+    // The file must end where the plan said it would.
+    struct stat st {};
+    if (f.hashed > 0 && ::stat((s.dir / f.name).c_str(), &st) == 0 &&
+        static_cast<std::uint64_t>(st.st_size) != f.size) {
+      throw io_error(fmt::format("{}: {} bytes, expected {}", (s.dir / f.name).string(),
+                                 st.st_size, f.size));
+    }
+    entries.push_back(ManifestEntry{f.name, f.hashed, f.sha.hex_digest()});
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+  return entries;
+}
+
+json manifest_json(const std::vector<ManifestEntry>& files) {
+  json list = json::array();
+  for (const ManifestEntry& f : files) {
+    list.push_back(json{{"name", f.name}, {"size", f.size}, {"sha256", f.sha256}});
+  }
+  return json{{"manifest_version", kManifestVersion}, {"algorithm", "sha256"}, {"files", list}};
+}
+
+std::uint64_t manifest_bytes(std::vector<ManifestEntry> files) {
+  std::sort(files.begin(), files.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+  for (ManifestEntry& f : files) f.sha256.assign(64, '0');
+  return manifest_json(files).dump(2).size() + 1;  // the final newline
+}
+
+ManifestEntry write_manifest(const fs::path& dir, const std::vector<ManifestEntry>& files,
+                             bool fsync) {
+  const std::string text = manifest_json(files).dump(2) + "\n";
+  const ManifestEntry entry{kManifestFileName, text.size(), sha256_hex(text)};
+  OutputFile file(dir / kManifestFileName);
+  file.write_at(0, std::as_bytes(std::span(text)));
+  if (!fsync) return entry;
+  file.sync_and_close();
+  // The manifest's directory entry, so that it survives a power loss with the rest.
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) {
+    throw io_error(fmt::format("{}: cannot open to flush: {}", dir.string(), std::strerror(errno)));
+  }
+  const int rc = ::fsync(dir_fd);
+  const int error = errno;
+  ::close(dir_fd);
+  if (rc != 0 && error != EINVAL) throw_write_error(dir.string(), error);
+  return entry;
+}
+
+std::vector<ManifestEntry> read_manifest(const fs::path& dir) {
+  const fs::path path = dir / kManifestFileName;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) {
+    throw bad_input(fmt::format(
+        "{}: no {} in this directory; only directories written by ctquant quantize carry one "
+        "(compare with a golden checkpoint instead: ctquant verify OUTPUT GOLDEN)",
+        dir.string(), kManifestFileName));
+  }
+  const std::string label = path.string();
+  const json doc = detail::parse_json_file_text(
+      detail::read_input_file(path, label, kMaxManifestBytes), label, true);
+  auto fail = [&](const std::string& what) {
+    return bad_input(fmt::format("{}: {} (docs/report.md#manifest)", label, what));
+  };
+  if (!doc.is_object()) throw fail("not a JSON object");
+  if (!doc.contains("manifest_version") || doc["manifest_version"] != kManifestVersion) {
+    throw fail(fmt::format("manifest_version is {}, expected {}",
+                           doc.value("manifest_version", json()).dump(), kManifestVersion));
+  }
+  if (!doc.contains("algorithm") || doc["algorithm"] != "sha256") {
+    throw fail("algorithm must be \"sha256\"");
+  }
+  if (!doc.contains("files") || !doc["files"].is_array()) throw fail("files must be an array");
+  std::vector<ManifestEntry> entries;
+  for (std::size_t i = 0; i < doc["files"].size(); ++i) {
+    const json& f = doc["files"][i];
+    const std::string where = fmt::format("files[{}]", i);
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() ||
+        !is_plain_file_name(f["name"].get<std::string>())) {
+      throw fail(where + ".name must be a file name without a directory part");
+    }
+    if (!f.contains("size") || !f["size"].is_number_unsigned()) {
+      throw fail(where + ".size must be a whole number of bytes");
+    }
+    if (!f.contains("sha256") || !f["sha256"].is_string() ||
+        !is_hex_digest(f["sha256"].get<std::string>())) {
+      throw fail(where + ".sha256 must be 64 lowercase hex digits");
+    }
+    entries.push_back(ManifestEntry{f["name"].get<std::string>(), f["size"].get<std::uint64_t>(),
+                                    f["sha256"].get<std::string>()});
+    if (entries.size() > 1 && !(entries[entries.size() - 2].name < entries.back().name)) {
+      throw fail(where + ".name: files must be sorted by name, each listed once");
+    }
+  }
+  return entries;
+}
+
+ManifestCheck check_manifest(const fs::path& dir, unsigned threads) {
+  const std::vector<ManifestEntry> listed = read_manifest(dir);
+  const Listing listing = list_directory(dir);
+  ManifestCheck check;
+  check.dir = dir;
+  check.files_listed = listed.size();
+  // One slot per listed file, filled in parallel, then extras; sorted by name at the end.
+  std::vector<std::optional<ManifestProblem>> found(listed.size());
+  for_each_index(listed.size(), threads, [&](std::size_t i) {
+    const ManifestEntry& want = listed[i];
+    const fs::path path = dir / want.name;
+    if (std::binary_search(listing.regular.begin(), listing.regular.end(), want.name)) {
+      if (is_lfs_pointer(path, path.string())) {
+        std::error_code ec;
+        found[i] = ManifestProblem{
+            "lfs_pointer", want.name,
+            fmt::format("is a Git LFS pointer file ({} bytes), not the file of {} bytes: fetch "
+                        "it with git lfs pull",
+                        fs::file_size(path, ec), want.size)};
+        return;
+      }
+      const FileDigest got = sha256_file(path, path.string());
+      if (got.size != want.size) {
+        found[i] = ManifestProblem{
+            "size", want.name,
+            fmt::format("{} bytes, the manifest says {} ({})", got.size, want.size,
+                        got.size < want.size ? "truncated" : "longer")};
+      } else if (got.sha256 != want.sha256) {
+        found[i] = ManifestProblem{
+            "sha256", want.name,
+            fmt::format("sha256 {}, the manifest says {}", got.sha256, want.sha256)};
+      }
+      return;
+    }
+    const auto other = listing.other.find(want.name);
+    found[i] = ManifestProblem{
+        "missing", want.name,
+        other == listing.other.end()
+            ? fmt::format("missing ({} bytes listed)", want.size)
+            : fmt::format("is {}, not the regular file of {} bytes listed", other->second,
+                          want.size)};
+  });
+  for (std::size_t i = 0; i < listed.size(); ++i) {
+    if (found[i]) {
+      check.problems.push_back(std::move(*found[i]));
+    } else {
+      ++check.files_ok;
+    }
+  }
+  std::set<std::string> listed_names;
+  for (const ManifestEntry& e : listed) listed_names.insert(e.name);
+  auto is_listed = [&](const std::string& name) { return listed_names.count(name) > 0; };
+  for (const std::string& name : listing.regular) {
+    if (!is_listed(name)) {
+      check.problems.push_back(ManifestProblem{"extra", name, "not listed in the manifest"});
+    }
+  }
+  for (const auto& [name, kind] : listing.other) {
+    if (!is_listed(name)) {
+      check.problems.push_back(
+          ManifestProblem{"extra", name, fmt::format("{}, not listed in the manifest", kind)});
+    }
+  }
+  std::stable_sort(check.problems.begin(), check.problems.end(),
+                   [](const ManifestProblem& a, const ManifestProblem& b) { return a.file < b.file; });
+  return check;
+}
+
+std::string render_manifest_check_text(const ManifestCheck& check) {
+  std::string text = fmt::format("verify --manifest: OUTPUT {}\n", check.dir.string());
+  text += fmt::format("files: {} listed, {} match\n", check.files_listed, check.files_ok);
+  if (!check.problems.empty()) {
+    text += fmt::format("differences ({}):\n", check.problems.size());
+    for (const ManifestProblem& p : check.problems) {
+      text += fmt::format("  {}  {}: {}\n", p.kind, p.file, p.message);
+    }
+  }
+  text += check.ok() ? std::string("result: SAME\n")
+                     : fmt::format("result: DIFFERENT ({} difference{})\n", check.problems.size(),
+                                   check.problems.size() == 1 ? "" : "s");
+  return text;
+}
+
+json manifest_check_json(const ManifestCheck& check) {
+  json problems = json::array();
+  for (const ManifestProblem& p : check.problems) {
+    problems.push_back(json{{"kind", p.kind}, {"file", p.file}, {"message", p.message}});
+  }
+  return json{{"mode", "manifest"},
+              {"output", check.dir.string()},
+              {"same", check.ok()},
+              {"summary",
+               {{"files_listed", check.files_listed},
+                {"files_ok", check.files_ok},
+                {"differences", check.problems.size()}}},
+              {"differences", problems}};
+}
+
+}  // namespace ctquant
