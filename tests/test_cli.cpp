@@ -119,7 +119,7 @@ TEST(Cli, UsageErrorsExitTwo) {
       {{}, ""},
       {{"frobnicate"},
        "ctquant: error: unknown command 'frobnicate' (commands: quantize, "
-       "inspect, verify)"},
+       "finalize, inspect, verify)"},
       {{"quantize", in, out, "--threads", "0"}, "ctquant: error: --threads"},
       {{"quantize", in}, "OUTPUT"},
       {{"quantize", in, out, "--threads", "0"}, "--threads"},

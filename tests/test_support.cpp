@@ -29,14 +29,17 @@ namespace fs = std::filesystem;
 
 fs::path golden_dir() { return CTQUANT_GOLDEN_DIR; }
 fs::path ctquant_binary() { return CTQUANT_BINARY; }
+fs::path make_checkpoint_binary() { return CTQUANT_MAKE_CHECKPOINT; }
+fs::path layouts_dir() { return CTQUANT_LAYOUTS_DIR; }
 
 namespace {
-// The command line that runs the binary under test with args: the binary
-// itself, or, in a cross-compiled build run through an emulator
+// The command line that runs `program` (a binary of this build) with args:
+// the binary itself, or, in a cross-compiled build run through an emulator
 // (CMAKE_CROSSCOMPILING_EMULATOR, e.g. qemu-aarch64-static), the emulator
 // with the binary as its argument. CTQUANT_BINARY_LAUNCHER holds the
 // emulator's arguments separated by '|'.
-std::vector<std::string> ctquant_command(const std::vector<std::string>& args) {
+std::vector<std::string> command_line(const fs::path& program,
+                                      const std::vector<std::string>& args) {
   std::vector<std::string> command;
   const std::string launcher = CTQUANT_BINARY_LAUNCHER;
   for (std::size_t pos = 0; pos < launcher.size();) {
@@ -44,7 +47,7 @@ std::vector<std::string> ctquant_command(const std::vector<std::string>& args) {
     command.push_back(launcher.substr(pos, end - pos));
     pos = end + 1;
   }
-  command.push_back(ctquant_binary().string());
+  command.push_back(program.string());
   command.insert(command.end(), args.begin(), args.end());
   return command;
 }
@@ -171,7 +174,7 @@ CommandResult run_ctquant(const std::vector<std::string>& args) {
     const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(out_fd, STDOUT_FILENO);
     ::dup2(err_fd, STDERR_FILENO);
-    std::vector<std::string> storage = ctquant_command(args);
+    std::vector<std::string> storage = command_line(ctquant_binary(), args);
     std::vector<char*> argv;
     for (auto& s : storage) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -512,13 +515,31 @@ std::string diff_bytes(const fs::path& actual, const fs::path& expected) {
 
 namespace ctquant::test {
 
-CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOptions& options) {
+CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOptions& options)
+    : CtquantProcess(ctquant_binary(), args, options) {}
+
+CtquantProcess::CtquantProcess(const fs::path& program, const std::vector<std::string>& args,
+                               const RunOptions& options) {
   const fs::path out_path = capture_ / "stdout";
   const fs::path err_path = capture_ / "stderr";
-  std::vector<std::string> storage = ctquant_command(args);
+  std::vector<std::string> storage = command_line(program, args);
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
   argv.push_back(nullptr);
+  // The child's environment, built before fork (nothing allocates after it).
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(options.env.begin(), options.env.end(), [&](const std::string& x) {
+      return x.substr(0, x.find('=')) == name;
+    });
+    if (!replaced) env_storage.push_back(entry);
+  }
+  env_storage.insert(env_storage.end(), options.env.begin(), options.env.end());
+  std::vector<char*> envp;
+  for (auto& s : env_storage) envp.push_back(s.data());
+  envp.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
@@ -536,8 +557,12 @@ CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOp
       const rlimit limit{options.file_size_limit, options.file_size_limit};
       if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(126);
     }
+    if (options.open_files_limit > 0) {
+      const rlimit limit{options.open_files_limit, options.open_files_limit};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
+    }
     if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) ::_exit(125);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
 }
@@ -580,6 +605,13 @@ CommandResult CtquantProcess::wait() {
 
 CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options) {
   CtquantProcess process(args, options);
+  return process.wait();
+}
+
+CommandResult run_shell(const std::string& script, const RunOptions& options) {
+  RunOptions with_binary = options;
+  with_binary.env.push_back("CTQUANT=" + ctquant_binary().string());
+  CtquantProcess process("/bin/sh", {"-c", script}, with_binary);
   return process.wait();
 }
 

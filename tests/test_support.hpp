@@ -21,6 +21,10 @@ namespace ctquant::test {
 std::filesystem::path golden_dir();
 // The ctquant executable under test.
 std::filesystem::path ctquant_binary();
+// The synthetic checkpoint generator (tools/make_checkpoint.cpp) and the
+// layout manifests of tests/layouts.
+std::filesystem::path make_checkpoint_binary();
+std::filesystem::path layouts_dir();
 
 // A fresh directory under the system temp dir, removed with everything in it.
 class TempDir {
@@ -154,6 +158,12 @@ struct RunOptions {
   // Working directory of the child (chdir between fork and exec); empty keeps
   // the parent's.
   std::filesystem::path cwd;
+  // RLIMIT_NOFILE of the child, soft and hard (set between fork and exec); 0
+  // keeps the parent's.
+  std::uint64_t open_files_limit = 0;
+  // Environment variables of the child, "NAME=VALUE", added to (or
+  // replacing) the parent's.
+  std::vector<std::string> env;
 };
 
 // The ctquant binary running in a child process, its stdout and stderr
@@ -162,6 +172,9 @@ struct RunOptions {
 class CtquantProcess {
  public:
   explicit CtquantProcess(const std::vector<std::string>& args, const RunOptions& options = {});
+  // Runs program (an absolute path) with args instead of the ctquant binary.
+  CtquantProcess(const std::filesystem::path& program, const std::vector<std::string>& args,
+                 const RunOptions& options);
   ~CtquantProcess();
   CtquantProcess(const CtquantProcess&) = delete;
   CtquantProcess& operator=(const CtquantProcess&) = delete;
@@ -181,6 +194,10 @@ class CtquantProcess {
 
 // run_ctquant() with options (e.g. a file size limit).
 CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options);
+
+// Runs `/bin/sh -c script` with CTQUANT set to the ctquant binary's path in
+// its environment, and captures its exit code, stdout and stderr.
+CommandResult run_shell(const std::string& script, const RunOptions& options = {});
 
 // Writes a single-file checkpoint (model.safetensors and config.json) of
 // n_weights BF16 weights [rows, cols] named model.layers.<i>.mlp.down_proj.weight,

@@ -10,17 +10,32 @@
 // with the library's writer (layout_shard, OutputFile): memory stays a few
 // MiB whatever the layout size.
 //
+// FP8 weights (a 2-D `M.weight` of dtype F8_E4M3 or F8_E5M2) are quantized
+// from such normal values as the FP8 checkpoints ctquant reads were made
+// (section 6 of the format spec): the manifest lists the weight's scale,
+// `M.weight_scale_inv` (block FP8) or `M.weight_scale` (compressed-tensors),
+// and its shape says how it covers the weight: a grid
+// [ceil(R / bh), ceil(C / bw)] of the config's block size (`weight_block_size`,
+// or a config group's `block_structure`) or one scale per row ([R, 1] or
+// [R]). Each block (or row) gets scale = amax / (largest FP8 value), rounded
+// to the scale's dtype, and codes = the values divided by it, rounded to the
+// nearest FP8 value (ties to even): dequantized, they are the normal values
+// to within FP8 precision.
+//
 //   ctquant_make_checkpoint MANIFEST OUTPUT_DIR [--seed N] [--layers N]
-//                           [--shard-size BYTES] [--threads N] [--force]
+//                           [--only-layers LIST] [--shard-size BYTES]
+//                           [--threads N] [--force]
 //
 // --layers N rebuilds the `layers.K.*` tensors for N layers, layer K taking
 // the shapes of layer K mod (the manifest's layer count), and updates
 // num_hidden_layers (and layer_types / sliding_windows when they list one
-// entry per layer). --shard-size splits the tensors, in name order, into
+// entry per layer). --only-layers 0,3 keeps only the tensors of layers 0 and 3
+// (a sample of a large model: no embeddings, no head). --shard-size splits the tensors, in name order, into
 // model-0000X-of-0000N.safetensors files of at most that many data bytes (a
 // larger tensor gets a file of its own) plus model.safetensors.index.json, as
 // Hugging Face writers do; the default is one model.safetensors.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -35,6 +50,8 @@
 #include <mutex>
 #include <numbers>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +63,9 @@
 #include "ctquant/util/checked.hpp"
 #include "ctquant/format/dtype.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/format/safetensors.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
+#include "ctquant/util/fd_pool.hpp"
 
 namespace {
 
@@ -64,6 +83,7 @@ struct Options {
   std::string output;
   std::uint64_t seed = 0;
   unsigned layers = 0;           // 0: as in the manifest
+  std::string only_layers;       // "0,3": keep only these layers' tensors
   std::uint64_t shard_size = 0;  // 0: one model.safetensors
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   bool force = false;
@@ -268,6 +288,37 @@ std::vector<Tensor> scale_layers(const std::vector<Tensor>& tensors, unsigned n_
   return out;
 }
 
+// Keeps only the tensors of the listed layers ("0,3"): a sample of a model
+// too large to generate whole, with real names and shapes.
+std::vector<Tensor> keep_layers(const std::vector<Tensor>& tensors, const std::string& list) {
+  std::set<unsigned> keep;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
+        item.size() > 6) {
+      throw ctquant::usage_error(fmt::format("--only-layers {}: expected layer numbers separated "
+                                             "by commas, e.g. 0,3",
+                                             list));
+    }
+    keep.insert(static_cast<unsigned>(std::stoul(item)));
+  }
+  std::vector<Tensor> out;
+  std::set<unsigned> found;
+  for (const Tensor& t : tensors) {
+    const auto l = parse_layer_name(t.name);
+    if (l && keep.count(l->index) > 0) {
+      out.push_back(t);
+      found.insert(l->index);
+    }
+  }
+  for (const unsigned k : keep) {
+    if (found.count(k) == 0) {
+      throw ctquant::usage_error(fmt::format("--only-layers: the manifest has no layer {}", k));
+    }
+  }
+  return out;
+}
+
 std::vector<Shard> split_shards(std::vector<Tensor> tensors, std::uint64_t shard_size) {
   std::sort(tensors.begin(), tensors.end(),
             [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
@@ -295,14 +346,224 @@ std::vector<Shard> split_shards(std::vector<Tensor> tensors, std::uint64_t shard
   return shards;
 }
 
-// One unit of work: elements [first, first + count) of one tensor.
-struct Job {
+// ---- FP8 weights ----
+
+// An FP8 weight and the scale that covers it (see the file comment).
+struct Fp8Weight {
+  const Tensor* weight = nullptr;
+  const Tensor* scale = nullptr;
+  std::uint64_t block_rows = 1;  // rows one scale covers
+  std::uint64_t block_cols = 0;  // columns one scale covers (C for one scale per row)
+  std::uint64_t grid_cols = 1;   // scales per row band
+};
+
+// The block size [rows, cols] of the config's quantization_config: fp8's
+// weight_block_size, or the first config group's block_structure.
+std::optional<std::array<std::uint64_t, 2>> config_block_size(const json& config) {
+  if (!config.contains("quantization_config") || !config["quantization_config"].is_object()) {
+    return std::nullopt;
+  }
+  const json& qc = config["quantization_config"];
+  const auto pair = [](const json& v) -> std::optional<std::array<std::uint64_t, 2>> {
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number_unsigned() ||
+        !v[1].is_number_unsigned() || v[0] == 0 || v[1] == 0) {
+      return std::nullopt;
+    }
+    return std::array<std::uint64_t, 2>{v[0].get<std::uint64_t>(), v[1].get<std::uint64_t>()};
+  };
+  if (qc.contains("weight_block_size")) return pair(qc["weight_block_size"]);
+  if (qc.contains("config_groups") && qc["config_groups"].is_object()) {
+    for (const auto& [name, group] : qc["config_groups"].items()) {
+      if (group.is_object() && group.contains("weights") && group["weights"].is_object() &&
+          group["weights"].contains("block_structure")) {
+        return pair(group["weights"]["block_structure"]);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+bool is_f8(DType dtype) { return dtype == DType::kF8_E4M3 || dtype == DType::kF8_E5M2; }
+
+// Pairs every 2-D F8 `M.weight` with its scale and decides how the scale
+// covers it from the scale's shape. Throws Error{kBadInput} for a weight
+// without a scale, a scale of another shape, or a grid without a block size.
+std::vector<Fp8Weight> find_fp8_weights(const std::vector<Shard>& shards, const json& config) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const Shard& shard : shards) {
+    for (const Tensor& t : shard.tensors) by_name[t.name] = &t;
+  }
+  const auto block = config_block_size(config);
+  std::vector<Fp8Weight> out;
+  for (const auto& [name, t] : by_name) {
+    if (!is_f8(t->dtype) || t->shape.size() != 2 || !name.ends_with(".weight")) continue;
+    const std::string module = name.substr(0, name.size() - 7);
+    const Tensor* scale = nullptr;
+    for (const char* suffix : {".weight_scale_inv", ".weight_scale"}) {
+      const auto it = by_name.find(module + suffix);
+      if (it != by_name.end()) scale = it->second;
+    }
+    if (scale == nullptr) {
+      throw ctquant::bad_input(fmt::format(
+          "FP8 weight '{}' has no {}.weight_scale_inv or .weight_scale in the manifest", name,
+          module));
+    }
+    if (scale->dtype != DType::kF32 && scale->dtype != DType::kBF16) {
+      throw ctquant::bad_input(fmt::format("scale '{}': dtype {}, the generator writes F32 or BF16",
+                                           scale->name, ctquant::dtype_tag(scale->dtype)));
+    }
+    const std::uint64_t rows = t->shape[0];
+    const std::uint64_t cols = t->shape[1];
+    Fp8Weight w{t, scale};
+    const auto& s = scale->shape;
+    if ((s.size() == 2 && s[0] == rows && s[1] == 1) || (s.size() == 1 && s[0] == rows)) {
+      w.block_rows = 1;
+      w.block_cols = cols;
+      w.grid_cols = 1;
+    } else if (s.size() == 2 && block) {
+      w.block_rows = (*block)[0];
+      w.block_cols = (*block)[1];
+      w.grid_cols = (cols + w.block_cols - 1) / w.block_cols;
+      if (s[0] != (rows + w.block_rows - 1) / w.block_rows || s[1] != w.grid_cols) {
+        throw ctquant::bad_input(fmt::format(
+            "scale '{}': shape {} does not cover '{}' {} with blocks of [{}, {}]", scale->name,
+            ctquant::shape_string(s), name, ctquant::shape_string(t->shape), w.block_rows,
+            w.block_cols));
+      }
+    } else {
+      throw ctquant::bad_input(fmt::format(
+          "scale '{}': shape {} is neither one scale per row of '{}' ([{}, 1]) nor a block grid "
+          "(which needs weight_block_size or block_structure in the config's "
+          "quantization_config)",
+          scale->name, ctquant::shape_string(s), name, rows));
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+// Rounds float values to the nearest FP8 value, ties to even, saturating at
+// the largest finite value: the rounding of the mantissa done on the float's
+// bits (normal range) or on the value scaled to units of the smallest
+// subnormal (below it). Checked against a nearest-value search over the
+// code table for every float.
+class Fp8Encoder {
+ public:
+  explicit Fp8Encoder(DType dtype)
+      : mantissa_bits_(dtype == DType::kF8_E4M3 ? 3 : 2),
+        bias_(dtype == DType::kF8_E4M3 ? 7 : 15),
+        max_code_(dtype == DType::kF8_E4M3 ? 0x7E : 0x7B),
+        max_(dtype == DType::kF8_E4M3 ? ctquant::f8_e4m3_to_float(0x7E)
+                                      : ctquant::f8_e5m2_to_float(0x7B)),
+        min_normal_(std::ldexp(1.0f, 1 - bias_)) {}
+  float max() const { return max_; }
+  std::uint8_t encode(float x) const {
+    const float a = std::min(std::fabs(x), max_);
+    unsigned code = 0;
+    if (a < min_normal_) {
+      code = static_cast<unsigned>(std::nearbyint(std::ldexp(a, bias_ - 1 + mantissa_bits_)));
+    } else {
+      const int drop = 23 - mantissa_bits_;
+      std::uint32_t bits = std::bit_cast<std::uint32_t>(a);
+      bits += (1u << (drop - 1)) - 1 + ((bits >> drop) & 1u);  // round half to even
+      bits >>= drop;
+      const int exponent = static_cast<int>(bits >> mantissa_bits_) - 127 + bias_;
+      code = (static_cast<unsigned>(exponent) << mantissa_bits_) |
+             (bits & ((1u << mantissa_bits_) - 1));
+      code = std::min(code, max_code_);
+    }
+    return code != 0 && x < 0 ? static_cast<std::uint8_t>(code | 0x80u)
+                              : static_cast<std::uint8_t>(code);
+  }
+
+ private:
+  int mantissa_bits_;
+  int bias_;
+  unsigned max_code_;
+  float max_;
+  float min_normal_;
+};
+
+// The scale stored for a block of amax (in the scale's dtype), as a float.
+float block_scale(float amax, float fp8_max, DType scale_dtype) {
+  float scale = amax / fp8_max;
+  if (!(scale > 0)) scale = 1.0f;  // an all-zero block
+  if (scale_dtype == DType::kBF16) scale = ctquant::bf16_to_float(ctquant::float_to_bf16(scale));
+  return scale;
+}
+
+void store_scale(DType dtype, float scale, std::byte* out) {
+  if (dtype == DType::kBF16) {
+    const std::uint16_t bits = ctquant::float_to_bf16(scale);
+    std::memcpy(out, &bits, 2);
+  } else {
+    std::memcpy(out, &scale, 4);
+  }
+}
+
+// ---- writing ----
+
+// Where a tensor's bytes go: its file and the file offset of its first byte.
+struct Placement {
   const ctquant::OutputFile* file = nullptr;
+  std::uint64_t offset = 0;
+};
+
+// One unit of work: elements [first, first + count) of one tensor, or rows
+// [row_begin, row_end) of an FP8 weight with the scales that cover them.
+struct Job {
   const Tensor* tensor = nullptr;
-  std::uint64_t file_offset = 0;  // of the tensor's first byte
+  Placement at;
   std::uint64_t chunk = 0;
   std::uint64_t count = 0;
+  const Fp8Weight* fp8 = nullptr;
+  Placement scale_at;
+  std::uint64_t row_begin = 0;
+  std::uint64_t row_end = 0;
 };
+
+// Generates and writes one row band of an FP8 weight and its scales.
+void write_fp8_rows(const Options& options, const Job& job, const Fp8Encoder& encoder,
+                    std::vector<double>& values, std::vector<std::byte>& codes,
+                    std::vector<std::byte>& scales) {
+  const Fp8Weight& w = *job.fp8;
+  const std::uint64_t cols = w.weight->shape[1];
+  const std::uint64_t rows = job.row_end - job.row_begin;
+  values.assign(rows * cols, 0.0);
+  generate(options.seed, fnv1a(w.weight->name), job.chunk, values);
+  codes.resize(rows * cols);
+  const std::uint64_t scale_bytes = static_cast<std::uint64_t>(ctquant::dtype_bits(w.scale->dtype) / 8);
+  // One scale per (row group, column block) of the band: a block band has
+  // one row group, a per-row scale one per row.
+  const std::uint64_t groups = w.block_rows == 1 ? rows : 1;
+  scales.resize(groups * w.grid_cols * scale_bytes);
+  for (std::uint64_t g = 0; g < groups; ++g) {
+    const std::uint64_t r0 = w.block_rows == 1 ? g : 0;
+    const std::uint64_t r1 = w.block_rows == 1 ? g + 1 : rows;
+    for (std::uint64_t b = 0; b < w.grid_cols; ++b) {
+      const std::uint64_t c0 = b * w.block_cols;
+      const std::uint64_t c1 = std::min(cols, c0 + w.block_cols);
+      float amax = 0;
+      for (std::uint64_t r = r0; r < r1; ++r) {
+        for (std::uint64_t c = c0; c < c1; ++c) {
+          amax = std::max(amax, std::fabs(static_cast<float>(values[r * cols + c])));
+        }
+      }
+      const float scale = block_scale(amax, encoder.max(), w.scale->dtype);
+      store_scale(w.scale->dtype, scale, &scales[(g * w.grid_cols + b) * scale_bytes]);
+      for (std::uint64_t r = r0; r < r1; ++r) {
+        for (std::uint64_t c = c0; c < c1; ++c) {
+          codes[r * cols + c] =
+              std::byte{encoder.encode(static_cast<float>(values[r * cols + c]) / scale)};
+        }
+      }
+    }
+  }
+  job.at.file->write_at(job.at.offset + job.row_begin * cols, codes);
+  const std::uint64_t first_scale_row = w.block_rows == 1 ? job.row_begin : job.row_begin / w.block_rows;
+  job.scale_at.file->write_at(job.scale_at.offset + first_scale_row * w.grid_cols * scale_bytes,
+                              scales);
+}
 
 void write_text(const fs::path& path, const std::string& text) {
   ctquant::OutputFile file(path);
@@ -313,7 +574,14 @@ void run(const Options& options) {
   json config;
   std::vector<Tensor> tensors = read_manifest(options, config);
   if (options.layers > 0) tensors = scale_layers(tensors, options.layers, config);
+  if (!options.only_layers.empty()) tensors = keep_layers(tensors, options.only_layers);
   std::vector<Shard> shards = split_shards(std::move(tensors), options.shard_size);
+  const std::vector<Fp8Weight> fp8_weights = find_fp8_weights(shards, config);
+  std::set<const Tensor*> written_by_fp8;
+  for (const Fp8Weight& w : fp8_weights) {
+    written_by_fp8.insert(w.weight);
+    written_by_fp8.insert(w.scale);
+  }
 
   const fs::path out_dir = options.output;
   if (fs::exists(out_dir)) {
@@ -325,42 +593,81 @@ void run(const Options& options) {
   }
   fs::create_directories(out_dir);
 
+  // Files are opened through one bounded pool of descriptors: a layout may
+  // be split into thousands of shards.
+  const auto descriptors = std::make_shared<ctquant::FdPool>(ctquant::FdPool::default_capacity());
   std::vector<std::unique_ptr<ctquant::OutputFile>> files;
+  std::map<const Tensor*, Placement> placements;
   std::vector<Job> jobs;
   std::uint64_t total_bytes = 0;
   std::uint64_t total_params = 0;
+  std::size_t total_tensors = 0;
   for (const Shard& shard : shards) {
-    auto file = std::make_unique<ctquant::OutputFile>(out_dir / shard.file_name);
+    auto file = std::make_unique<ctquant::OutputFile>(out_dir / shard.file_name, descriptors);
     file->reserve(shard.layout.file_size);
     file->write_at(0, std::as_bytes(std::span(shard.layout.header)));
     for (std::size_t i = 0; i < shard.tensors.size(); ++i) {
       const Tensor& t = shard.tensors[i];
       total_bytes += t.byte_size;
       total_params += t.numel;
-      const std::uint64_t base = shard.layout.data_start + shard.layout.offsets[i];
+      ++total_tensors;
+      const Placement at{file.get(), shard.layout.data_start + shard.layout.offsets[i]};
+      placements[&t] = at;
+      if (written_by_fp8.count(&t) > 0) continue;
       for (std::uint64_t first = 0, chunk = 0; first < t.numel; first += kChunkElements, ++chunk) {
-        jobs.push_back(Job{file.get(), &t, base, chunk, std::min(kChunkElements, t.numel - first)});
+        Job job;
+        job.tensor = &t;
+        job.at = at;
+        job.chunk = chunk;
+        job.count = std::min(kChunkElements, t.numel - first);
+        jobs.push_back(job);
       }
     }
     files.push_back(std::move(file));
   }
+  for (const Fp8Weight& w : fp8_weights) {
+    const std::uint64_t rows = w.weight->shape[0];
+    const std::uint64_t cols = std::max<std::uint64_t>(1, w.weight->shape[1]);
+    // Bands of whole blocks, or of rows of about kChunkElements.
+    const std::uint64_t band =
+        w.block_rows > 1 ? w.block_rows : std::max<std::uint64_t>(1, kChunkElements / cols);
+    for (std::uint64_t r = 0, chunk = 0; r < rows; r += band, ++chunk) {
+      Job job;
+      job.tensor = w.weight;
+      job.at = placements.at(w.weight);
+      job.chunk = chunk;
+      job.fp8 = &w;
+      job.scale_at = placements.at(w.scale);
+      job.row_begin = r;
+      job.row_end = std::min(rows, r + band);
+      jobs.push_back(job);
+    }
+  }
 
+  const Fp8Encoder e4m3(DType::kF8_E4M3);
+  const Fp8Encoder e5m2(DType::kF8_E5M2);
   std::atomic<std::size_t> next{0};
   std::exception_ptr error;
   std::mutex error_mutex;
   auto worker = [&] {
     std::vector<double> values;
     std::vector<std::byte> bytes;
+    std::vector<std::byte> scales;
     for (std::size_t i = next.fetch_add(1); i < jobs.size(); i = next.fetch_add(1)) {
       const Job& job = jobs[i];
       try {
+        if (job.fp8 != nullptr) {
+          write_fp8_rows(options, job, job.tensor->dtype == DType::kF8_E4M3 ? e4m3 : e5m2, values,
+                         bytes, scales);
+          continue;
+        }
         values.assign(job.count, 0.0);
         if (is_float(job.tensor->dtype)) {
           generate(options.seed, fnv1a(job.tensor->name), job.chunk, values);
         }
         encode(job.tensor->dtype, values, bytes);
         const std::uint64_t element_bytes = job.tensor->byte_size / job.tensor->numel;
-        job.file->write_at(job.file_offset + job.chunk * kChunkElements * element_bytes, bytes);
+        job.at.file->write_at(job.at.offset + job.chunk * kChunkElements * element_bytes, bytes);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -386,11 +693,9 @@ void run(const Options& options) {
   }
   write_text(out_dir / "config.json", config.dump(2) + "\n");
   std::fprintf(stderr,
-               "ctquant_make_checkpoint: %s: %zu tensor(s), %llu parameters, %llu bytes "
-               "of tensor data in %zu shard(s)\n",
-               out_dir.string().c_str(),
-               static_cast<std::size_t>(std::count_if(jobs.begin(), jobs.end(),
-                                                      [](const Job& j) { return j.chunk == 0; })),
+               "ctquant_make_checkpoint: %s: %zu tensor(s) (%zu FP8 weights), %llu parameters, "
+               "%llu bytes of tensor data in %zu shard(s)\n",
+               out_dir.string().c_str(), total_tensors, fp8_weights.size(),
                static_cast<unsigned long long>(total_params),
                static_cast<unsigned long long>(total_bytes), shards.size());
 }
@@ -406,6 +711,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.seed, "Seed of the values")->capture_default_str();
   app.add_option("--layers", options.layers,
                  "Number of layers: replicate layers.K.* tensors cyclically (default: as listed)");
+  app.add_option("--only-layers", options.only_layers,
+                 "Keep only the tensors of these layers, e.g. 0,3 (no embeddings, no head)");
   app.add_option("--shard-size", options.shard_size,
                  "Split into shards of at most BYTES of tensor data, with an index (default: "
                  "one model.safetensors)");

@@ -2,6 +2,7 @@
 //
 // Exit codes (docs/cli.md): 0 success, 1 failure (bad input, I/O, full disk,
 // interrupted), 2 usage error, 3 verification found differences.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/escape.hpp"
+#include "ctquant/source/hf_cache.hpp"
 #include "ctquant/util/version.hpp"
 #include "ctquant/verify/verify.hpp"
 
@@ -70,6 +72,17 @@ void install_signal_handlers() {
   // stderr pipe must not kill it before it has cleaned up either.
   std::signal(SIGXFSZ, SIG_IGN);
   std::signal(SIGPIPE, SIG_IGN);
+}
+
+// Raises the soft limit on open files to the hard limit. ctquant keeps a
+// bounded number of shards open (FdPool), sized from this limit: the common
+// soft limit of 1024 would otherwise make a checkpoint of thousands of shards
+// reopen files more often than it needs to.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);  // best effort: the pools adapt to what is in force
 }
 
 const char* signal_name(int signal_number) {
@@ -222,6 +235,13 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   return plan;
 }
 
+void add_revision_option(CLI::App* app, std::optional<std::string>& revision) {
+  app->add_option_function<std::string>(
+      "--revision", [&revision](const std::string& value) { revision = value; },
+      "With a Hugging Face repository id (ORG/NAME): the branch, tag or commit hash of the cached "
+      "snapshot to read (default main)");
+}
+
 void add_verbosity_flags(CLI::App* app, int& verbosity) {
   app->add_flag_function(
       "-q,--quiet", [&](std::int64_t) { verbosity = -1; }, "Print errors only");
@@ -267,6 +287,7 @@ std::string scheme_names(const ctquant::QuantizePlan& plan) {
 
 struct QuantizeArgs {
   std::string input;
+  std::optional<std::string> revision;
   std::string output;
   PlanArgs plan;
   unsigned threads = 0;
@@ -276,6 +297,9 @@ struct QuantizeArgs {
   bool dry_run = false;
   bool allow_unloadable = false;
   bool strict = false;
+  std::optional<std::string> part;
+  std::optional<std::string> stage;
+  bool resume = false;
   std::string write_recipe;  // --write-recipe FILE
   std::string report;        // --report FILE
   bool json = false;         // --json: the report on stdout
@@ -332,6 +356,7 @@ ctquant::ProgressMode progress_mode(const QuantizeArgs& args, int verbosity) {
 int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std::string>& argv) {
   ctquant::QuantizeOptions options = ctquant::default_quantize_options();
   options.input = args.input;
+  options.revision = args.revision;
   options.output = args.output;
   check_side_file("--report", args.report, args.output);
   check_side_file("--write-recipe", args.write_recipe, args.output);
@@ -347,6 +372,9 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.strict = args.strict;
   options.logger = make_logger(verbosity);
   options.cancel = &g_cancel;
+  if (args.part) options.part = ctquant::parse_part(*args.part);
+  if (args.stage) options.stage = *args.stage;
+  options.resume = args.resume;
   const bool want_report = args.json || !args.report.empty();
   nlohmann::json plan_report;
   options.on_plan = [&](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
@@ -391,8 +419,9 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
     input.summary = &summary;
     input.plan = plan_report;
     const auto hash_start = Clock::now();
-    input.input_files = ctquant::hash_input_files(options.input, options.follow_symlinks,
-                                                  options.threads);
+    input.input_files = ctquant::hash_input_files(
+        ctquant::resolve_checkpoint_input(options.input, options.revision), options.follow_symlinks,
+        options.threads);
     input.seconds_hash_inputs = std::chrono::duration<double>(Clock::now() - hash_start).count();
     input.peak_rss_bytes = ctquant::peak_rss_bytes();
     const nlohmann::json report = ctquant::quantize_report_json(input);
@@ -408,6 +437,14 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
             ? std::string()
             : fmt::format(", {} FP8 written as BF16, {} scale/activation dropped",
                           summary.tensors_dequantized, summary.tensors_dropped);
+    if (summary.part && options.part) {
+      std::fprintf(stderr,
+                   "ctquant: part %s done: %zu of %zu file(s) written, %zu kept; %s; %.2f s\n",
+                   ctquant::part_name(*options.part).c_str(), summary.part->files_written,
+                   summary.part->files_assigned, summary.part->files_kept,
+                   ctquant::human_bytes(summary.part->bytes_assigned).c_str(), summary.seconds);
+      return 0;
+    }
     std::fprintf(stderr,
                  "ctquant: %s %zu tensors quantized (%s), %zu copied%s; %s in, %s out, ratio "
                  "%.2fx; %.2f s\n",
@@ -419,8 +456,33 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   return 0;
 }
 
+struct FinalizeArgs {
+  std::string output;
+  std::optional<std::string> stage;
+  bool force = false;
+  bool no_sync = false;
+};
+
+int run_finalize(const FinalizeArgs& args, int verbosity) {
+  ctquant::FinalizeOptions options;
+  options.output = args.output;
+  if (args.stage) options.stage = *args.stage;
+  options.force = args.force;
+  options.fsync = !args.no_sync;
+  options.logger = make_logger(verbosity);
+  options.cancel = &g_cancel;
+  const ctquant::FinalizeSummary summary = ctquant::finalize_parts(options);
+  if (verbosity >= 0) {
+    std::fprintf(stderr, "ctquant: done: %s from %u part(s): %zu file(s), %s\n",
+                 args.output.c_str(), summary.parts, summary.files,
+                 ctquant::human_bytes(summary.bytes).c_str());
+  }
+  return 0;
+}
+
 struct InspectArgs {
   std::string input;
+  std::optional<std::string> revision;
   PlanArgs plan;
   bool show_plan = false;
   bool json = false;
@@ -436,7 +498,8 @@ int run_inspect(const InspectArgs& args, bool plan_requested,
     options.plan_options = resolved->options;
   }
   options.lint.tp = args.plan.tp;
-  const ctquant::InspectReport report = ctquant::inspect_checkpoint(args.input, options);
+  const ctquant::InspectReport report = ctquant::inspect_checkpoint(
+      ctquant::resolve_checkpoint_input(args.input, args.revision), options);
   if (args.json) {
     nlohmann::json doc = ctquant::with_envelope(ctquant::inspect_json(report), "inspect", argv);
     // The plan with each tensor's scheme and output shard, as quantize reports it.
@@ -458,6 +521,7 @@ int run_inspect(const InspectArgs& args, bool plan_requested,
 struct VerifyArgs {
   std::string output;
   std::string reference;
+  std::optional<std::string> revision;
   bool against_source = false;
   bool manifest = false;
   std::uint64_t scale_ulp = 0;
@@ -488,9 +552,11 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
   ctquant::VerifyOptions options;
   options.scale_ulp = args.scale_ulp;
   options.logger = make_logger(verbosity);
+  const std::filesystem::path reference =
+      ctquant::resolve_checkpoint_input(args.reference, args.revision);
   const ctquant::VerifyReport report =
-      args.against_source ? ctquant::verify_against_source(args.output, args.reference, options)
-                          : ctquant::verify_checkpoints(args.output, args.reference, options);
+      args.against_source ? ctquant::verify_against_source(args.output, reference, options)
+                          : ctquant::verify_checkpoints(args.output, reference, options);
   if (args.json) {
     print_json_report(ctquant::with_envelope(ctquant::verify_json(report), "verify", argv));
   } else {
@@ -503,6 +569,7 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
 
 int main(int argc, char** argv) {
   install_signal_handlers();
+  raise_open_file_limit();
   CLI::App app{
       "ctquant: quantize safetensors checkpoints to compressed-tensors checkpoints for vLLM "
       "(int, FP8, NVFP4 and MX schemes; data-free RTN)"};
@@ -514,9 +581,14 @@ int main(int argc, char** argv) {
   QuantizeArgs q;
   CLI::App* quantize = app.add_subcommand(
       "quantize", "Quantize a checkpoint to a compressed-tensors checkpoint (RTN, data-free)");
-  quantize->add_option("INPUT", q.input, "Checkpoint directory or a .safetensors file")->required();
+  quantize
+      ->add_option("INPUT", q.input,
+                   "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
+                   "cache")
+      ->required();
   quantize->add_option("OUTPUT", q.output, "Output directory (created; must not exist)")
       ->required();
+  add_revision_option(quantize, q.revision);
   add_plan_options(quantize, q.plan);
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
@@ -534,6 +606,17 @@ int main(int argc, char** argv) {
   quantize->add_flag("--allow-unloadable", q.allow_unloadable,
                      "Write even when lint finds errors (a checkpoint vLLM may refuse)");
   quantize->add_flag("--strict", q.strict, "Lint warnings stop the run too");
+  quantize->add_option_function<std::string>(
+      "--part", [&q](const std::string& value) { q.part = value; },
+      "I/N: write only part I of N (from 1) into the staging directory; `ctquant finalize "
+      "OUTPUT` assembles the parts");
+  quantize->add_option_function<std::string>(
+      "--stage", [&q](const std::string& value) { q.stage = value; },
+      "Staging directory of --part and --resume (default .OUTPUT.ctquant-parts beside OUTPUT)");
+  quantize->add_flag("--resume", q.resume,
+                     "Keep the files an earlier, interrupted run of the same plan finished "
+                     "(sha256 checked) and write the rest; without --part, stage the run so "
+                     "that it can be resumed");
   quantize->add_option("--write-recipe", q.write_recipe,
                        "Write the effective recipe (llm-compressor YAML) to FILE after the run");
   quantize->add_option("--report", q.report,
@@ -548,10 +631,29 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"plain", "bar", "none"}));
   add_verbosity_flags(quantize, verbosity);
 
+  FinalizeArgs fin;
+  CLI::App* finalize = app.add_subcommand(
+      "finalize", "Assemble OUTPUT from the parts written by quantize --part I/N");
+  finalize->add_option("OUTPUT", fin.output, "Output directory (created; must not exist)")
+      ->required();
+  finalize->add_option_function<std::string>(
+      "--stage", [&fin](const std::string& value) { fin.stage = value; },
+      "Staging directory the parts wrote into (default .OUTPUT.ctquant-parts beside OUTPUT)");
+  finalize->add_flag("--force", fin.force,
+                     "Replace an existing OUTPUT, as quantize --force does");
+  finalize->add_flag("--no-sync", fin.no_sync,
+                     "Do not fsync OUTPUT's directory before and after the rename");
+  add_verbosity_flags(finalize, verbosity);
+
   InspectArgs in;
   CLI::App* inspect = app.add_subcommand(
       "inspect", "List a checkpoint's tensors; with quantize options, print the plan and lint");
-  inspect->add_option("INPUT", in.input, "Checkpoint directory or a .safetensors file")->required();
+  inspect
+      ->add_option("INPUT", in.input,
+                   "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
+                   "cache")
+      ->required();
+  add_revision_option(inspect, in.revision);
   const std::vector<CLI::Option*> inspect_plan_options = add_plan_options(inspect, in.plan);
   inspect->add_flag("--plan", in.show_plan,
                     "Print the plan and lint findings for the default (or given) options");
@@ -566,6 +668,7 @@ int main(int argc, char** argv) {
       ->required();
   verify->add_option("GOLDEN", ver.reference,
                      "Golden checkpoint; with --against-source, the INPUT it was made from");
+  add_revision_option(verify, ver.revision);
   verify->add_flag("--against-source", ver.against_source,
                    "Unpack, recompute and dequantize every packed weight from the source INPUT");
   verify->add_flag("--manifest", ver.manifest,
@@ -590,7 +693,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string message = e.what();
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
-      message = fmt::format("unknown command '{}' (commands: quantize, inspect, verify)", argv[1]);
+      message = fmt::format("unknown command '{}' (commands: quantize, finalize, inspect, verify)",
+                            argv[1]);
     }
     print_error(message + "\nRun with --help for more information.");
     return ctquant::exit_status(ctquant::ErrorKind::kUsage);
@@ -598,6 +702,7 @@ int main(int argc, char** argv) {
 
   try {
     if (quantize->parsed()) return run_quantize(q, verbosity, command_line);
+    if (finalize->parsed()) return run_finalize(fin, verbosity);
     if (inspect->parsed()) {
       const bool plan_requested =
           std::any_of(inspect_plan_options.begin(), inspect_plan_options.end(),
@@ -606,7 +711,12 @@ int main(int argc, char** argv) {
     }
     if (verify->parsed()) return run_verify(ver, verbosity, command_line);
   } catch (const ctquant::Error& e) {
-    if (e.kind() == ctquant::ErrorKind::kInterrupted) {
+    if (e.kind() == ctquant::ErrorKind::kInterrupted && quantize->parsed() &&
+        (q.part || q.resume)) {
+      print_error(fmt::format("{} ({}); the files finished so far are kept in the staging "
+                              "directory: rerun the same command with --resume to go on",
+                              e.what(), signal_name(g_signal.load())));
+    } else if (e.kind() == ctquant::ErrorKind::kInterrupted) {
       print_error(
           fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
                       "removed",

@@ -79,7 +79,7 @@ struct Job {
   std::uint64_t end = 0;
   std::uint64_t input_bytes = 0;
   bool last_of_tensor = false;
-  int in_fd = -1;               // kCopy: where the bytes come from
+  const SafetensorsFile* in_file = nullptr;  // kCopy: where the bytes come from
   std::uint64_t in_offset = 0;  // kCopy: file offset of byte 0 of the output tensor's bytes
 };
 
@@ -120,11 +120,23 @@ class Executor {
     stats.seconds_stream = std::chrono::duration<double>(streamed - start).count();
     stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
     stats.bytes_read = bytes_total_;
-    for (const ShardPlan& shard : plan_.shards) stats.bytes_written += shard.file_size;
+    for (const ShardPlan& shard : plan_.shards) {
+      if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
+    }
     return stats;
   }
 
  private:
+  // Whether this run writes the output file `name` (ExecuteOptions::files).
+  bool selected(const std::string& name) const {
+    return !options_.files || options_.files->count(name) > 0;
+  }
+  bool shard_selected(std::size_t shard) const { return selected(plan_.shards[shard].file_name); }
+
+  const OutputFile* shard_file(std::size_t shard) const {
+    return outputs_[shard_output_[shard]].get();
+  }
+
   // ---- the job list ----
 
   // Rows per job of a module: about chunk_bytes of loaded rows, a multiple
@@ -151,8 +163,8 @@ class Executor {
         std::max(max_scratch_bytes_, m.family->scratch_bytes(*m.args, r1 - r0, m.rows.cols()));
   }
 
-  void add_copy_jobs(std::size_t s, const PlannedTensor& t, int fd, std::uint64_t in_offset,
-                     std::size_t module) {
+  void add_copy_jobs(std::size_t s, const PlannedTensor& t, const SafetensorsFile* in,
+                     std::uint64_t in_offset, std::size_t module) {
     std::uint64_t pos = 0;
     do {
       const std::uint64_t end = std::min(t.byte_size, pos + kCopyJobBytes);
@@ -165,7 +177,7 @@ class Executor {
       j.end = end;
       j.input_bytes = end - pos;
       j.last_of_tensor = end == t.byte_size;
-      j.in_fd = fd;
+      j.in_file = in;
       j.in_offset = in_offset;
       jobs_.push_back(j);
       pos = end;
@@ -220,12 +232,12 @@ class Executor {
       }
     }
     for (std::size_t s = 0; s < plan_.shards.size(); ++s) {
+      if (!shard_selected(s)) continue;
       for (const PlannedTensor& t : plan_.shards[s].tensors) {
         if (t.source == PlannedTensor::Source::kCopy) {
           const TensorDecision& d = plan_.decisions[t.decision];
           const SafetensorsFile& in = ckpt_.shards[d.source.shard];
-          add_copy_jobs(s, t, in.fd(), in.header().data_start + ckpt_.entry(d.source).begin,
-                        0);
+          add_copy_jobs(s, t, &in, in.header().data_start + ckpt_.entry(d.source).begin, 0);
           ++tensors_total_;
           continue;
         }
@@ -235,7 +247,7 @@ class Executor {
             // A split expert projection kept in 16 bits: its rows are
             // contiguous in the stored tensor, so they are copied as bytes.
             const WeightRows::FileRange r = m.rows.stored_range(0, m.rows.rows());
-            if (t.byte_size > 0) add_copy_jobs(s, t, r.fd, r.offset, t.module);
+            if (t.byte_size > 0) add_copy_jobs(s, t, r.file, r.offset, t.module);
             ++tensors_total_;
             break;
           }
@@ -255,13 +267,29 @@ class Executor {
         }
       }
     }
+    // A run that writes some files only still needs the max |w| of every
+    // module that shares an amax with one of its modules, wherever it is.
+    for (const std::vector<std::size_t>& set : plan_.amax_sets) {
+      const auto in_run = [&](std::size_t mi) { return shard_selected(modules_[mi]->shard); };
+      if (std::all_of(set.begin(), set.end(), in_run) ||
+          std::none_of(set.begin(), set.end(), in_run)) {
+        continue;
+      }
+      for (const std::size_t mi : set) {
+        if (!in_run(mi)) add_row_jobs(amax_jobs_, Job::Kind::kAmax, modules_[mi]->shard, nullptr, mi);
+      }
+    }
     for (const Job& j : amax_jobs_) bytes_total_ += j.input_bytes;
     for (const Job& j : jobs_) bytes_total_ += j.input_bytes;
   }
 
   void open_outputs() {
-    for (const ShardPlan& shard : plan_.shards) {
-      auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name);
+    shard_output_.assign(plan_.shards.size(), 0);
+    for (std::size_t s = 0; s < plan_.shards.size(); ++s) {
+      const ShardPlan& shard = plan_.shards[s];
+      if (!selected(shard.file_name)) continue;
+      shard_output_[s] = outputs_.size();
+      auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name, output_fds_);
       file->reserve(shard.file_size);
       file->write_at(0, std::as_bytes(std::span(shard.header)));
       report_written(*file, 0, shard.header.size());
@@ -284,7 +312,7 @@ class Executor {
   // The kWhole outputs (weight_shape, global scales), written once.
   void write_whole_tensors() {
     for (const auto& m : modules_) {
-      if (m->family == nullptr) continue;
+      if (m->family == nullptr || !shard_selected(m->shard)) continue;
       std::size_t whole_index = 0;
       for (std::size_t o = 0; o < m->specs.size(); ++o) {
         if (m->specs[o].fill != OutputTensorSpec::Fill::kWhole) continue;
@@ -293,8 +321,9 @@ class Executor {
                                     m->set_amax, whole_index++);
         const PlannedTensor& t = *m->tensors[o];
         const std::uint64_t at = plan_.shards[m->shard].data_start + t.offset;
-        outputs_[m->shard]->write_at(at, bytes);
-        report_written(*outputs_[m->shard], at, bytes.size());
+        const OutputFile* out = shard_file(m->shard);
+        out->write_at(at, bytes);
+        report_written(*out, at, bytes.size());
       }
     }
   }
@@ -379,7 +408,7 @@ class Executor {
     const std::uint64_t base = plan_.shards[m.shard].data_start;
     WriteRequest request;
     request.job = job_index;
-    request.file = outputs_[m.shard].get();
+    request.file = shard_file(m.shard);
     request.buffers = &out;
     for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
       const std::size_t o = m.row_outputs[i];
@@ -401,7 +430,7 @@ class Executor {
     const std::uint64_t row_bytes = m.rows.row_bytes();
     WriteRequest request;
     request.job = job_index;
-    request.file = outputs_[job.shard].get();
+    request.file = shard_file(job.shard);
     request.buffers = &buf.input_write;
     request.pieces[request.n_pieces++] = {
         plan_.shards[job.shard].data_start + job.tensor->offset + job.begin * row_bytes,
@@ -413,8 +442,8 @@ class Executor {
   void run_copy_job(std::size_t job_index, const Job& job) {
     WriteRequest request;
     request.job = job_index;
-    request.file = outputs_[job.shard].get();
-    request.in_fd = job.in_fd;
+    request.file = shard_file(job.shard);
+    request.in_file = job.in_file;
     request.in_offset = job.in_offset + job.begin;
     request.out_offset = plan_.shards[job.shard].data_start + job.tensor->offset + job.begin;
     request.length = job.end - job.begin;
@@ -499,10 +528,10 @@ class Executor {
     return Progress{bytes_done_.load(), bytes_total_, tensors_done_.load(), tensors_total_};
   }
 
-  // The input bytes a job reads: descriptor, file offset, length.
+  // The input bytes a job reads: file, file offset, length.
   WeightRows::FileRange input_range(const Job& job) const {
     if (job.kind == Job::Kind::kCopy) {
-      return {job.in_fd, job.in_offset + job.begin, job.end - job.begin};
+      return {job.in_file, job.in_offset + job.begin, job.end - job.begin};
     }
     return modules_[job.module]->rows.stored_range(job.begin, job.end);
   }
@@ -518,8 +547,12 @@ class Executor {
     for (std::size_t i = first; i < read_ahead_job_; ++i) ahead += jobs[i].input_bytes;
     for (; read_ahead_job_ < jobs.size() && ahead < kReadAheadBytes; ++read_ahead_job_) {
       const WeightRows::FileRange r = input_range(jobs[read_ahead_job_]);
-      ::posix_fadvise(r.fd, static_cast<off_t>(r.offset), static_cast<off_t>(r.length),
-                      POSIX_FADV_WILLNEED);
+      try {
+        ::posix_fadvise(r.file->descriptor()->get(), static_cast<off_t>(r.offset),
+                        static_cast<off_t>(r.length), POSIX_FADV_WILLNEED);
+      } catch (const Error&) {
+        // Advice only: the job's own read reports a file that cannot be reopened.
+      }
       ahead += r.length;
     }
   }
@@ -617,15 +650,15 @@ class Executor {
 
   void write_text_file(const std::string& name, const std::string& text) {
     check_cancel();
-    auto file = std::make_unique<OutputFile>(out_dir_ / name);
+    auto file = std::make_unique<OutputFile>(out_dir_ / name, output_fds_);
     file->write_at(0, std::as_bytes(std::span(text)));
     report_written(*file, 0, text.size());
     outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
   void write_json_files() {
-    write_text_file(kIndexFileName, dump_json(plan_.index));
-    write_text_file(kConfigFileName, dump_json(plan_.config));
+    if (selected(kIndexFileName)) write_text_file(kIndexFileName, dump_json(plan_.index));
+    if (selected(kConfigFileName)) write_text_file(kConfigFileName, dump_json(plan_.config));
   }
 
   // Files of the input directory other than shards, index and config.json,
@@ -633,10 +666,11 @@ class Executor {
   // INPUT; open_input_file() checks again that what is opened is one.
   void copy_other_files() {
     for (const std::string& name : plan_.copied_files) {
+      if (!selected(name)) continue;
       check_cancel();
       std::uint64_t size = 0;
       const detail::UniqueFd in = detail::open_input_file(ckpt_.root / name, name, size);
-      auto file = std::make_unique<OutputFile>(out_dir_ / name);
+      auto file = std::make_unique<OutputFile>(out_dir_ / name, output_fds_);
       file->reserve(size);
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
@@ -676,7 +710,11 @@ class Executor {
   std::vector<Job> amax_jobs_;  // the pre-pass: max |w| of modules that need it
   std::vector<Job> jobs_;       // everything else, in plan order
   const std::vector<Job>* current_jobs_ = &jobs_;
+  // The output files' descriptors: a bounded set, so that a checkpoint of
+  // thousands of shards is written within the open-file limit.
+  std::shared_ptr<FdPool> output_fds_ = std::make_shared<FdPool>(FdPool::default_capacity());
   std::vector<std::unique_ptr<OutputFile>> outputs_;
+  std::vector<std::size_t> shard_output_;  // plan shard -> index into outputs_ (selected shards)
   // Largest per-job buffer sizes, so each thread allocates once.
   std::uint64_t max_in_bytes_ = 0;
   std::uint64_t max_fp8_scale_bytes_ = 0;

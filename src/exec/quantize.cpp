@@ -13,6 +13,7 @@
 #include "ctquant/report/inspect.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/output_dir.hpp"
+#include "ctquant/source/hf_cache.hpp"
 
 namespace ctquant {
 
@@ -100,12 +101,19 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   };
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
+  if (options.stage && !options.part && !options.resume) {
+    throw usage_error("--stage names the staging directory of --part or --resume; give one of them");
+  }
   check_plan_options(options.plan);  // usage errors before any file is read
 
-  check_output_path(options.output, options.input, options.force);
+  const fs::path input = resolve_checkpoint_input(options.input, options.revision);
+  if (log && input != options.input) {
+    log->info("{}: the Hugging Face cache snapshot {}", options.input.string(), input.string());
+  }
+  check_output_path(options.output, input, options.force);
   check_cancel(options.cancel);
   Checkpoint checkpoint =
-      open_checkpoint(options.input, OpenOptions{.follow_links_outside = options.follow_symlinks});
+      open_checkpoint(input, OpenOptions{.follow_links_outside = options.follow_symlinks});
   check_cancel(options.cancel);
   if (log) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
@@ -162,14 +170,44 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     return summary;
   }
 
-  StagedOutput staged(options.output, options.input, options.force);
-  if (log) log->debug("writing into {}", staged.dir().string());
   ExecuteOptions exec;
   exec.threads = options.threads;
   exec.chunk_bytes = options.chunk_bytes;
   exec.on_progress = options.on_progress;
   exec.cancel = options.cancel;
   exec.fsync = options.fsync;
+  if (options.part || options.resume) {
+    // Staged as files that survive the process (parts.hpp).
+    PartOptions part;
+    part.part = options.part.value_or(PartSpec{1, 1});
+    part.stage = options.stage.value_or(default_stage_dir(options.output));
+    part.resume = options.resume;
+    part.logger = log;
+    summary.part = run_part(checkpoint, summary.plan, part, exec);
+    summary.execute = summary.part->execute;
+    summary.phases.stream = summary.execute.seconds_stream;
+    summary.phases.flush = summary.execute.seconds_flush;
+    if (options.part) {
+      summary.bytes_out = summary.part->bytes_assigned;
+    } else {
+      FinalizeOptions finalize;
+      finalize.output = options.output;
+      finalize.stage = part.stage;
+      finalize.force = options.force;
+      finalize.fsync = options.fsync;
+      finalize.parts = 1;
+      finalize.logger = log;
+      finalize.cancel = options.cancel;
+      const FinalizeSummary finalized = finalize_parts(finalize);
+      summary.bytes_out = finalized.bytes;
+      summary.output_files = finalized.manifest;
+    }
+    summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return summary;
+  }
+
+  StagedOutput staged(options.output, input, options.force);
+  if (log) log->debug("writing into {}", staged.dir().string());
   // The manifest's digests are computed while the files are written.
   WrittenFilesHasher hasher(staged.dir(), expected_output_files(checkpoint, summary.plan),
                             options.cancel);

@@ -72,7 +72,8 @@ bool WriteQueue::write_one(std::unique_lock<std::mutex>& lock) {
     lock.unlock();
     if (!failed_.load()) {
       try {
-        slice.file->copy_from(slice.in_fd, slice.in_offset, slice.out_offset, n);
+        const FdLease in = slice.in_file->descriptor();
+        slice.file->copy_from(in->get(), slice.in_offset, slice.out_offset, n);
         wrote(*slice.file, slice.out_offset, n);
         if (last) on_written_(slice.job);
       } catch (...) {

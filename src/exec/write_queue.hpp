@@ -25,6 +25,7 @@
 #include <mutex>
 #include <span>
 
+#include "ctquant/format/safetensors.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 
 namespace ctquant::detail {
@@ -43,11 +44,13 @@ struct WriteRequest {
   std::size_t job = 0;
   const OutputFile* file = nullptr;
   // Buffer write: the pieces, read from `buffers`. Copy (buffers == nullptr):
-  // `length` bytes of in_fd at in_offset to out_offset.
+  // `length` bytes of in_file at in_offset to out_offset (its descriptor is
+  // taken from its pool when the copy is made, so that queued copies hold
+  // no descriptor).
   WriteBuffers* buffers = nullptr;
   std::array<Piece, 4> pieces{};
   std::size_t n_pieces = 0;
-  int in_fd = -1;
+  const SafetensorsFile* in_file = nullptr;
   std::uint64_t in_offset = 0;
   std::uint64_t out_offset = 0;
   std::uint64_t length = 0;

@@ -548,7 +548,34 @@ void read_exact(int fd, std::uint64_t offset, std::span<std::byte> out, const st
   }
 }
 
+// The first line of a Git LFS pointer file (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md):
+// what a clone without `git lfs pull` holds in place of each shard.
+constexpr std::string_view kLfsPointerStart = "version https://git-lfs.github.com/spec/v1";
+constexpr std::uint64_t kMaxLfsPointerBytes = 1024;  // the spec's limit for a pointer file
+
+// Throws when the file is a Git LFS pointer: such a file starts "version ",
+// which read as a header length would be a meaningless 8 GB-sized number.
+void refuse_lfs_pointer(int fd, std::uint64_t file_size, const std::string& label) {
+  if (file_size < kLfsPointerStart.size() || file_size > kMaxLfsPointerBytes) return;
+  std::string text(static_cast<std::size_t>(file_size), '\0');
+  read_exact(fd, 0, std::as_writable_bytes(std::span(text)), label);
+  if (!text.starts_with(kLfsPointerStart)) return;
+  std::string object;
+  const std::size_t size_at = text.find("\nsize ");
+  if (size_at != std::string::npos) {
+    const std::size_t begin = size_at + 6;
+    const std::size_t end = text.find_first_not_of("0123456789", begin);
+    object = fmt::format(" for {} bytes of data", text.substr(begin, end - begin));
+  }
+  throw bad_input(
+      fmt::format("{}: is a Git LFS pointer file ({} bytes of text{}), not safetensors data: the "
+                  "checkpoint was cloned without its LFS objects; run `git lfs pull` in it, or "
+                  "download it with huggingface-cli / hf download",
+                  label, file_size, object));
+}
+
 SafetensorsHeader read_header_fd(int fd, std::uint64_t file_size, const std::string& label) {
+  refuse_lfs_pointer(fd, file_size, label);
   if (file_size < 8) {
     throw bad_input(fmt::format("{}: file is {} bytes, too short to hold the 8-byte header length",
                                 label, file_size));
@@ -572,40 +599,47 @@ SafetensorsHeader read_header_fd(int fd, std::uint64_t file_size, const std::str
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, std::string label)
-    : path_(path), label_(std::move(label)) {
-  fd_ = detail::open_input_file(path_, label_, file_size_).release();
-  try {
-    header_ = read_header_fd(fd_, file_size_, label_);
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, std::string label,
+                                 std::shared_ptr<FdPool> pool)
+    : path_(path), label_(std::move(label)), pool_(std::move(pool)) {
+  detail::UniqueFd fd = detail::open_input_file(path_, label_, file_size_);
+  header_ = read_header_fd(fd.get(), file_size_, label_);
+  const detail::FileIdentity identity = detail::file_identity(fd.get());
+  if (!pool_) pool_ = std::make_shared<FdPool>(1);
+  slot_ = pool_->add(fd.release(), [path = path_, label = label_, identity] {
+    return detail::reopen_input_file(path, label, identity).release();
+  });
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
+void SafetensorsFile::release() noexcept {
+  if (pool_) pool_->remove(slot_);
+  pool_.reset();
 }
+
+SafetensorsFile::~SafetensorsFile() { release(); }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept
     : path_(std::move(other.path_)),
       label_(std::move(other.label_)),
-      fd_(std::exchange(other.fd_, -1)),
+      pool_(std::move(other.pool_)),
+      slot_(other.slot_),
       file_size_(other.file_size_),
       header_(std::move(other.header_)) {}
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    release();
     path_ = std::move(other.path_);
     label_ = std::move(other.label_);
-    fd_ = std::exchange(other.fd_, -1);
+    pool_ = std::move(other.pool_);
+    slot_ = other.slot_;
     file_size_ = other.file_size_;
     header_ = std::move(other.header_);
   }
   return *this;
 }
+
+FdLease SafetensorsFile::descriptor() const { return pool_->acquire(slot_); }
 
 void SafetensorsFile::read(std::uint64_t offset, std::span<std::byte> out) const {
   std::uint64_t end = 0;
@@ -615,7 +649,8 @@ void SafetensorsFile::read(std::uint64_t offset, std::span<std::byte> out) const
                     "{}-byte data buffer",
                     label_, out.size(), offset, header_.data_size));
   }
-  read_exact(fd_, header_.data_start + offset, out, label_);
+  const FdLease fd = descriptor();
+  read_exact(fd->get(), header_.data_start + offset, out, label_);
 }
 
 SafetensorsHeader read_header(const std::filesystem::path& path, const std::string& label) {

@@ -78,17 +78,43 @@ void throw_write_error(const std::string& what, int errno_value) {
   throw io_error(fmt::format("{}: write failed: {}", what, std::strerror(errno_value)));
 }
 
-OutputFile::OutputFile(const std::filesystem::path& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
+OutputFile::OutputFile(const std::filesystem::path& path, std::shared_ptr<FdPool> pool)
+    : path_(path), pool_(std::move(pool)) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
     const int error = errno;
     if (error == ENOSPC || error == EDQUOT) throw_write_error(path.string(), error);
     throw io_error(fmt::format("{}: cannot create: {}", path.string(), std::strerror(error)));
   }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw io_error(fmt::format("{}: cannot stat: {}", path.string(), std::strerror(error)));
+  }
+  if (!pool_) pool_ = std::make_shared<FdPool>(1);
+  slot_ = pool_->add(fd, [path, device = st.st_dev, inode = st.st_ino] {
+    const int again = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (again < 0) {
+      throw io_error(fmt::format("{}: cannot reopen: {}", path.string(), std::strerror(errno)));
+    }
+    struct stat now {};
+    if (::fstat(again, &now) != 0 || now.st_dev != device || now.st_ino != inode) {
+      ::close(again);
+      throw io_error(fmt::format(
+          "{}: was replaced while ctquant wrote it (reopened, it is another file)", path.string()));
+    }
+    return again;
+  });
 }
 
 OutputFile::~OutputFile() {
-  if (fd_ >= 0) ::close(fd_);
+  if (pool_) pool_->remove(slot_);
+}
+
+FdLease OutputFile::descriptor() const {
+  if (!pool_) throw io_error(fmt::format("{}: written after it was closed", path_.string()));
+  return pool_->acquire(slot_);
 }
 
 void OutputFile::reserve(std::uint64_t size) {
@@ -96,18 +122,20 @@ void OutputFile::reserve(std::uint64_t size) {
   if (size > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
     throw_write_error(path_.string(), EFBIG);
   }
+  const FdLease fd = descriptor();
   int rc = 0;
   do {
-    rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size));
+    rc = ::posix_fallocate(fd->get(), 0, static_cast<off_t>(size));
   } while (rc == EINTR);
   if (rc == 0 || rc == EOPNOTSUPP || rc == EINVAL) return;  // unsupported: writes will tell
   throw_write_error(path_.string(), rc);
 }
 
 void OutputFile::write_at(std::uint64_t offset, std::span<const std::byte> bytes) const {
+  const FdLease fd = descriptor();
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::pwrite(fd_, bytes.data() + done, bytes.size() - done,
+    const ssize_t n = ::pwrite(fd->get(), bytes.data() + done, bytes.size() - done,
                                static_cast<off_t>(offset + done));
     if (n < 0) {
       const int error = errno;
@@ -121,11 +149,12 @@ void OutputFile::write_at(std::uint64_t offset, std::span<const std::byte> bytes
 
 void OutputFile::copy_from(int in_fd, std::uint64_t in_offset, std::uint64_t offset,
                            std::uint64_t length) const {
+  const FdLease fd = descriptor();
   auto in_pos = static_cast<off_t>(in_offset);
   auto out_pos = static_cast<off_t>(offset);
   std::uint64_t left = length;
   while (left > 0) {
-    const ssize_t n = ::copy_file_range(in_fd, &in_pos, fd_, &out_pos,
+    const ssize_t n = ::copy_file_range(in_fd, &in_pos, fd->get(), &out_pos,
                                         static_cast<std::size_t>(std::min<std::uint64_t>(left, 1u << 30)), 0);
     if (n > 0) {
       left -= static_cast<std::uint64_t>(n);
@@ -164,26 +193,29 @@ void OutputFile::copy_from(int in_fd, std::uint64_t in_offset, std::uint64_t off
 }
 
 void OutputFile::start_writeback(std::uint64_t offset, std::uint64_t length) const {
-  if (fd_ < 0) return;
-  ::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+  if (!pool_) return;
+  const FdLease fd = descriptor();
+  ::sync_file_range(fd->get(), static_cast<off_t>(offset), static_cast<off_t>(length),
                     SYNC_FILE_RANGE_WRITE);
 }
 
 void OutputFile::sync_and_close() {
-  if (fd_ < 0) return;
+  if (!pool_) return;
+  FdLease fd = descriptor();
+  pool_->remove(slot_);
+  pool_.reset();
   int rc = 0;
   do {
-    rc = ::fsync(fd_);
+    rc = ::fsync(fd->get());
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int error = errno;
     throw_write_error(path_.string(), error);
   }
-  const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) {
-    const int error = errno;
-    if (error != EINTR) throw_write_error(path_.string(), error);
+  // Close here, when this is the last holder, to see a close that reports a
+  // failed write (NFS); another holder's lease closes it otherwise.
+  if (fd.use_count() == 1) {
+    if (const int error = fd->close(); error != 0) throw_write_error(path_.string(), error);
   }
 }
 

@@ -151,8 +151,15 @@ struct WrittenFilesHasher::State {
 
   bool cancelled() const { return cancel != nullptr && cancel->load(); }
 
-  // With mutex held: a file with written bytes not yet hashed, or nullptr.
+  // The one file whose descriptor is open (hashing thread only): a run of
+  // thousands of shards must not hold a descriptor per shard (util/fd_pool.hpp
+  // says why); a file is reopened by name when its hashing resumes.
+  File* open_file = nullptr;
+
+  // With mutex held: a file with written bytes not yet hashed, or nullptr;
+  // the open file first.
   File* next_work() {
+    if (open_file != nullptr && open_file->hashed < open_file->ready) return open_file;
     for (File& f : files) {
       if (f.hashed < f.ready) return &f;
     }
@@ -161,6 +168,8 @@ struct WrittenFilesHasher::State {
 
   void hash_range(File& f, std::uint64_t end, std::vector<std::byte>& buffer) {
     if (f.fd.get() < 0) {
+      if (open_file != nullptr) open_file->fd = detail::UniqueFd();
+      open_file = &f;
       const fs::path path = dir / f.name;
       f.fd = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
       if (f.fd.get() < 0) {
@@ -279,7 +288,7 @@ std::vector<ManifestEntry> WrittenFilesHasher::finish() {
   for (State::File& f : s.files) {
     // The file must end where the plan said it would.
     struct stat st {};
-    if (f.fd.get() >= 0 && ::fstat(f.fd.get(), &st) == 0 &&
+    if (f.hashed > 0 && ::stat((s.dir / f.name).c_str(), &st) == 0 &&
         static_cast<std::uint64_t>(st.st_size) != f.size) {
       throw io_error(fmt::format("{}: {} bytes, expected {}", (s.dir / f.name).string(),
                                  st.st_size, f.size));

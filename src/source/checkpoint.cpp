@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/source/hf_cache.hpp"
 #include "ctquant/util/error.hpp"
 #include "util/input_file.hpp"
 
@@ -98,9 +99,10 @@ bool is_safetensors_name(std::string_view name) {
 }
 
 // The regular files of a checkpoint directory, sorted. A symbolic link is
-// followed when it resolves to a regular file inside the directory; one that
-// resolves to a regular file outside it is refused (a downloaded checkpoint
-// must not make ctquant read or copy, say, ~/.ssh/id_rsa) unless
+// followed when it resolves to a regular file inside the directory, or inside
+// the blob store of the Hugging Face cache snapshot the directory is; one
+// that resolves to a regular file elsewhere is refused (a downloaded
+// checkpoint must not make ctquant read or copy, say, ~/.ssh/id_rsa) unless
 // follow_links_outside. Directories, devices, FIFOs, sockets and dangling
 // links are ignored, except under the name of a config, index or shard: those
 // must not be skipped as if absent (a dangling link into a download cache).
@@ -109,6 +111,7 @@ std::vector<std::string> list_checkpoint_files(const fs::path& dir, bool follow_
   std::error_code ec;
   const fs::path root = fs::canonical(dir, ec);
   if (ec) throw io_error(fmt::format("{}: cannot resolve: {}", dir.string(), ec.message()));
+  const std::optional<fs::path> blob_store = hf_snapshot_blob_store(root);
   std::vector<std::string> files;
   Problems problems;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator();
@@ -131,13 +134,16 @@ std::vector<std::string> list_checkpoint_files(const fs::path& dir, bool follow_
     if (item.is_symlink(type_ec) && !follow_links_outside) {
       std::error_code link_ec;
       const fs::path target = fs::canonical(item.path(), link_ec);
-      if (link_ec || !detail::path_is_within(target, root)) {
+      const bool inside = !link_ec && (detail::path_is_within(target, root) ||
+                                       (blob_store && detail::path_is_within(target, *blob_store)));
+      if (!inside) {
         problems.add(fmt::format(
-            "{}: is a symbolic link to {}, outside the checkpoint directory {}; ctquant reads "
-            "only files inside INPUT unless --follow-symlinks is given (a Hugging Face cache "
-            "snapshot links into its blob store: pass --follow-symlinks, or copy it with cp -rL)",
+            "{}: is a symbolic link to {}, outside the checkpoint directory {}{}; ctquant reads "
+            "only files inside INPUT (or, for a Hugging Face cache snapshot, inside its blob "
+            "store) unless --follow-symlinks is given (or copy the checkpoint with cp -rL)",
             name, link_ec ? fs::read_symlink(item.path(), link_ec).string() : target.string(),
-            dir.string()));
+            dir.string(),
+            blob_store ? fmt::format(" and its cache's blob store {}", blob_store->string()) : ""));
         continue;
       }
     }
@@ -255,12 +261,14 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     throw bad_input(fmt::format("{}: not a regular file or directory", input.string()));
   }
 
-  // Every shard's header, each problem reported.
+  // Every shard's header, each problem reported. The shards share one
+  // bounded set of descriptors, so any number of shards can be opened.
   {
     Problems problems;
+    const auto descriptors = std::make_shared<FdPool>(FdPool::default_capacity());
     for (const std::string& name : shard_names) {
       try {
-        ckpt.shards.emplace_back(ckpt.root / name, name);
+        ckpt.shards.emplace_back(ckpt.root / name, name, descriptors);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kBadInput) throw;
         problems.add(e.what());

@@ -33,7 +33,7 @@ WeightRows::FileRange WeightRows::stored_range(std::uint64_t row_begin,
   const TensorEntry& t = checkpoint_.entry(source_.tensor);
   const SafetensorsFile& in = checkpoint_.shards[source_.tensor.shard];
   const std::uint64_t stored_row = source_.cols * static_cast<std::uint64_t>(dtype_bits(t.dtype) / 8);
-  return {in.fd(), in.header().data_start + t.begin + (source_.row_begin + row_begin) * stored_row,
+  return {&in, in.header().data_start + t.begin + (source_.row_begin + row_begin) * stored_row,
           (row_end - row_begin) * stored_row};
 }
 

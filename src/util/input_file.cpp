@@ -49,6 +49,35 @@ UniqueFd open_input_file(const std::filesystem::path& path, const std::string& l
   return fd;
 }
 
+FileIdentity file_identity(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw io_error(fmt::format("cannot stat an open file: {}", std::strerror(errno)));
+  }
+  return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                      static_cast<std::uint64_t>(st.st_size)};
+}
+
+UniqueFd reopen_input_file(const std::filesystem::path& path, const std::string& label,
+                           const FileIdentity& identity) {
+  std::uint64_t size = 0;
+  UniqueFd fd = open_input_file(path, label, size);
+  const FileIdentity now = file_identity(fd.get());
+  if (now.device != identity.device || now.inode != identity.inode) {
+    throw io_error(
+        fmt::format("{}: was replaced while ctquant ran (reopened, it is another file than the "
+                    "one first read); the input must not change during a run",
+                    label));
+  }
+  if (now.size != identity.size) {
+    throw io_error(
+        fmt::format("{}: changed size while ctquant ran ({} bytes when first read, {} now); the "
+                    "input must not change during a run",
+                    label, identity.size, now.size));
+  }
+  return fd;
+}
+
 std::string read_input_file(const std::filesystem::path& path, const std::string& label,
                             std::uint64_t max_bytes) {
   std::uint64_t size = 0;

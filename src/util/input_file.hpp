@@ -51,6 +51,24 @@ class UniqueFd {
 UniqueFd open_input_file(const std::filesystem::path& path, const std::string& label,
                          std::uint64_t& size);
 
+// What makes an open file the same file when it is opened again.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t size = 0;
+};
+
+// The identity of an open descriptor (fstat). Throws Error{kIo}.
+FileIdentity file_identity(int fd);
+
+// Opens path again as open_input_file() does and checks that it is still the
+// file whose identity was taken at the first open (a descriptor pool closes
+// and reopens input files). Throws as open_input_file() does, and
+// Error{kIo} naming label when it is another file now (another device or
+// inode: replaced or moved) or has another size (rewritten).
+UniqueFd reopen_input_file(const std::filesystem::path& path, const std::string& label,
+                           const FileIdentity& identity);
+
 // Reads a whole input file of at most max_bytes bytes. Throws Error{kBadInput}
 // when it is larger, Error{kIo} on a read error.
 std::string read_input_file(const std::filesystem::path& path, const std::string& label,

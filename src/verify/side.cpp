@@ -108,9 +108,11 @@ Side open_side(const fs::path& path, const std::string& label) {
   if (shard_names.empty()) {
     throw bad_input(fmt::format("{} {}: no .safetensors file", label, path.string()));
   }
+  // One bounded set of descriptors for the side's shards (any number of them).
+  const auto descriptors = std::make_shared<FdPool>(FdPool::default_capacity());
   for (const auto& name : shard_names) {
     try {
-      side.shards.emplace_back(side.root / name, name);
+      side.shards.emplace_back(side.root / name, name, descriptors);
     } catch (const Error& e) {
       // Say which of the two checkpoints holds the bad file.
       throw Error(e.kind(), fmt::format("{} {}: {}", label, side.root.string(), e.what()));

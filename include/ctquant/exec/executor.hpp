@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "ctquant/source/checkpoint.hpp"
@@ -52,6 +54,10 @@ struct ExecuteOptions {
   // When it becomes true the run stops and throws Error{kInterrupted}.
   const std::atomic<bool>* cancel = nullptr;
   bool fsync = true;  // flush every file and the directory before returning
+  // The output files to write, by name (shards, the index, config.json,
+  // copied files); unset: every file of the plan. A part of a run split
+  // across processes writes its own files only (parts.hpp).
+  std::optional<std::set<std::string>> files;
   // Called after each write into out_dir returns, with the file and the byte
   // range [offset, offset + length) now in it, one call at a time (the
   // writes are serialised), from whichever thread wrote. Every byte of every
@@ -70,8 +76,9 @@ struct ExecuteStats {
   std::uint64_t bytes_written = 0;  // output shard bytes
 };
 
-// Writes every file of the plan into out_dir, an existing empty directory:
-// the shards, the index, config.json and the copied files. Throws
+// Writes every file of the plan (or the ones options.files names) into
+// out_dir, an existing directory that does not hold them: the shards, the
+// index, config.json and the copied files. Throws
 // Error{kBadInput} for a non-finite weight, or an FP8 weight whose
 // dequantized value is not finite (naming shard, tensor, row and column), Error{kNoSpace}/Error{kIo} for write failures, Error{kInterrupted}
 // on cancel. On error, files already written to out_dir are left for the

@@ -15,10 +15,13 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include <spdlog/logger.h>
 
 #include "ctquant/exec/executor.hpp"
+#include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/report/manifest.hpp"
@@ -26,7 +29,10 @@
 namespace ctquant {
 
 struct QuantizeOptions {
-  std::filesystem::path input;   // checkpoint directory or .safetensors file
+  // Checkpoint directory or .safetensors file, or a Hugging Face repository
+  // id ORG/NAME looked up in the local hub cache (resolve_checkpoint_input).
+  std::filesystem::path input;
+  std::optional<std::string> revision;  // of a repository id; default "main"
   std::filesystem::path output;  // directory to create (must not exist unless force)
   PlanOptions plan;              // scheme, ignore list, targets
   unsigned threads = 1;          // worker threads (>= 1)
@@ -46,6 +52,17 @@ struct QuantizeOptions {
   // stop the run (the CLI prints the plan here under --dry-run). May be empty.
   std::function<void(const Checkpoint&, const QuantizePlan&, const std::vector<Finding>&)> on_plan;
   const std::atomic<bool>* cancel = nullptr;        // set by a signal handler
+  // A run split across processes (parts.hpp): write only this part's files
+  // into the staging directory, and leave OUTPUT to finalize_parts().
+  std::optional<PartSpec> part;
+  // Where parts (and a --resume run) stage their files; unset:
+  // default_stage_dir(output).
+  std::optional<std::filesystem::path> stage;
+  // Keep the files an earlier run of the same plan finished (sha256
+  // checked). Without part: a one-process run that stages as part 1/1, keeps
+  // the staging directory when it fails or is interrupted, and finalizes
+  // OUTPUT itself.
+  bool resume = false;
 };
 
 // Defaults: W4A16 (int4, symmetric, group 128), ignore ["lm_head"],
@@ -78,6 +95,7 @@ struct QuantizeSummary {
   std::vector<ManifestEntry> output_files;
   QuantizePlan plan;
   std::vector<Finding> findings;  // every lint finding, blocking or not
+  std::optional<PartSummary> part;  // a part's or a --resume run's files (kept, written)
 };
 
 // Runs the job. OUTPUT gets a manifest (report/manifest.hpp) of its files,
@@ -86,7 +104,10 @@ struct QuantizeSummary {
 // for the kinds; Error{kLint} when lint findings stop the run, also under
 // dry_run); on any error OUTPUT does not exist afterwards (or, with force,
 // still holds what it held before). With dry_run, bytes_out is the expected
-// output size and nothing is created.
+// output size and nothing is created. With part, only that part's files are
+// written, into the staging directory, and bytes_out counts them; with
+// resume, run_part() and finalize_parts() throw what they throw, and the
+// staging directory is kept on error.
 QuantizeSummary quantize(const QuantizeOptions& options);
 
 }  // namespace ctquant

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "ctquant/format/dtype.hpp"
+#include "ctquant/util/fd_pool.hpp"
 
 namespace ctquant {
 
@@ -69,13 +71,22 @@ struct SafetensorsHeader {
 SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_size,
                                const std::string& file_label);
 
-// An open input safetensors file. Owns its file descriptor; move-only.
+// An open input safetensors file; move-only.
+//
+// Its descriptor lives in an FdPool: the pool given (shared by the shards of
+// one checkpoint, so that thousands of shards cost a bounded number of
+// descriptors) or a pool of its own. When the pool has closed it, the next
+// read reopens the file by path with the checks of the first open (a
+// regular file, opened non-blocking) and refuses a file that is no longer
+// the one first opened (another device, inode or size).
 class SafetensorsFile {
  public:
   // Opens and validates path. label names the file in messages (usually the
   // file name relative to the checkpoint). Throws Error{kIo} when the file
-  // cannot be opened or read, Error{kBadInput} when it is not valid.
-  SafetensorsFile(const std::filesystem::path& path, std::string label);
+  // cannot be opened or read, Error{kBadInput} when it is not valid (a Git
+  // LFS pointer file in place of the data is named as such).
+  SafetensorsFile(const std::filesystem::path& path, std::string label,
+                  std::shared_ptr<FdPool> pool = nullptr);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
@@ -86,17 +97,24 @@ class SafetensorsFile {
   const std::filesystem::path& path() const { return path_; }
   const std::string& label() const { return label_; }
   std::uint64_t file_size() const { return file_size_; }
-  int fd() const { return fd_; }
+  // An open descriptor of the file, kept open while the lease is held (for
+  // copy_file_range and read-ahead advice). Throws Error{kIo} when the file
+  // has to be reopened and cannot be, or changed.
+  FdLease descriptor() const;
 
   // Reads out.size() bytes at data-buffer offset `offset` (thread-safe,
-  // positioned read). Throws Error{kIo} on a short read, a read error, or a
-  // range that does not lie inside the data buffer.
+  // positioned read). Throws Error{kIo} on a short read, a read error, a
+  // range that does not lie inside the data buffer, or a file that has to
+  // be reopened and cannot be, or changed.
   void read(std::uint64_t offset, std::span<std::byte> out) const;
 
  private:
+  void release() noexcept;
+
   std::filesystem::path path_;
   std::string label_;
-  int fd_ = -1;
+  std::shared_ptr<FdPool> pool_;
+  std::size_t slot_ = 0;
   std::uint64_t file_size_ = 0;
   SafetensorsHeader header_;
 };

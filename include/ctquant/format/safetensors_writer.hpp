@@ -12,11 +12,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "ctquant/format/dtype.hpp"
+#include "ctquant/util/fd_pool.hpp"
 
 namespace ctquant {
 
@@ -40,12 +42,16 @@ struct ShardLayout {
 ShardLayout layout_shard(std::span<const TensorSpec> tensors,
                          const std::map<std::string, std::string>& metadata);
 
-// An output file opened for positioned writes. Owns the descriptor; closing
-// without fsync() is allowed (the caller removes the file on error).
+// An output file opened for positioned writes; closing without
+// sync_and_close() is allowed (the caller removes the file on error). Its
+// descriptor lives in an FdPool, the one given (shared by the shards of one
+// output, so that thousands of shards cost a bounded number of descriptors)
+// or one of its own; when the pool has closed it, the next write reopens the
+// file (O_NOFOLLOW) and checks that it is still the file created.
 class OutputFile {
  public:
   // Creates path (which must not exist). Throws Error{kIo} / Error{kNoSpace}.
-  explicit OutputFile(const std::filesystem::path& path);
+  explicit OutputFile(const std::filesystem::path& path, std::shared_ptr<FdPool> pool = nullptr);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
@@ -54,7 +60,8 @@ class OutputFile {
   // full disk is found before any data is written. Throws Error{kNoSpace}.
   void reserve(std::uint64_t size);
   // Writes bytes at file offset (thread-safe). Throws Error{kNoSpace} on
-  // ENOSPC/EDQUOT/EFBIG, Error{kIo} otherwise.
+  // ENOSPC/EDQUOT/EFBIG, Error{kIo} otherwise (also when the file had to be
+  // reopened and is not the file created any more).
   void write_at(std::uint64_t offset, std::span<const std::byte> bytes) const;
   // Copies length bytes from in_fd at in_offset to offset in this file
   // (copy_file_range, falling back to read/write through a bounded buffer).
@@ -65,14 +72,18 @@ class OutputFile {
   // (sync_file_range SYNC_FILE_RANGE_WRITE), so that a later fsync has less
   // left to wait for. Advisory: errors are left for fsync to report.
   void start_writeback(std::uint64_t offset, std::uint64_t length) const;
-  // fsync, then close. Throws Error{kIo}.
+  // fsync, then close. Throws Error{kIo} (Error{kNoSpace} for a write the
+  // flush found had no room).
   void sync_and_close();
 
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  FdLease descriptor() const;
+
   std::filesystem::path path_;
-  int fd_ = -1;
+  std::shared_ptr<FdPool> pool_;  // null once closed
+  std::size_t slot_ = 0;
 };
 
 // Throws the error for a failed write: Error{kNoSpace} for ENOSPC, EDQUOT and

@@ -70,10 +70,11 @@ struct Checkpoint {
 };
 
 struct OpenOptions {
-  // Read files that symbolic links in the directory point to outside it (a
-  // Hugging Face cache snapshot links every file into its blob store). Off:
-  // such a link is refused, so that a downloaded checkpoint cannot make
-  // ctquant read or copy a file it was not given (docs/security.md).
+  // Read files that symbolic links in the directory point to outside it (and,
+  // for a Hugging Face cache snapshot, outside its blob store, whose links
+  // are always followed). Off: such a link is refused, so that a downloaded
+  // checkpoint cannot make ctquant read or copy a file it was not given
+  // (docs/security.md).
   bool follow_links_outside = false;
 };
 
@@ -82,8 +83,10 @@ struct OpenOptions {
 bool is_safetensors_name(std::string_view name);
 
 // The regular files of the checkpoint directory dir, sorted by name. A
-// symbolic link is followed when it resolves to a regular file inside dir,
-// and when it resolves to one outside it only with follow_links_outside.
+// symbolic link is followed when it resolves to a regular file inside dir or,
+// when dir is a Hugging Face cache snapshot, inside the cache's blob store
+// for that repository (hf_snapshot_blob_store), and when it resolves to one
+// elsewhere only with follow_links_outside.
 // Other entries (subdirectories, devices, FIFOs, sockets, dangling links) are
 // appended to skipped as "name (what it is)", sorted, except that under the
 // name of a config.json, index or .safetensors file they are refused. The
@@ -95,8 +98,9 @@ std::vector<std::string> list_checkpoint_files(const std::filesystem::path& dir,
 
 // Opens and validates the checkpoint at input. Only regular files are read:
 // in a directory, a symbolic link is followed when it resolves to a regular
-// file inside the directory, and when it resolves to one outside it only
-// with options.follow_links_outside (refused otherwise); subdirectories,
+// file inside the directory (or inside the blob store of the Hugging Face
+// cache snapshot the directory is), and when it resolves to one elsewhere
+// only with options.follow_links_outside (refused otherwise); subdirectories,
 // devices and FIFOs are ignored, except that a config.json, index or
 // .safetensors entry that is not a regular file (such as a dangling link
 // into a download cache) is refused. config.json and the index are read

@@ -64,7 +64,7 @@ class WeightRows {
   // The file and byte range of the stored rows [row_begin, row_end), for
   // read-ahead.
   struct FileRange {
-    int fd = -1;
+    const SafetensorsFile* file = nullptr;  // of the checkpoint
     std::uint64_t offset = 0;
     std::uint64_t length = 0;
   };

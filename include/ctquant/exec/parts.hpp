@@ -1,0 +1,172 @@
+// One quantize run split into parts that run as separate processes, on one
+// machine or many, and assembled by `ctquant finalize`.
+//
+// `ctquant quantize INPUT OUTPUT --part I/N` writes only the output files
+// assigned to part I (1-based) of N: a deterministic assignment balanced by
+// bytes and computed from the plan alone, so every part agrees on it without
+// talking to the others (assign_parts). Every part writes into one staging
+// directory on a filesystem they share, by default `.<OUTPUT name>.ctquant-parts`
+// beside OUTPUT (default_stage_dir), which every part and `finalize` derive
+// from the same OUTPUT argument:
+//
+//   STAGE/part-00002-of-00003.json   the part's record (PartRecord): the plan
+//                                    fingerprint, the files assigned, each
+//                                    file written with its size, tensors and
+//                                    sha256, and whether the part is complete
+//   STAGE/part-00002-of-00003.log    while the part runs: one JSON line per
+//                                    file finished (what --resume keeps)
+//   STAGE/.part-00002-of-00003.work/ the file being written
+//   STAGE/<output file>              each finished file, under its own name
+//
+// A file is written in the work directory, flushed, hashed, then renamed into
+// STAGE and logged, so a part that dies leaves every finished file usable and
+// nothing half-written under an output name. Rerun with `--resume`, a part
+// keeps each assigned file whose logged sha256 still matches the file in
+// STAGE (logged by any part of the same plan) and writes the others; a plan
+// that changed (input headers, config.json, index, file list, options or
+// ctquant version) is refused, naming what changed.
+//
+// `ctquant finalize OUTPUT` (finalize_parts) checks that the parts of one
+// plan are all there and complete, that every output file and tensor appears
+// exactly once and that the sizes add up to the plan's; then links the files
+// into the temporary output directory and renames it into place as a
+// one-process run does (output_dir.hpp), with the manifest
+// (report/manifest.hpp) built from the digests the parts recorded. The result
+// is byte-identical to a one-process run. On any problem it lists them all (Error{kBadInput}),
+// creates no OUTPUT and leaves STAGE as it is.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/logger.h>
+
+#include "ctquant/exec/executor.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/report/manifest.hpp"
+#include "ctquant/source/checkpoint.hpp"
+
+namespace ctquant {
+
+// Part I of N, 1-based.
+struct PartSpec {
+  unsigned index = 1;
+  unsigned count = 1;
+  bool operator==(const PartSpec&) const = default;
+};
+
+// Most parts a run may be split into.
+inline constexpr unsigned kMaxParts = 100000;
+
+// Parses "I/N" (decimal, 1 <= I <= N <= kMaxParts). Throws Error{kUsage}
+// naming the text otherwise ("0/3", "4/3", "x").
+PartSpec parse_part(std::string_view text);
+
+// "2/3".
+std::string part_name(const PartSpec& part);
+
+// The staging directory every part and finalize use for OUTPUT unless told
+// otherwise: `.<OUTPUT name>.ctquant-parts` in OUTPUT's parent directory
+// (OUTPUT made absolute, a trailing separator ignored).
+std::filesystem::path default_stage_dir(const std::filesystem::path& output);
+
+// One file of the output, as a unit of work for the parts.
+struct PlannedFile {
+  std::string name;
+  std::uint64_t size = 0;   // bytes of the output file
+  std::uint64_t work = 0;   // what it costs to write: input bytes read plus bytes written
+  std::vector<std::string> tensors;  // the tensors a shard holds; empty for other files
+};
+
+// The output files of a plan in plan order: the shards, then the index,
+// config.json and the copied files.
+std::vector<PlannedFile> planned_files(const Checkpoint& checkpoint, const QuantizePlan& plan);
+
+// For each file, the 0-based part that writes it: longest processing time
+// first (files by decreasing work, ties in plan order; each to the part with
+// the least work so far, ties to the lowest part), so parts get about the
+// same number of bytes. Depends only on the files and count.
+std::vector<unsigned> assign_parts(const std::vector<PlannedFile>& files, unsigned count);
+
+// The identity of a plan, from headers alone (no tensor data is read):
+// the input (each shard's name, size and header; config.json; the index;
+// the other files' names and sizes), the options (the output's
+// quantization_config), the output (every file's name and size, each
+// shard's header bytes) and the ctquant version. Two runs with the same
+// fingerprint write the same bytes.
+nlohmann::json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan& plan);
+
+// What changed between two fingerprints, one line each ("input file
+// model-00002-of-00004.safetensors: its header differs", "options:
+// quantization_config.ignore differs", ...); empty when they are the same
+// plan.
+std::vector<std::string> fingerprint_changes(const nlohmann::json& before,
+                                             const nlohmann::json& now);
+
+struct PartOptions {
+  PartSpec part;
+  std::filesystem::path stage;  // the staging directory (created if missing; its parent must exist)
+  bool resume = false;          // keep the files an earlier run of this plan wrote and logged
+  std::shared_ptr<spdlog::logger> logger;  // may be null
+};
+
+struct PartSummary {
+  std::size_t files_assigned = 0;
+  std::size_t files_kept = 0;     // written by an earlier run, sha256 checked (--resume)
+  std::size_t files_written = 0;  // written by this run
+  std::uint64_t bytes_assigned = 0;
+  ExecuteStats execute;           // summed over the files written
+  std::filesystem::path record;   // the part's record
+};
+
+// Writes the files of options.part into options.stage and records them
+// (see the top of this file). Throws Error{kUsage} when the part is already
+// running in another process, or when resuming against a changed plan
+// (options changed); Error{kBadInput} when resuming against a changed input;
+// and what execute_plan() throws. Whatever was finished stays in the stage
+// and logged.
+PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                     const PartOptions& options, const ExecuteOptions& execute);
+
+struct FinalizeOptions {
+  std::filesystem::path output;
+  std::optional<std::filesystem::path> stage;  // default_stage_dir(output) when unset
+  bool force = false;  // replace an existing OUTPUT, as quantize --force does
+  bool fsync = true;   // flush OUTPUT's directory entries before and after the rename
+  // Only consider the records of runs split in this many parts (the
+  // one-process --resume run finalizes its own 1/1 record, whatever other
+  // runs left in the stage). Unset: every record in the stage.
+  std::optional<unsigned> parts;
+  std::shared_ptr<spdlog::logger> logger;   // may be null
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct FinalizeSummary {
+  unsigned parts = 0;
+  std::size_t files = 0;    // files of the plan (the manifest not counted)
+  std::size_t tensors = 0;
+  std::uint64_t bytes = 0;  // of every file of OUTPUT, the manifest included
+  // OUTPUT's files with their sizes and SHA-256 as the manifest lists them,
+  // and the manifest's own entry; sorted by name.
+  std::vector<ManifestEntry> manifest;
+  std::filesystem::path stage;
+};
+
+// Assembles OUTPUT from the parts' files in the stage (see the top of this
+// file), then removes the stage. Throws Error{kBadInput} listing every
+// problem (a missing, incomplete, duplicated or foreign part; a file or
+// tensor missing or recorded twice; a staged file of another size; sizes
+// that do not add up), with nothing created and the stage untouched;
+// Error{kUsage} for an OUTPUT that exists (without force) or is misplaced
+// (check_output_path); Error{kIo} for a stage that cannot be read;
+// Error{kInterrupted} on cancel.
+FinalizeSummary finalize_parts(const FinalizeOptions& options);
+
+}  // namespace ctquant

@@ -1,0 +1,668 @@
+// A run split into parts (`quantize --part I/N`, `finalize`) and resumed
+// runs (`--resume`): parts run as separate processes through `xargs -P 3`
+// give output byte-identical to one process, on the sharded golden case and
+// a 20-shard synthetic checkpoint; finalize refuses missing, incomplete,
+// duplicated and foreign parts without creating OUTPUT or touching the
+// stage; kill -9 of a part, then --resume, writes only the files it had not
+// finished, with identical output; a changed plan is not resumed.
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ctquant/exec/parts.hpp"
+#include "ctquant/exec/quantize.hpp"
+#include "ctquant/report/manifest.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
+#include "golden_support.hpp"
+#include "test_support.hpp"
+
+namespace ctquant {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::CommandResult;
+using test::TempDir;
+
+// The sharded golden case and its ignore list (tests/golden/cases.json).
+const fs::path kGoldenInput = test::golden_dir() / "dflash-bf16-sharded" / "input";
+const fs::path kGoldenExpected = test::golden_dir() / "dflash-bf16-sharded" / "expected";
+const std::vector<std::string> kGoldenIgnore = {"--ignore", "re:.*qkv_proj$", "--ignore",
+                                                "re:.*g_proj$"};
+
+std::vector<std::string> with(std::vector<std::string> args,
+                              const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// `'a' 'b' ...` for a shell command line (the paths here hold no quote).
+std::string shell_words(const std::vector<std::string>& words) {
+  std::string text;
+  for (const std::string& w : words) text += " '" + w + "'";
+  return text;
+}
+
+// Runs parts 1..n of `quantize IN OUT EXTRA...` as n processes at once
+// through xargs -P, then `finalize OUT`.
+void run_parts_with_xargs(const fs::path& in, const fs::path& out, unsigned n,
+                          const std::vector<std::string>& extra) {
+  std::string parts;
+  for (unsigned i = 1; i <= n; ++i) parts += fmt::format("{}/{}\\n", i, n);
+  const CommandResult r = test::run_shell(fmt::format(
+      "printf '{}' | xargs -P {} -I PART \"$CTQUANT\" quantize{} --part PART -q", parts, n,
+      shell_words(with({in.string(), out.string()}, extra))));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(out)) << "a part created OUTPUT";
+  const CommandResult f = test::run_ctquant({"finalize", out.string()});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_FALSE(fs::exists(default_stage_dir(out))) << "finalize left the staging directory";
+}
+
+// The 20-shard synthetic checkpoint, generated once for the suite.
+class Parts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    const CommandResult r = test::run_shell(fmt::format(
+        "'{}' '{}' '{}' --seed 7 --shard-size 7500000 --threads 2 2>&1",
+        test::make_checkpoint_binary().string(),
+        (test::layouts_dir() / "llama-20-shards.manifest.json").string(),
+        synthetic().string()));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    // The reference: one process.
+    const CommandResult q =
+        test::run_ctquant({"quantize", synthetic().string(), reference().string(), "-q"});
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static fs::path synthetic() { return dir_->path() / "synthetic"; }
+  static fs::path reference() { return dir_->path() / "reference"; }
+
+  TempDir tmp_;
+
+ private:
+  static TempDir* dir_;
+};
+TempDir* Parts::dir_ = nullptr;
+
+std::size_t count_shards(const fs::path& dir) {
+  std::size_t n = 0;
+  for (const auto& item : fs::directory_iterator(dir)) {
+    if (item.path().extension() == ".safetensors") ++n;
+  }
+  return n;
+}
+
+TEST_F(Parts, SyntheticCheckpointHasTwentyShards) {
+  EXPECT_EQ(count_shards(synthetic()), 20u);
+  EXPECT_EQ(count_shards(reference()), 20u);
+}
+
+TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTheGoldenCase) {
+  const fs::path one = tmp_ / "one";
+  ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
+                                   kGoldenIgnore))
+                .exit_code,
+            0);
+  const fs::path out = tmp_ / "out";
+  run_parts_with_xargs(kGoldenInput, out, 3, kGoldenIgnore);
+  EXPECT_EQ(test::diff_bytes(out, one), "");
+  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
+}
+
+// NVFP4 over 3 shards: fused partners share one global scale and move to
+// their first partner's shard (tests/golden/cases.json), so a part computes
+// the max |w| of modules it does not write.
+TEST_F(Parts, PartsEqualOneProcessOnTheShardedNvfp4Case) {
+  const fs::path in = test::golden_dir() / "sharded-bf16-nvfp4a16" / "input";
+  const std::vector<std::string> args = {"--scheme", "NVFP4A16", "--ignore", "lm_head", "--ignore",
+                                         "model.embed_tokens"};
+  const fs::path one = tmp_ / "one";
+  const CommandResult r = test::run_ctquant(with({"quantize", in.string(), one.string(), "-q"}, args));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const unsigned n : {2u, 3u}) {
+    SCOPED_TRACE(fmt::format("{} parts", n));
+    const fs::path out = tmp_ / fmt::format("out{}", n);
+    run_parts_with_xargs(in, out, n, args);
+    EXPECT_EQ(test::diff_bytes(out, one), "");
+    EXPECT_EQ(test::diff_golden(out, test::golden_dir() / "sharded-bf16-nvfp4a16" / "expected", true),
+              "");
+  }
+}
+
+TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTwentyShards) {
+  const fs::path out = tmp_ / "out";
+  run_parts_with_xargs(synthetic(), out, 3, {});
+  EXPECT_EQ(test::diff_bytes(out, reference()), "");
+}
+
+// More parts than files: the extra parts have nothing to write and say so
+// in their records; the output is the same.
+TEST_F(Parts, MorePartsThanFiles) {
+  const fs::path one = tmp_ / "one";
+  ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
+                                   kGoldenIgnore))
+                .exit_code,
+            0);
+  const fs::path out = tmp_ / "out";
+  run_parts_with_xargs(kGoldenInput, out, 8, kGoldenIgnore);
+  EXPECT_EQ(test::diff_bytes(out, one), "");
+}
+
+TEST(PartSpecs, ParseAndRefuse) {
+  EXPECT_EQ(parse_part("2/3"), (PartSpec{2, 3}));
+  EXPECT_EQ(parse_part("1/1"), (PartSpec{1, 1}));
+  for (const char* bad : {"0/3", "4/3", "x", "1/0", "/3", "3/", "1/3/4", "-1/3", " 1/3", "1/100001",
+                          "2"}) {
+    try {
+      parse_part(bad);
+      ADD_FAILURE() << "accepted --part " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kUsage) << bad;
+    }
+  }
+}
+
+TEST(PartSpecs, BadPartIsAUsageError) {
+  TempDir tmp;
+  for (const char* bad : {"0/3", "4/3", "x"}) {
+    const CommandResult r = test::run_ctquant(
+        {"quantize", kGoldenInput.string(), (tmp / "out").string(), "--part", bad});
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    test::expect_message(r.err, {fmt::format("--part {}: expected I/N", bad)});
+    EXPECT_FALSE(fs::exists(default_stage_dir(tmp / "out"))) << bad;
+  }
+}
+
+TEST(PartSpecs, DefaultStageBesideOutput) {
+  EXPECT_EQ(default_stage_dir("/data/models/out"), fs::path("/data/models/.out.ctquant-parts"));
+  EXPECT_EQ(default_stage_dir("/data/models/out/"), fs::path("/data/models/.out.ctquant-parts"));
+  EXPECT_EQ(default_stage_dir("out"), fs::current_path() / ".out.ctquant-parts");
+}
+
+// Balanced by work, every file to exactly one part, the same answer every time.
+TEST(PartSpecs, AssignmentIsBalancedAndDeterministic) {
+  std::vector<PlannedFile> files;
+  for (const std::uint64_t work : {10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 1, 1}) {
+    files.push_back(PlannedFile{fmt::format("f{}", files.size()), work, work, {}});
+  }
+  const std::vector<unsigned> owner = assign_parts(files, 3);
+  EXPECT_EQ(owner, assign_parts(files, 3));
+  std::vector<std::uint64_t> load(3, 0);
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    ASSERT_LT(owner[i], 3u);
+    load[owner[i]] += files[i].work;
+  }
+  // 57 units of work: LPT gives 19 each here.
+  EXPECT_EQ(load, (std::vector<std::uint64_t>{19, 19, 19}));
+  // Largest first: the three largest files go to the three parts.
+  EXPECT_EQ((std::set<unsigned>{owner[0], owner[1], owner[2]}), (std::set<unsigned>{0, 1, 2}));
+  const std::vector<unsigned> one = assign_parts(files, 1);
+  EXPECT_TRUE(std::all_of(one.begin(), one.end(), [](unsigned p) { return p == 0; }));
+}
+
+// ---- finalize refuses what is not one complete run ----
+
+fs::path stage_of(const fs::path& out) { return default_stage_dir(out); }
+
+json read_record(const fs::path& out, unsigned i, unsigned n) {
+  return test::read_json(stage_of(out) / fmt::format("part-{:05d}-of-{:05d}.json", i, n));
+}
+
+void write_record(const fs::path& out, unsigned i, unsigned n, const json& record) {
+  test::write_file(stage_of(out) / fmt::format("part-{:05d}-of-{:05d}.json", i, n),
+                   record.dump(1));
+}
+
+CommandResult run_part(const fs::path& in, const fs::path& out, const std::string& part,
+                       std::vector<std::string> extra = kGoldenIgnore) {
+  return test::run_ctquant(
+      with({"quantize", in.string(), out.string(), "--part", part, "-q"}, extra));
+}
+
+// Finalize fails with exit 1 naming each problem, creates no OUTPUT and
+// leaves the stage byte for byte as it was.
+void expect_finalize_refuses(const fs::path& out, const std::vector<std::string>& problems,
+                             const std::vector<std::string>& absent = {}) {
+  const auto before = test::snapshot_files(stage_of(out));
+  const CommandResult r = test::run_ctquant({"finalize", out.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  test::expect_message(r.err, with({"OUTPUT was not created and the staging directory is left as "
+                                    "it is"},
+                                   problems),
+                       absent);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(test::temp_leftovers(out.parent_path()), std::vector<std::string>{});
+  EXPECT_EQ(test::snapshot_files(stage_of(out)), before);
+}
+
+TEST(Finalize, RefusesAMissingPart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
+  ASSERT_EQ(run_part(kGoldenInput, out, "3/3").exit_code, 0);
+  expect_finalize_refuses(out, {"part 2/3: no record in", "--part 2/3"});
+}
+
+TEST(Finalize, RefusesAnIncompletePart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/3", "2/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  json record = read_record(out, 2, 3);
+  record["complete"] = false;
+  record["files"] = json::array();
+  write_record(out, 2, 3, record);
+  expect_finalize_refuses(out, {"part 2/3: not complete: 0 of", "--resume"});
+}
+
+TEST(Finalize, RefusesADuplicatedPart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/3", "2/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  write_record(out, 3, 3, read_record(out, 1, 3));  // part 1's record copied as part 3's
+  expect_finalize_refuses(out, {"part-00003-of-00003.json: holds the record of part 1/3",
+                                "duplicated part", "part 3/3: no record"});
+}
+
+// A file recorded by two parts (records edited by hand, or from different
+// assignments) is named, and so is each tensor it holds twice.
+TEST(Finalize, RefusesAFileRecordedTwice) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  json one = read_record(out, 1, 2);
+  json two = read_record(out, 2, 2);
+  json shard;
+  for (const json& f : one["files"]) {
+    if (f["name"].get<std::string>().ends_with(".safetensors")) shard = f;
+  }
+  for (const json& f : two["files"]) {
+    if (f["name"].get<std::string>().ends_with(".safetensors")) shard = f;
+  }
+  ASSERT_TRUE(shard.is_object());
+  const std::string name = shard["name"];
+  // Whichever part does not hold it claims it too.
+  json& other = one["assigned"].dump().find(name) == std::string::npos ? one : two;
+  other["files"].push_back(shard);
+  write_record(out, 1, 2, one);
+  write_record(out, 2, 2, two);
+  expect_finalize_refuses(out, {name + ": recorded by part"});
+}
+
+TEST(Finalize, RefusesAForeignPart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/3", "2/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  // An older run in 2 parts with other options left its record behind.
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2",
+                     with(kGoldenIgnore, {"--ignore", "re:^(model\\.)?fc$"}))
+                .exit_code,
+            0);
+  expect_finalize_refuses(out, {"part-00001-of-00002.json: part 1/2 of another run",
+                                "split in 2 parts, not 3",
+                                "options: quantization_config.ignore"});
+}
+
+// The same split, another plan: part 2's record was overwritten by a run
+// with other options. It is named as foreign, and its slot as to be rerun.
+TEST(Finalize, RefusesAPartOfAnotherPlan) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  ASSERT_EQ(run_part(kGoldenInput, out, "2/3",
+                     with(kGoldenIgnore, {"--ignore", "re:.*o_proj$"}))
+                .exit_code,
+            0);
+  expect_finalize_refuses(out, {"part-00002-of-00003.json: part 2/3 of another run",
+                                "options: quantization_config.ignore",
+                                "part 2/3: its record is of another run (above)"},
+                          {"part 2/3: no record"});
+}
+
+TEST(Finalize, StageWithoutPartOrResumeIsAUsageError) {
+  TempDir tmp;
+  const CommandResult r = test::run_ctquant(
+      {"quantize", kGoldenInput.string(), (tmp / "out").string(), "--stage", (tmp / "s").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  test::expect_message(r.err, {"--stage names the staging directory of --part or --resume"});
+}
+
+TEST(Finalize, RefusesAStagedFileOfAnotherSize) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  const fs::path shard = stage_of(out) / "model-00001-of-00002.safetensors";
+  const auto size = fs::file_size(shard);
+  fs::resize_file(shard, size - 8);
+  expect_finalize_refuses(out, {fmt::format("model-00001-of-00002.safetensors (part {}): {} bytes "
+                                            "in",
+                                            read_record(out, 1, 2)["assigned"].dump().find(
+                                                "model-00001") != std::string::npos
+                                                ? "1/2"
+                                                : "2/2",
+                                            size - 8)});
+}
+
+TEST(Finalize, RefusesWithoutAStage) {
+  TempDir tmp;
+  const CommandResult r = test::run_ctquant({"finalize", (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  test::expect_message(r.err, {"no staging directory", "--part I/N"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+TEST(Finalize, ExistingOutputNeedsForce) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  test::copy_dir(kGoldenExpected, out);
+  const CommandResult r = test::run_ctquant({"finalize", out.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(fs::exists(stage_of(out)));
+  const CommandResult forced = test::run_ctquant({"finalize", out.string(), "--force"});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
+}
+
+TEST(Finalize, ExplicitStageDirectory) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  const fs::path stage = tmp / "shared" / "stage";
+  fs::create_directories(tmp / "shared");
+  for (const char* p : {"1/2", "2/2"}) {
+    ASSERT_EQ(run_part(kGoldenInput, out, p, with(kGoldenIgnore, {"--stage", stage.string()}))
+                  .exit_code,
+              0);
+  }
+  EXPECT_FALSE(fs::exists(stage_of(out)));
+  const CommandResult r =
+      test::run_ctquant({"finalize", out.string(), "--stage", stage.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
+  EXPECT_FALSE(fs::exists(stage));
+}
+
+TEST(Finalize, PartRefusesAnExistingOutput) {
+  TempDir tmp;
+  test::copy_dir(kGoldenExpected, tmp / "out");
+  const CommandResult r = run_part(kGoldenInput, tmp / "out", "1/2");
+  EXPECT_EQ(r.exit_code, 2);
+  test::expect_message(r.err, {"already exists"});
+}
+
+// A part whose lock another process holds is running: not started twice.
+TEST(Finalize, PartAlreadyRunningIsRefused) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  fs::create_directories(stage_of(out));
+  const fs::path lock = stage_of(out) / ".part-00001-of-00002.lock";
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const CommandResult r = run_part(kGoldenInput, out, "1/2");
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 2);
+  test::expect_message(r.err, {"part 1/2 is already running in another process"});
+}
+
+// ---- resume ----
+
+std::size_t log_lines(const fs::path& log) {
+  std::ifstream in(log);
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// Starts `ctquant ARGS`, waits until its log at log_path has min_files
+// finished files (lines after the header), then kill -9. Returns the number
+// of files logged at that moment, or 0 when the run finished first.
+std::size_t kill_after_files(const std::vector<std::string>& args, const fs::path& log_path,
+                             std::size_t min_files) {
+  test::CtquantProcess child(args);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && child.running()) {
+    if (fs::exists(log_path) && log_lines(log_path) >= 1 + min_files) {
+      child.signal(SIGKILL);
+      child.wait();
+      return log_lines(log_path) - 1;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  child.wait();
+  return 0;
+}
+
+// The acceptance case: part 2 of 3 killed mid-run; rerun with --resume it
+// keeps the files it had finished (its record counts them) and writes only
+// the others; the finalized output equals one process.
+TEST_F(Parts, KillDashNineThenResumeRedoesOnlyUnfinishedFiles) {
+  const fs::path out = tmp_ / "out";
+  const fs::path log = stage_of(out) / "part-00002-of-00003.log";
+  const std::vector<std::string> args = {"quantize", synthetic().string(), out.string(),
+                                         "--part", "2/3", "--threads", "1"};
+  std::size_t finished = 0;
+  for (int attempt = 0; attempt < 5 && finished == 0; ++attempt) {
+    fs::remove_all(stage_of(out));
+    finished = kill_after_files(args, log, 1);
+  }
+  ASSERT_GT(finished, 0u) << "every run of part 2/3 finished before kill -9 reached it";
+  const json killed = read_record(out, 2, 3);
+  EXPECT_FALSE(killed["complete"].get<bool>());
+  const std::size_t assigned = killed["assigned"].size();
+  ASSERT_LT(finished, assigned);
+
+  const CommandResult resumed = test::run_ctquant(with(args, {"--resume"}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  test::expect_message(resumed.err,
+                       {fmt::format("part 2/3: {} of {} file(s) kept from an earlier run (sha256 "
+                                    "checked), {} to write",
+                                    finished, assigned, assigned - finished)});
+  const json record = read_record(out, 2, 3);
+  EXPECT_TRUE(record["complete"].get<bool>());
+  EXPECT_EQ(record["files_kept"], finished);
+  EXPECT_EQ(record["files_written"], assigned - finished);
+  EXPECT_FALSE(fs::exists(log));
+
+  for (const char* p : {"1/3", "3/3"}) {
+    ASSERT_EQ(test::run_ctquant({"quantize", synthetic().string(), out.string(), "--part", p, "-q"})
+                  .exit_code,
+              0);
+  }
+  const CommandResult f = test::run_ctquant({"finalize", out.string()});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(test::diff_bytes(out, reference()), "");
+}
+
+// One process with --resume: kill -9, rerun, the same output; without
+// --resume nothing is kept in the stage when a run fails.
+TEST_F(Parts, OneProcessResumeAfterKillDashNine) {
+  const fs::path out = tmp_ / "out";
+  const fs::path log = stage_of(out) / "part-00001-of-00001.log";
+  const std::vector<std::string> args = {"quantize", synthetic().string(), out.string(),
+                                         "--resume", "--threads", "1"};
+  std::size_t finished = 0;
+  for (int attempt = 0; attempt < 5 && finished == 0; ++attempt) {
+    fs::remove_all(stage_of(out));
+    fs::remove_all(out);
+    finished = kill_after_files(args, log, 2);
+  }
+  ASSERT_GT(finished, 0u) << "every run finished before kill -9 reached it";
+  EXPECT_FALSE(fs::exists(out));
+  const CommandResult resumed = test::run_ctquant(args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  test::expect_message(resumed.err, {fmt::format("part 1/1: {} of", finished),
+                                     "kept from an earlier run (sha256 checked)"});
+  EXPECT_EQ(test::diff_bytes(out, reference()), "");
+  EXPECT_FALSE(fs::exists(stage_of(out)));
+}
+
+// A staged file damaged after it was logged is written again.
+TEST(Resume, DamagedFileIsWrittenAgain) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/1").exit_code, 0);
+  const fs::path shard = stage_of(out) / "model-00002-of-00002.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x55');
+  }
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", kGoldenInput.string(), out.string(), "--part", "1/1", "--resume"},
+           kGoldenIgnore));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json record = read_record(out, 1, 1);
+  EXPECT_EQ(record["files_written"], 1);
+  EXPECT_EQ(record["files_kept"], record["assigned"].size() - 1);
+  ASSERT_EQ(test::run_ctquant({"finalize", out.string()}).exit_code, 0);
+  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
+}
+
+TEST(Resume, ChangedOptionsAreRefusedNamingThem) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", kGoldenInput.string(), out.string(), "--part", "1/2", "--resume"},
+           with(kGoldenIgnore, {"--ignore", "re:.*o_proj$"})));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
+                               "options: quantization_config.ignore"});
+}
+
+TEST(Resume, ChangedInputIsRefusedNamingIt) {
+  TempDir tmp;
+  test::copy_dir(kGoldenInput, tmp / "in");
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(tmp / "in", out, "1/2").exit_code, 0);
+  json config = test::read_json(tmp / "in" / "config.json");
+  config["rope_theta"] = 12345;
+  test::write_file(tmp / "in" / "config.json", config.dump(2));
+  const CommandResult r = test::run_ctquant(with(
+      {"quantize", (tmp / "in").string(), out.string(), "--part", "1/2", "--resume"},
+      kGoldenIgnore));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
+                               "input config.json: differs"});
+}
+
+// A part that completed, resumed, keeps everything and writes nothing.
+TEST(Resume, CompletePartKeepsEverything) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(kGoldenInput, out, "2/2").exit_code, 0);
+  const CommandResult r = test::run_ctquant(with(
+      {"quantize", kGoldenInput.string(), out.string(), "--part", "2/2", "--resume"},
+      kGoldenIgnore));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json record = read_record(out, 2, 2);
+  EXPECT_EQ(record["files_written"], 0);
+  EXPECT_EQ(record["files_kept"], record["assigned"].size());
+}
+
+// Files another part split (other N) finished for the same plan are kept
+// too: a run re-split from 3 parts into 1 keeps what the 3 parts wrote.
+TEST(Resume, KeepsFilesOfTheSamePlanWrittenByAnotherSplit) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
+  const std::size_t by_part_one = read_record(out, 1, 3)["files"].size();
+  ASSERT_GT(by_part_one, 0u);
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", kGoldenInput.string(), out.string(), "--resume"}, kGoldenIgnore));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_message(r.err, {fmt::format("part 1/1: {} of", by_part_one)});
+  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
+  // The 3-part run's record was left in the stage, which is therefore kept.
+  EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00003.json"));
+}
+
+// SIGINT during a --resume run keeps the staged files and says how to go on.
+TEST_F(Parts, InterruptedResumeRunKeepsTheStage) {
+  const fs::path out = tmp_ / "out";
+  test::CtquantProcess child(
+      {"quantize", synthetic().string(), out.string(), "--resume", "--threads", "1"});
+  const fs::path log = stage_of(out) / "part-00001-of-00001.log";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && child.running() &&
+         !(fs::exists(log) && log_lines(log) >= 2)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  child.signal(SIGINT);
+  const CommandResult r = child.wait();
+  if (r.exit_code == 0) GTEST_SKIP() << "the run finished before SIGINT reached it";
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  test::expect_message(r.err, {"(SIGINT)", "kept in the staging directory", "--resume"});
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00001.json"));
+  EXPECT_GE(log_lines(log), 2u);
+}
+
+// Every golden case (every scheme of the registry), split in 2 and in 3
+// parts run through the library, then finalized: the same bytes as one
+// process, manifest included, and the case's expected tensors. NVFP4's
+// fused partners in other shards (sharded-bf16-nvfp4a16) get the global
+// scale of their whole set, as in one process.
+class PartsOfEveryCase : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
+  const test::GoldenCase c = test::find_case(GetParam());
+  TempDir tmp;
+  QuantizeOptions options = test::test_options(test::input_of(c), tmp / "one");
+  options.plan = test::plan_of(c);
+  options.threads = 2;
+  options.allow_unloadable = test::unloadable_in_vllm(c.name);
+  quantize(options);
+  ASSERT_EQ(test::diff_golden(tmp / "one", test::expected_of(c), c.by_library), "");
+  for (const unsigned n : {2u, 3u}) {
+    SCOPED_TRACE(fmt::format("{} parts", n));
+    const fs::path out = tmp / fmt::format("parts{}", n);
+    for (unsigned i = 1; i <= n; ++i) {
+      QuantizeOptions part = options;
+      part.output = out;
+      part.part = PartSpec{i, n};
+      const QuantizeSummary summary = quantize(part);
+      ASSERT_TRUE(summary.part.has_value());
+      EXPECT_FALSE(fs::exists(out)) << "part " << i << " created OUTPUT";
+    }
+    FinalizeOptions finalize;
+    finalize.output = out;
+    const FinalizeSummary summary = finalize_parts(finalize);
+    EXPECT_EQ(summary.parts, n);
+    EXPECT_EQ(test::diff_bytes(out, tmp / "one"), "");
+    const ManifestCheck check = check_manifest(out, 1);
+    EXPECT_TRUE(check.ok()) << render_manifest_check_text(check);
+    EXPECT_EQ(check.files_listed, summary.manifest.size() - 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PartsOfEveryCase, ::testing::ValuesIn(test::case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param;
+                           for (char& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace ctquant
