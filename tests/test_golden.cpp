@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,8 @@
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/exec/quantize.hpp"
+#include "ctquant/format/safetensors.hpp"
+#include "ctquant/verify/verify.hpp"
 #include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "golden_support.hpp"
@@ -141,6 +144,83 @@ TEST_P(Golden, BinaryOneThreadOutputEqualsExpected) {
   const GoldenCase c = find_case(GetParam());
   SKIP_UNLESS_SUPPORTED(c);
   expect_binary_output_equals_expected(c, "1");
+}
+
+// Every case, whatever its scheme: one code byte changed in the expected
+// output is found by verify against the expected fixture (the tensor named)
+// and by verify --against-source (the codes are no longer the RTN codes of
+// INPUT). A new scheme row is checked here by its fixture alone.
+TEST_P(Golden, FlippedCodeIsFoundByBothVerifyModes) {
+  const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  copy_dir(expected_of(c), out);
+  // The first code tensor: packed int or FP4 codes, or one code byte per
+  // weight (FP8, MXFP8, int8).
+  fs::path file;
+  std::string tensor;
+  std::uint64_t at = 0;
+  DType dtype = DType::kU8;
+  std::vector<fs::path> shards;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+  }
+  std::sort(shards.begin(), shards.end());
+  for (const fs::path& shard : shards) {
+    const SafetensorsFile f(shard, shard.filename().string());
+    for (const TensorEntry& t : f.header().tensors) {
+      const bool packed = t.name.ends_with(".weight_packed");
+      const bool byte_codes = t.name.ends_with(".weight") &&
+                              (t.dtype == DType::kF8_E4M3 || t.dtype == DType::kI8);
+      if (tensor.empty() && (packed || byte_codes) && t.byte_size() > 0) {
+        file = shard;
+        tensor = t.name;
+        dtype = t.dtype;
+        at = f.header().data_start + t.begin + t.byte_size() / 2;
+      }
+    }
+  }
+  ASSERT_FALSE(tensor.empty()) << c.name << ": no code tensor in " << expected_of(c);
+  // A mask that keeps an E4M3 code finite (0x7F and 0xFF are NaN).
+  std::uint8_t mask = 0x01;
+  if (dtype == DType::kF8_E4M3) {
+    std::ifstream in(file, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(at));
+    char byte = 0;
+    in.read(&byte, 1);
+    if (((static_cast<std::uint8_t>(byte) ^ mask) & 0x7F) == 0x7F) mask = 0x02;
+  }
+  const VerifyReport before = verify_against_source(out, input_of(c), {});
+  const VerifyReport golden_before = verify_checkpoints(out, expected_of(c), {});
+  {
+    std::fstream io(file, std::ios::binary | std::ios::in | std::ios::out);
+    io.seekg(static_cast<std::streamoff>(at));
+    char byte = 0;
+    io.read(&byte, 1);
+    byte = static_cast<char>(static_cast<std::uint8_t>(byte) ^ mask);
+    io.seekp(static_cast<std::streamoff>(at));
+    io.write(&byte, 1);
+    ASSERT_TRUE(io) << file;
+  }
+  const VerifyReport golden = verify_checkpoints(out, expected_of(c), {});
+  const auto names = [](const VerifyReport& r) {
+    std::vector<std::string> tensors;
+    for (const VerifyItem& d : r.differences) tensors.push_back(d.tensor);
+    return tensors;
+  };
+  // (fp8-block's fixture differs from itself in two loadability checks:
+  // its ignore list splits q/k/v; every other fixture in none.)
+  std::vector<std::string> expected_names = names(golden_before);
+  expected_names.push_back(tensor);
+  std::vector<std::string> golden_names = names(golden);
+  std::sort(expected_names.begin(), expected_names.end());
+  std::sort(golden_names.begin(), golden_names.end());
+  EXPECT_EQ(golden_names, expected_names) << c.name;
+  const VerifyReport after = verify_against_source(out, input_of(c), {});
+  EXPECT_EQ(after.differences.size(), before.differences.size() + 1) << c.name << ": " << tensor;
+  const std::vector<std::string> found = names(after);
+  EXPECT_NE(std::find(found.begin(), found.end(), tensor), found.end()) << c.name << ": " << tensor;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(case_names()),
