@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "ctquant/format/dtype.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/source/fp8.hpp"
+#include "scheme/simd.hpp"
+#include "source/fp8_simd.hpp"
 #include "fp8_tables.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"
@@ -215,6 +218,96 @@ TEST(Fp8Dequantize, ReportsFirstNonFiniteElement) {
 }
 
 // ================= input configs =================
+
+// The E4M3 vector kernel at every level this CPU runs, against the scalar
+// step bf16(float(code) * scale): every finite code (in the vector body and
+// in the tail), scales that give exact, rounded, subnormal and overflowing
+// products, and the index of the first bad value.
+TEST(Fp8Dequantize, VectorKernelMatchesTheScalarStepAtEveryLevel) {
+  std::vector<std::uint8_t> codes;
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7F) != 0x7F) codes.push_back(static_cast<std::uint8_t>((c * 37 + repeat) & 0xFF));
+    }
+  }
+  for (std::uint8_t& c : codes) {
+    if ((c & 0x7F) == 0x7F) c = 0x7E;  // the largest finite code instead of NaN
+  }
+  codes.resize(codes.size() + 5, 0x44);  // a tail shorter than any vector
+  const float scales[] = {1.0f, 0.5f, 0.0123f, 3.1e-3f, 1e-38f, 1e-42f, 7.5e35f, 2.4e37f};
+  std::size_t levels = 0;
+  for (const detail::SimdLevel& level : detail::simd_levels()) {
+    detail::Fp8DecodeKernel* kernel = detail::fp8_decode_kernel(level);
+    if (kernel == nullptr) continue;  // this CPU does not run the level
+    ++levels;
+    for (const float scale : scales) {
+      SCOPED_TRACE(std::string(level.name) + ", scale " + std::to_string(scale));
+      std::optional<std::size_t> expected_bad;
+      std::vector<std::uint16_t> expected(codes.size());
+      for (std::size_t i = 0; i < codes.size(); ++i) {
+        expected[i] = float_to_bf16(f8_e4m3_to_float(codes[i]) * scale);
+        if (!expected_bad && (expected[i] & 0x7F80u) == 0x7F80u) expected_bad = i;
+      }
+      std::vector<std::uint16_t> got(codes.size(), 0xABCD);
+      const std::optional<std::size_t> bad = kernel(codes.data(), codes.size(), scale, got.data());
+      ASSERT_EQ(bad, expected_bad);
+      const std::size_t checked = bad ? *bad - *bad % 64 : codes.size();  // before its vector
+      for (std::size_t i = 0; i < checked; ++i) {
+        ASSERT_EQ(got[i], expected[i]) << "code 0x" << std::hex << int{codes[i]} << " at " << i;
+      }
+    }
+    // A NaN code anywhere is the first bad value.
+    for (const std::uint8_t nan : {std::uint8_t{0x7F}, std::uint8_t{0xFF}}) {
+      for (const std::size_t at : {std::size_t{0}, std::size_t{5}, std::size_t{17},
+                                   std::size_t{63}, codes.size() - 1}) {
+        std::vector<std::uint8_t> with_nan(codes.size(), 0x38);
+        with_nan[at] = nan;
+        std::vector<std::uint16_t> got(codes.size());
+        EXPECT_EQ(kernel(with_nan.data(), with_nan.size(), 1.0f, got.data()), at)
+            << level.name << ": NaN code at " << at;
+      }
+    }
+  }
+  if (levels == 0) GTEST_SKIP() << "this CPU runs none of the vector levels";
+}
+
+// Dequantizing in place through the public entry point (vector kernel for
+// E4M3) gives the scalar loops' bytes.
+TEST(Fp8Dequantize, VectorPathInPlaceEqualsScalarPath) {
+  Fp8ScaleLayout layout;
+  layout.dtype = DType::kF32;
+  layout.block_rows = 128;
+  layout.block_cols = 128;
+  layout.grid_rows = 3;
+  layout.grid_cols = 3;
+  const std::uint64_t n_rows = 300;
+  const std::uint64_t n_cols = 300;
+  const std::uint64_t n = n_rows * n_cols;
+  std::vector<float> scales = {1e-3f, 2.5e-2f, 7e-4f, 1.0f, 3e-5f, 0.125f, 9e-3f, 4e-2f, 6e-1f};
+  std::vector<std::byte> scale_bytes(scales.size() * 4);
+  std::memcpy(scale_bytes.data(), scales.data(), scale_bytes.size());
+  std::vector<std::byte> vector_buf(3 * n);
+  std::vector<std::byte> scalar_buf(3 * n);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    auto code = static_cast<std::uint8_t>((i * 2654435761u) >> 24);
+    if ((code & 0x7F) == 0x7F) code = 0x11;
+    vector_buf[n + i] = scalar_buf[n + i] = std::byte{code};
+  }
+  const auto rows_of = [&](std::vector<std::byte>& buf) {
+    Fp8Rows rows;
+    rows.code_dtype = DType::kF8_E4M3;
+    rows.row_begin = 0;
+    rows.n_rows = n_rows;
+    rows.n_cols = n_cols;
+    rows.codes = buf.data() + n;
+    rows.scales = scale_bytes.data();
+    rows.out = buf.data();
+    return rows;
+  };
+  ASSERT_EQ(dequantize_fp8_rows(layout, rows_of(vector_buf)), std::nullopt);
+  ASSERT_EQ(dequantize_fp8_rows_scalar(layout, rows_of(scalar_buf)), std::nullopt);
+  EXPECT_EQ(std::memcmp(vector_buf.data(), scalar_buf.data(), 2 * n), 0);
+}
 
 TEST(InputQuantization, UnquantizedWithoutQuantizationConfig) {
   EXPECT_EQ(classify_input_quantization(std::nullopt).kind, InputQuantKind::kNone);

@@ -128,9 +128,9 @@ TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTheGoldenCase) {
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
 }
 
-// NVFP4 over 3 shards: fused partners share one global scale and move to
-// their first partner's shard (tests/golden/cases.json), so a part computes
-// the max |w| of modules it does not write.
+// NVFP4 over 3 shards: fused partners in different shards share one global
+// scale (tests/golden/cases.json), so a part computes the max |w| of modules
+// it does not write.
 TEST_F(Parts, PartsEqualOneProcessOnTheShardedNvfp4Case) {
   const fs::path in = test::golden_dir() / "sharded-bf16-nvfp4a16" / "input";
   const std::vector<std::string> args = {"--scheme", "NVFP4A16", "--ignore", "lm_head", "--ignore",

@@ -594,7 +594,9 @@ TEST(VerifyCli, ExitCodes) {
   // A negative count must not wrap around to "accept everything".
   const auto negative = test::run_ctquant({"verify", expected, expected, "--scale-ulp", "-1"});
   EXPECT_EQ(negative.exit_code, 2);
-  EXPECT_TRUE(contains(negative.err, "--scale-ulp: -1 is not a whole number from 0 to 4294967296"))
+  EXPECT_TRUE(contains(negative.err,
+                       "--scale-ulp: -1 is out of range: expected a whole number from 0 to "
+                       "4294967296"))
       << negative.err;
   const auto fraction = test::run_ctquant({"verify", expected, expected, "--scale-ulp", "1.5"});
   EXPECT_EQ(fraction.exit_code, 2);

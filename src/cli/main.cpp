@@ -156,7 +156,9 @@ CLI::Validator whole_number(long long min, long long max) {
             std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
         const long long value = well_formed ? std::stoll(text) : 0;
         if (well_formed && value >= min && value <= max) return {};
-        return fmt::format("{} is not a whole number from {} to {}", text, min, max);
+        if (!well_formed) return fmt::format("{} is not a whole number", text);
+        return fmt::format("{} is out of range: expected a whole number from {} to {}", text, min,
+                           max);
       },
       "INT", "whole_number");
 }
@@ -670,7 +672,7 @@ int main(int argc, char** argv) {
                      "Golden checkpoint; with --against-source, the INPUT it was made from");
   add_revision_option(verify, ver.revision);
   verify->add_flag("--against-source", ver.against_source,
-                   "Unpack, recompute and dequantize every packed weight from the source INPUT");
+                   "Re-derive every quantized weight (codes, scales, zero points) from the source INPUT");
   verify->add_flag("--manifest", ver.manifest,
                    "Re-hash OUTPUT's files against its ctquant-manifest.json (exit 0 same, 3 "
                    "different, 1 no manifest)");

@@ -68,8 +68,7 @@ std::string ignore_fix(const RoleAnalysis& roles, const std::vector<std::string>
 }
 
 RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
-    : checkpoint_(checkpoint),
-      plan_(plan),
+    : plan_(plan),
       rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
   for (const TensorDecision& d : plan.decisions) {
     if (checkpoint.holds(d.source)) by_tensor_.emplace(d.name, &d);

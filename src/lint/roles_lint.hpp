@@ -56,7 +56,6 @@ class RolesLint {
   };
   std::vector<LiteralMiss> literal_misses(const std::vector<Mismatch>& mismatches) const;
 
-  const Checkpoint& checkpoint_;
   const QuantizePlan& plan_;
   VllmLoadRules rules_;
   std::unordered_map<std::string, const TensorDecision*> by_tensor_;  // tensors the plan holds

@@ -47,8 +47,7 @@ const char* expectation_state_name(VllmExpectation::State state) {
 
 VllmLoadRules::VllmLoadRules(const RoleAnalysis& roles, std::vector<std::string> ignore,
                              std::vector<std::string> targets)
-    : roles_(roles),
-      written_ignore_(std::move(ignore)),
+    : written_ignore_(std::move(ignore)),
       ignore_(mapped(roles, written_ignore_)),
       ignore_literal_(ignore_.begin(), ignore_.end()),
       targets_(mapped(roles, targets)),

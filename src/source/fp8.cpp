@@ -11,6 +11,8 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/format/safetensors.hpp"
+#include "scheme/simd.hpp"
+#include "source/fp8_simd.hpp"
 
 namespace ctquant {
 
@@ -420,10 +422,44 @@ std::optional<std::uint64_t> dequantize_rows_tabled(const Fp8ScaleLayout& layout
   return std::nullopt;
 }
 
+// E4M3 codes through the vector kernel (source/fp8_simd.hpp), a row segment
+// of one scale block at a time; the same values as the loops above.
+std::optional<std::uint64_t> dequantize_rows_vector(const Fp8ScaleLayout& layout,
+                                                    const Fp8Rows& rows,
+                                                    detail::Fp8DecodeKernel* kernel) {
+  const std::uint64_t scale_size = static_cast<std::uint64_t>(dtype_bits(layout.dtype) / 8);
+  const std::uint64_t first_grid_row = layout.grid_row_begin(rows.row_begin);
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(rows.codes);
+  auto* out = reinterpret_cast<std::uint16_t*>(rows.out);
+  for (std::uint64_t r = 0; r < rows.n_rows; ++r) {
+    const std::uint64_t grid_row = (rows.row_begin + r) / layout.block_rows - first_grid_row;
+    const std::byte* scale_row = rows.scales + grid_row * layout.grid_cols * scale_size;
+    const std::uint64_t row_start = r * rows.n_cols;
+    for (std::uint64_t c0 = 0; c0 < rows.n_cols; c0 += layout.block_cols) {
+      const float scale =
+          load_as_float(layout.dtype, scale_row + (c0 / layout.block_cols) * scale_size);
+      const std::uint64_t c1 = std::min(rows.n_cols, c0 + layout.block_cols);
+      const std::uint64_t i = row_start + c0;
+      if (const auto bad = kernel(codes + i, c1 - c0, scale, out + i)) return i + *bad;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::uint64_t> dequantize_fp8_rows(const Fp8ScaleLayout& layout,
                                                  const Fp8Rows& rows) {
+  if (rows.code_dtype == DType::kF8_E4M3) {
+    static detail::Fp8DecodeKernel* const kernel =
+        detail::fp8_decode_kernel(detail::simd_best_level());
+    if (kernel != nullptr) return dequantize_rows_vector(layout, rows, kernel);
+  }
+  return dequantize_fp8_rows_scalar(layout, rows);
+}
+
+std::optional<std::uint64_t> dequantize_fp8_rows_scalar(const Fp8ScaleLayout& layout,
+                                                        const Fp8Rows& rows) {
   const std::array<float, 256>& table =
       rows.code_dtype == DType::kF8_E5M2 ? decode_tables().e5m2 : decode_tables().e4m3;
   // Both factors are at most n_rows and n_cols, whose product is a buffer size.

@@ -68,7 +68,6 @@ class VllmLoadRules {
   // an entry whose pattern does not compile (ModuleMatcher).
   VllmLoadRules(const RoleAnalysis& roles, std::vector<std::string> ignore,
                 std::vector<std::string> targets);
-  // Holds a reference to roles, which must outlive it.
   ~VllmLoadRules();
   VllmLoadRules(VllmLoadRules&&) noexcept;
 
@@ -96,7 +95,6 @@ class VllmLoadRules {
   // *Linear class when linear_class.
   std::optional<std::string> matched_target(const std::string& layer, bool linear_class) const;
 
-  const RoleAnalysis& roles_;
   std::vector<std::string> written_ignore_;
   std::vector<std::string> ignore_;  // mapped
   std::set<std::string> ignore_literal_;

@@ -144,6 +144,14 @@ std::uint16_t dequantize_fp8_value(DType code_dtype, std::uint8_t code, float sc
 // non-finite scale, or a product beyond the BF16 range); the rest of out is
 // then unspecified. nullopt when every value is finite. Does not allocate or
 // throw.
+// E4M3 codes run a vector kernel at the best level this CPU has
+// (src/source/fp8_simd.hpp); everything else, and CPUs without one, run
+// dequantize_fp8_rows_scalar(), which gives the same bits.
 std::optional<std::uint64_t> dequantize_fp8_rows(const Fp8ScaleLayout& layout, const Fp8Rows& rows);
+
+// The scalar loops behind dequantize_fp8_rows(), same contract (the reference
+// the vector kernel is tested against).
+std::optional<std::uint64_t> dequantize_fp8_rows_scalar(const Fp8ScaleLayout& layout,
+                                                        const Fp8Rows& rows);
 
 }  // namespace ctquant
