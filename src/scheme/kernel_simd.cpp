@@ -30,6 +30,7 @@
 #include <hwy/highway.h>
 
 #include "scheme/simd_dispatch.hpp"
+#include "scheme/simd_steps-inl.h"
 
 #ifndef CTQUANT_SCHEME_KERNEL_SIMD_ONCE
 #define CTQUANT_SCHEME_KERNEL_SIMD_ONCE
@@ -51,44 +52,9 @@ namespace ctquant::detail::HWY_NAMESPACE {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
-
-// The lanes of one stored element: the raw bits of BF16 / F16 (uint16_t) or F32.
-template <DType T>
-using RawLane = std::conditional_t<T == DType::kF32, std::uint32_t, std::uint16_t>;
-
-// Largest magnitude bits (sign cleared) of n elements at p, n a multiple of 8.
-template <DType T>
-HWY_INLINE std::uint32_t magnitude_max(const std::byte* p, std::uint64_t n) {
-  using Raw = RawLane<T>;
-  constexpr Raw kMagnitude = static_cast<Raw>(T == DType::kF32 ? 0x7FFFFFFFu : 0x7FFFu);
-  const Raw* raw = reinterpret_cast<const Raw*>(p);
-  const hn::ScalableTag<Raw> d;
-  const std::size_t lanes = hn::Lanes(d);
-  const auto mask = hn::Set(d, kMagnitude);
-  auto m0 = hn::Zero(d);
-  auto m1 = hn::Zero(d);
-  std::uint64_t i = 0;
-  for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    m0 = hn::Max(m0, hn::And(hn::LoadU(d, raw + i), mask));
-    m1 = hn::Max(m1, hn::And(hn::LoadU(d, raw + i + lanes), mask));
-  }
-  if (i + lanes <= n) {
-    m0 = hn::Max(m0, hn::And(hn::LoadU(d, raw + i), mask));
-    i += lanes;
-  }
-  std::uint32_t m = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
-  // The rest, fewer than a vector: eight at a time.
-  const hn::CappedTag<Raw, 8> d8;
-  for (; i < n; i += hn::Lanes(d8)) {
-    const auto v = hn::And(hn::LoadU(d8, raw + i), hn::Set(d8, kMagnitude));
-    m = std::max<std::uint32_t>(m, hn::GetLane(hn::MaxOfLanes(d8, v)));
-  }
-  return m;
-}
-
-// Lanes(df) elements at p widened to float, exactly.
-template <DType T, class DF>
-HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p);
+using simd_steps::HWY_NAMESPACE::load_as_float;
+using simd_steps::HWY_NAMESPACE::magnitude_max;
+using simd_steps::HWY_NAMESPACE::round_to_t;
 
 // The smallest and largest of n finite elements at p, n a multiple of 8,
 // as floats (either zero may come out as -0 or +0).
@@ -112,40 +78,6 @@ HWY_INLINE void min_max(const std::byte* p, std::uint64_t n, float& lo, float& h
     const auto v = load_as_float<T>(df8, p + i * kEsize);
     lo = std::min(lo, hn::GetLane(hn::MinOfLanes(df8, v)));
     hi = std::max(hi, hn::GetLane(hn::MaxOfLanes(df8, v)));
-  }
-}
-
-// Lanes(df) elements at p widened to float, exactly.
-template <DType T, class DF>
-HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p) {
-  if constexpr (T == DType::kF32) {
-    return hn::LoadU(df, reinterpret_cast<const float*>(p));
-  } else if constexpr (T == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
-  } else {
-    const hn::RebindToUnsigned<DF> du;
-    const hn::Rebind<std::uint16_t, DF> du16;
-    const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(p)));
-    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
-  }
-}
-
-// round_T of section 3 for finite values: round to T (nearest even), widen.
-template <DType T, class DF>
-HWY_INLINE hn::Vec<DF> round_to_t(DF df, hn::Vec<DF> v) {
-  if constexpr (T == DType::kF32) {
-    return v;
-  } else if constexpr (T == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::DemoteTo(df16, v));
-  } else {
-    // As float_to_bf16: add 0x7FFF plus the lowest kept bit, drop 16 bits.
-    const hn::RebindToUnsigned<DF> du;
-    const auto u = hn::BitCast(du, v);
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    const auto biased = hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFu)));
-    return hn::BitCast(df, hn::And(biased, hn::Set(du, 0xFFFF0000u)));
   }
 }
 

@@ -29,6 +29,7 @@
 #include <hwy/highway.h>
 
 #include "scheme/simd_dispatch.hpp"
+#include "scheme/simd_steps-inl.h"
 
 #ifndef CTQUANT_SCHEME_MICROSCALE_SIMD_ONCE
 #define CTQUANT_SCHEME_MICROSCALE_SIMD_ONCE
@@ -75,6 +76,8 @@ namespace ctquant::microscale::HWY_NAMESPACE {
 namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
+using simd_steps::HWY_NAMESPACE::load_as_float;
+using simd_steps::HWY_NAMESPACE::round_to_t;
 
 template <DType T>
 using RawLane = std::conditional_t<T == DType::kF32, std::uint32_t, std::uint16_t>;
@@ -163,22 +166,6 @@ HWY_INLINE bool magnitude_max_8_groups(const std::byte* p, std::uint32_t* out) {
   }
 }
 
-// Lanes(df) elements at p widened to float, exactly.
-template <DType T, class DF>
-HWY_INLINE hn::Vec<DF> load_as_float(DF df, const std::byte* p) {
-  if constexpr (T == DType::kF32) {
-    return hn::LoadU(df, reinterpret_cast<const float*>(p));
-  } else if constexpr (T == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
-  } else {
-    const hn::RebindToUnsigned<DF> du;
-    const hn::Rebind<std::uint16_t, DF> du16;
-    const auto bits = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const std::uint16_t*>(p)));
-    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
-  }
-}
-
 // The values of Lanes(dv) magnitude bit patterns of dtype T (uint32, BF16
 // and F16 in the low half), exactly.
 template <DType T, class DF>
@@ -194,23 +181,6 @@ HWY_INLINE hn::Vec<DF> magnitudes_as_float(DF df, const std::uint32_t* bits) {
     return hn::PromoteTo(df, hn::BitCast(df16, hn::DemoteTo(du16, hn::BitCast(di, u))));
   } else {
     return hn::BitCast(df, hn::ShiftLeft<16>(u));
-  }
-}
-
-// round_W for finite values: round to W (nearest even), widen.
-template <DType T, class DF>
-HWY_INLINE hn::Vec<DF> round_to_w(DF df, hn::Vec<DF> v) {
-  if constexpr (T == DType::kF32) {
-    return v;
-  } else if constexpr (T == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> df16;
-    return hn::PromoteTo(df, hn::DemoteTo(df16, v));
-  } else {
-    const hn::RebindToUnsigned<DF> du;
-    const auto u = hn::BitCast(du, v);
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    const auto biased = hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFu)));
-    return hn::BitCast(df, hn::And(biased, hn::Set(du, 0xFFFF0000u)));
   }
 }
 
@@ -325,7 +295,7 @@ std::optional<std::uint64_t> nvfp4_rows(const KernelIo& io) {
       for (i = n; i < block; ++i) max_bits[i] = 0;
       // Steps 3-7, one group per lane.
       const auto amax = magnitudes_as_float<T>(dv, max_bits);
-      const auto s = round_to_w<T>(dv, hn::Div(amax, hn::Set(dv, 6.0f)));
+      const auto s = round_to_t<T>(dv, hn::Div(amax, hn::Set(dv, 6.0f)));
       auto code = e4m3_codes(dv, hn::Mul(vgs, s));
       code = hn::IfThenElse(hn::Eq(code, hn::Zero(duv)), hn::Set(duv, 0x20u), code);
       hn::Store(hn::Div(e4m3_values(dv, code), vgs), dv, divisors);
@@ -382,7 +352,7 @@ HWY_INLINE void mx_scales(DV dv, int offset, const std::uint32_t* max_bits, floa
   const auto power = hn::BitCast(
       dv,
       hn::IfThenElse(hn::Eq(ue, hn::Zero(du)), hn::Set(du, 0x00400000u), hn::ShiftLeft<23>(ue)));
-  auto scale = round_to_w<T>(dv, power);
+  auto scale = round_to_t<T>(dv, power);
   auto byte = ue;
   const auto underflow = hn::Eq(scale, hn::Zero(dv));
   scale = hn::IfThenElse(underflow, hn::Set(dv, 1.0f), scale);
@@ -437,7 +407,7 @@ std::optional<std::uint64_t> mx_rows(const KernelIo& io) {
         // w / 2^k as w * 2^-k: 2^-k is exact in float, so both round the same real.
         const auto inverse = hn::Set(df, inverses[i]);
         for (std::size_t c = 0; c < kGroup; c += lanes) {
-          auto v = round_to_w<T>(df, hn::Mul(load_as_float<T>(df, group + c * kEsize), inverse));
+          auto v = round_to_t<T>(df, hn::Mul(load_as_float<T>(df, group + c * kEsize), inverse));
           v = hn::Min(hn::Max(v, hn::Neg(limit)), limit);
           const std::size_t column = (g0 + i) * kGroup + c;
           if constexpr (kFp4) {
