@@ -574,6 +574,42 @@ TEST(KernelSimd, ReportsTheSameFirstNonFiniteIndex) {
   }
 }
 
+// max_abs (the amax pre-pass of tensor-scale families) against its scalar
+// loop: random weights of every dtype and length (vector body and tail), an
+// all -0 span, subnormals, and the index of the first NaN or infinity.
+TEST(KernelSimd, MaxAbsMatchesReference) {
+  for (const DType dtype : kFloatTypes) {
+    for (const std::uint64_t cols : {1u, 7u, 8u, 33u, 128u, 1000u}) {
+      Weights w = random_weights(dtype, 3, cols, 11);
+      float fast = -1.0f;
+      float ref = -2.0f;
+      ASSERT_EQ(max_abs(dtype, w.bytes.data(), w.size(), fast), std::nullopt);
+      ASSERT_EQ(max_abs_ref(dtype, w.bytes.data(), w.size(), ref), std::nullopt);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(fast), std::bit_cast<std::uint32_t>(ref))
+          << dtype_tag(dtype) << " [" << cols << "]";
+      // -0 everywhere: +0, as the reference's fabs gives.
+      for (std::uint64_t i = 0; i < w.size(); ++i) w.set(i, -0.0f);
+      ASSERT_EQ(max_abs(dtype, w.bytes.data(), w.size(), fast), std::nullopt);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(fast), 0u);
+      // The smallest subnormal of the dtype, negative.
+      w.set_bits(w.size() / 2, dtype == DType::kF32 ? 0x80000001u : 0x8001u);
+      ASSERT_EQ(max_abs(dtype, w.bytes.data(), w.size(), fast), std::nullopt);
+      ASSERT_EQ(max_abs_ref(dtype, w.bytes.data(), w.size(), ref), std::nullopt);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(fast), std::bit_cast<std::uint32_t>(ref));
+      EXPECT_GT(fast, 0.0f);
+      // NaN then infinity: the first one's index.
+      const std::uint32_t inf = dtype == DType::kF32    ? 0xFF800000u
+                                : dtype == DType::kBF16 ? 0xFF80u
+                                                        : 0xFC00u;
+      const std::uint64_t at = w.size() - 1 - w.size() / 3;
+      w.set_bits(at, inf | 1u);  // a NaN
+      w.set_bits(w.size() - 1, inf);
+      EXPECT_EQ(max_abs(dtype, w.bytes.data(), w.size(), fast), at);
+      EXPECT_EQ(max_abs_ref(dtype, w.bytes.data(), w.size(), ref), at);
+    }
+  }
+}
+
 // Cases the vector kernel does not take go to the reference unchanged.
 TEST(KernelSimd, LeavesOtherSchemesToTheReference) {
   KernelBlock block;

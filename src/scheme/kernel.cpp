@@ -7,6 +7,7 @@
 
 #include "ctquant/scheme/pack.hpp"
 #include "scheme/kernel_simd.hpp"
+#include "scheme/kernel_steps.hpp"
 
 namespace ctquant {
 
@@ -105,6 +106,21 @@ namespace ctquant {
 
 std::optional<std::uint64_t> max_abs(DType dtype, const std::byte* data, std::uint64_t n,
                                      float& amax) {
+  if (const auto bits = detail::max_magnitude_bits_simd(dtype, data, n)) {
+    // The largest magnitude of the raw bits is max |w| exactly (the integer
+    // order of non-negative IEEE values is their numeric order; -0 is 0).
+    const std::uint32_t non_finite = dtype == DType::kF32    ? 0x7F800000u
+                                     : dtype == DType::kBF16 ? 0x7F80u
+                                                             : 0x7C00u;
+    if (*bits >= non_finite) return detail::first_non_finite(dtype, data);
+    amax = detail::magnitude_to_float(dtype, *bits);
+    return std::nullopt;
+  }
+  return max_abs_ref(dtype, data, n, amax);
+}
+
+std::optional<std::uint64_t> max_abs_ref(DType dtype, const std::byte* data, std::uint64_t n,
+                                         float& amax) {
   const std::size_t esize = static_cast<std::size_t>(dtype_bits(dtype) / 8);
   float m = 0.0f;
   for (std::uint64_t i = 0; i < n; ++i) {

@@ -194,6 +194,19 @@ std::optional<std::uint64_t> quantize_int(const QuantScheme& scheme, const Kerne
   }
 }
 
+// Largest magnitude bits (sign cleared) of n elements of dtype (BF16, F16 or
+// F32; the 16-bit types in the low half): max_abs() of kernel.hpp.
+std::uint32_t max_magnitude_bits(DType dtype, const std::byte* data, std::uint64_t n) {
+  switch (dtype) {
+    case DType::kBF16:
+      return magnitude_max<DType::kBF16>(data, n);
+    case DType::kF16:
+      return magnitude_max<DType::kF16>(data, n);
+    default:
+      return magnitude_max<DType::kF32>(data, n);
+  }
+}
+
 #endif  // CTQUANT_SIMD_KERNEL_TARGET
 }  // namespace ctquant::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
@@ -255,6 +268,17 @@ std::optional<std::uint64_t> quantize_block_simd_at(const SimdLevel& level,
 }
 
 bool simd_hand_written() { return HWY_ARCH_X86_64 != 0; }
+
+using MaxMagnitudeBits = std::uint32_t(DType, const std::byte*, std::uint64_t);
+constexpr SimdEntry<MaxMagnitudeBits> kMaxMagnitudeBits[] = CTQUANT_SIMD_TABLE(max_magnitude_bits);
+
+std::optional<std::uint32_t> max_magnitude_bits_simd(DType dtype, const std::byte* data,
+                                                     std::uint64_t n) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) return std::nullopt;
+  static MaxMagnitudeBits* const fn = simd_entry(kMaxMagnitudeBits, simd_best_level());
+  if (fn == nullptr) return std::nullopt;
+  return fn(dtype, data, n);
+}
 
 std::optional<std::uint64_t> quantize_block_hwy_at(const SimdLevel& level,
                                                    const QuantScheme& scheme,

@@ -45,4 +45,11 @@ std::optional<std::uint64_t> quantize_block_hwy_at(const SimdLevel& level,
                                                    const QuantScheme& scheme,
                                                    const KernelBlock& block);
 
+// The largest magnitude bits (sign cleared; BF16 and F16 in the low half)
+// of n elements of a BF16, F16 or F32 weight, by the vector code of the best
+// level this CPU runs; nullopt when it runs none or for another dtype. The
+// bits of a NaN or infinity are at or above the dtype's exponent mask.
+std::optional<std::uint32_t> max_magnitude_bits_simd(DType dtype, const std::byte* data,
+                                                     std::uint64_t n);
+
 }  // namespace ctquant::detail

@@ -88,7 +88,11 @@ namespace ctquant {
 // (the amax families with a tensor-wide scale start from: schemes.md 3.1,
 // 5.3). Returns the index of the first NaN or infinity, in which case amax is
 // unspecified; nullopt when every element was finite.
+// Runs a vector kernel at the best level this CPU has; max_abs_ref() is the
+// scalar loop it is tested against.
 std::optional<std::uint64_t> max_abs(DType dtype, const std::byte* data, std::uint64_t n,
                                      float& amax);
+std::optional<std::uint64_t> max_abs_ref(DType dtype, const std::byte* data, std::uint64_t n,
+                                         float& amax);
 
 }  // namespace ctquant
