@@ -608,9 +608,28 @@ CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions
   return process.wait();
 }
 
+namespace {
+// What a shell script runs as "$CTQUANT": the binary, or, in a build run
+// through an emulator (CTQUANT_BINARY_LAUNCHER), a script that starts the
+// binary under it (the kernel cannot run it directly without binfmt_misc).
+fs::path shell_ctquant() {
+  if (std::string(CTQUANT_BINARY_LAUNCHER).empty()) return ctquant_binary();
+  static const TempDir dir;
+  static const fs::path wrapper = [] {
+    const fs::path path = dir / "ctquant";
+    std::string text = "#!/bin/sh\nexec";
+    for (const std::string& word : command_line(ctquant_binary(), {})) text += " '" + word + "'";
+    write_file(path, text + " \"$@\"\n");
+    fs::permissions(path, fs::perms::owner_all);
+    return path;
+  }();
+  return wrapper;
+}
+}  // namespace
+
 CommandResult run_shell(const std::string& script, const RunOptions& options) {
   RunOptions with_binary = options;
-  with_binary.env.push_back("CTQUANT=" + ctquant_binary().string());
+  with_binary.env.push_back("CTQUANT=" + shell_ctquant().string());
   CtquantProcess process("/bin/sh", {"-c", script}, with_binary);
   return process.wait();
 }
