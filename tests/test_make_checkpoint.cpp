@@ -36,14 +36,15 @@ constexpr float kE4m3BelowMax = 416.0f;
 // The generator's normal values (std 0.02) with rare outliers.
 constexpr double kStd = 0.02;
 
+// The generator's exit code, with its stderr appended to out (for messages).
 CommandResult generate(const std::string& manifest, const fs::path& out,
                        const std::vector<std::string>& extra = {}) {
-  std::string args;
-  for (const std::string& a : extra) args += " '" + a + "'";
-  return test::run_shell(fmt::format("'{}' '{}' '{}' --seed 5{} 2>&1",
-                                     test::make_checkpoint_binary().string(),
-                                     (test::layouts_dir() / manifest).string(), out.string(),
-                                     args));
+  std::vector<std::string> args = {(test::layouts_dir() / manifest).string(), out.string(),
+                                   "--seed", "5"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  CommandResult r = test::run_make_checkpoint(args);
+  r.out += r.err;
+  return r;
 }
 
 std::vector<std::byte> tensor_bytes(const SafetensorsFile& f, const std::string& name) {
@@ -146,6 +147,46 @@ TEST(MakeCheckpoint, Fp8CheckpointsAreDeterministicAndConvert) {
         {"verify", (tmp / "out").string(), (tmp / "a").string(), "--against-source"});
     EXPECT_EQ(v.exit_code, 0) << v.out;
   }
+}
+
+// --fp8 block|channel writes a BF16 layout's linear weights as FP8 with
+// their scales and the matching quantization_config; embeddings, norms,
+// heads and the manifest's recommended_ignore modules stay as listed, and
+// ctquant converts the result.
+TEST(MakeCheckpoint, Fp8OptionWritesTheLinearWeightsAsFp8) {
+  struct Kind {
+    const char* option;
+    const char* scale_suffix;
+    DType scale_dtype;
+    std::uint64_t block_rows, block_cols;
+  };
+  for (const Kind& k : {Kind{"block", ".weight_scale_inv", DType::kF32, 128, 128},
+                        Kind{"channel", ".weight_scale", DType::kBF16, 1, 0}}) {
+    SCOPED_TRACE(k.option);
+    TempDir tmp;
+    const CommandResult r = generate("llama-20-shards.manifest.json", tmp / "ckpt",
+                                     {"--fp8", k.option, "--only-layers", "0"});
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const json config = json::parse(test::read_file(tmp / "ckpt" / "config.json"));
+    EXPECT_EQ(config["quantization_config"]["quant_method"],
+              std::string(k.option) == "block" ? "fp8" : "compressed-tensors");
+    const SafetensorsFile f(tmp / "ckpt" / "model.safetensors", "model.safetensors");
+    const TensorEntry* scale = f.header().find("model.layers.0.mlp.down_proj" +
+                                               std::string(k.scale_suffix));
+    ASSERT_NE(scale, nullptr);
+    EXPECT_EQ(scale->dtype, k.scale_dtype);
+    const TensorEntry* w = f.header().find("model.layers.0.mlp.down_proj.weight");
+    check_fp8_weight(f, "model.layers.0.mlp.down_proj", k.scale_suffix, k.block_rows,
+                     k.block_cols == 0 ? w->shape[1] : k.block_cols);
+    EXPECT_EQ(f.header().find("model.layers.0.input_layernorm.weight")->dtype, DType::kBF16);
+    const CommandResult q = test::run_ctquant(
+        {"quantize", (tmp / "ckpt").string(), (tmp / "out").string(), "-q"});
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+  }
+  TempDir tmp;
+  const CommandResult bad = generate("llama-20-shards.manifest.json", tmp / "x", {"--fp8", "e5m2"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--fp8 e5m2: expected block or channel"), std::string::npos) << bad.out;
 }
 
 TEST(MakeCheckpoint, OnlyLayersKeepsTheListedLayers) {

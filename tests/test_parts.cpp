@@ -78,12 +78,10 @@ class Parts : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir;
-    const CommandResult r = test::run_shell(fmt::format(
-        "'{}' '{}' '{}' --seed 7 --shard-size 7500000 --threads 2 2>&1",
-        test::make_checkpoint_binary().string(),
-        (test::layouts_dir() / "llama-20-shards.manifest.json").string(),
-        synthetic().string()));
-    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const CommandResult r = test::run_make_checkpoint(
+        {(test::layouts_dir() / "llama-20-shards.manifest.json").string(), synthetic().string(),
+         "--seed", "7", "--shard-size", "7500000", "--threads", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
     // The reference: one process.
     const CommandResult q =
         test::run_ctquant({"quantize", synthetic().string(), reference().string(), "-q"});

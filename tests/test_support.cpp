@@ -608,6 +608,11 @@ CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions
   return process.wait();
 }
 
+CommandResult run_make_checkpoint(const std::vector<std::string>& args) {
+  CtquantProcess process(make_checkpoint_binary(), args, RunOptions{});
+  return process.wait();
+}
+
 namespace {
 // What a shell script runs as "$CTQUANT": the binary, or, in a build run
 // through an emulator (CTQUANT_BINARY_LAUNCHER), a script that starts the

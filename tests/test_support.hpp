@@ -195,6 +195,10 @@ class CtquantProcess {
 // run_ctquant() with options (e.g. a file size limit).
 CommandResult run_ctquant(const std::vector<std::string>& args, const RunOptions& options);
 
+// Runs the synthetic checkpoint generator with args (through the emulator
+// in a cross build, as run_ctquant does).
+CommandResult run_make_checkpoint(const std::vector<std::string>& args);
+
 // Runs `/bin/sh -c script` with CTQUANT set to the ctquant binary's path in
 // its environment, and captures its exit code, stdout and stderr.
 CommandResult run_shell(const std::string& script, const RunOptions& options = {});

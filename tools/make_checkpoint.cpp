@@ -66,6 +66,7 @@
 #include "ctquant/format/safetensors.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/util/fd_pool.hpp"
+#include "ctquant/plan/matcher.hpp"
 
 namespace {
 
@@ -87,6 +88,7 @@ struct Options {
   std::uint64_t shard_size = 0;  // 0: one model.safetensors
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   bool force = false;
+  std::string fp8;  // "block" or "channel": write the layout's linear weights as FP8
 };
 
 struct Tensor {
@@ -570,9 +572,83 @@ void write_text(const fs::path& path, const std::string& text) {
   file.write_at(0, std::as_bytes(std::span(text)));
 }
 
+// --fp8 block|channel: the layout's linear weights (2-D BF16/F16/F32
+// `.weight`, not embeddings, norms, heads, nor the manifest's
+// recommended_ignore modules) as F8_E4M3, each with its scale tensor, and the
+// quantization_config of such a checkpoint: block FP8 (DeepSeek-V3 style,
+// F32 `weight_scale_inv` over 128 x 128 blocks) or compressed-tensors channel
+// FP8 (`weight_scale` [R, 1] in the weight's dtype). The values come from the
+// same FP8 writer as a manifest that lists FP8 weights.
+std::vector<Tensor> as_fp8(const Options& options, std::vector<Tensor> tensors, json& config) {
+  if (options.fp8 != "block" && options.fp8 != "channel") {
+    throw ctquant::usage_error(fmt::format("--fp8 {}: expected block or channel", options.fp8));
+  }
+  std::vector<std::string> keep;
+  {
+    std::ifstream in(options.manifest);
+    const json manifest = json::parse(in);
+    for (const json& e : manifest.value("recommended_ignore", json::array())) {
+      if (e.is_string()) keep.push_back(e.get<std::string>());
+    }
+  }
+  const ctquant::ModuleMatcher kept(keep, ctquant::ModuleMatcher::Role::kIgnore);
+  const bool block = options.fp8 == "block";
+  std::vector<Tensor> out;
+  for (Tensor& t : tensors) {
+    const bool weight = t.name.size() > 7 && t.name.ends_with(".weight");
+    const std::string module = weight ? t.name.substr(0, t.name.size() - 7) : t.name;
+    const std::string last = module.substr(module.rfind('.') + 1);
+    const bool linear = weight && t.shape.size() == 2 && is_float(t.dtype) &&
+                        t.dtype != DType::kF64 && last.find("embed") == std::string::npos &&
+                        last.find("norm") == std::string::npos &&
+                        last.find("head") == std::string::npos && !kept.first_match(module);
+    if (!linear) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    const std::uint64_t rows = t.shape[0];
+    const std::uint64_t cols = t.shape[1];
+    Tensor scale;
+    scale.name = module + (block ? ".weight_scale_inv" : ".weight_scale");
+    scale.dtype = block ? DType::kF32 : t.dtype;
+    scale.shape = block ? std::vector<std::uint64_t>{(rows + 127) / 128, (cols + 127) / 128}
+                        : std::vector<std::uint64_t>{rows, 1};
+    scale.numel = scale.shape[0] * scale.shape[1];
+    scale.byte_size = scale.numel * static_cast<std::uint64_t>(ctquant::dtype_bits(scale.dtype) / 8);
+    t.dtype = DType::kF8_E4M3;
+    t.byte_size = t.numel;
+    out.push_back(std::move(t));
+    out.push_back(std::move(scale));
+  }
+  if (block) {
+    config["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                     {"fmt", "e4m3"},
+                                     {"quant_method", "fp8"},
+                                     {"weight_block_size", json::array({128u, 128u})}};
+  } else {
+    config["quantization_config"] = {
+        {"config_groups",
+         {{"group_0",
+           {{"format", "float-quantized"},
+            {"targets", {"Linear"}},
+            {"input_activations",
+             {{"dynamic", true}, {"num_bits", 8}, {"strategy", "token"}, {"symmetric", true},
+              {"type", "float"}}},
+            {"weights",
+             {{"dynamic", false}, {"num_bits", 8}, {"strategy", "channel"}, {"symmetric", true},
+              {"type", "float"}}}}}}},
+        {"format", "float-quantized"},
+        {"ignore", keep},
+        {"quant_method", "compressed-tensors"},
+        {"quantization_status", "compressed"}};
+  }
+  return out;
+}
+
 void run(const Options& options) {
   json config;
   std::vector<Tensor> tensors = read_manifest(options, config);
+  if (!options.fp8.empty()) tensors = as_fp8(options, std::move(tensors), config);
   if (options.layers > 0) tensors = scale_layers(tensors, options.layers, config);
   if (!options.only_layers.empty()) tensors = keep_layers(tensors, options.only_layers);
   std::vector<Shard> shards = split_shards(std::move(tensors), options.shard_size);
@@ -718,6 +794,10 @@ int main(int argc, char** argv) {
                  "one model.safetensors)");
   app.add_option("--threads", options.threads, "Generator threads")->capture_default_str();
   app.add_flag("--force", options.force, "Replace OUTPUT_DIR if it exists");
+  app.add_option("--fp8", options.fp8,
+                 "Write the layout's linear weights as FP8: block (128 x 128 F32 "
+                 "weight_scale_inv, quant_method fp8) or channel (compressed-tensors, "
+                 "weight_scale [R, 1])");
   CLI11_PARSE(app, argc, argv);
   try {
     run(options);
