@@ -225,10 +225,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   PlanOptions options;
   const std::uint8_t pick = size > 0 ? data[size - 1] : 0;
   const std::uint8_t pick2 = size > 1 ? data[size - 2] : 0;
-  // Any preset of the registry; integer ones also channel-wise or g32.
+  // Any preset of the registry that ctquant writes (the refused ones throw a
+  // usage error before any header is read); integer ones also channel-wise
+  // or g32.
   std::vector<const Preset*> presets;
   for (const SchemeFamily* f : scheme_families()) {
-    for (const Preset& p : f->presets) presets.push_back(&p);
+    for (const Preset& p : f->presets) {
+      if (p.refused.empty()) presets.push_back(&p);
+    }
   }
   options.groups = {preset_group(std::string(presets[pick % presets.size()]->name))};
   try {
