@@ -34,6 +34,7 @@ SANITIZE_OPTIONS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTQUANT_SANITIZE=ON -DCTQU
 # native ones (multiarch; nlohmann-json and CLI11 are header-only, arch all).
 CROSS_PACKAGES=(g++-aarch64-linux-gnu qemu-user-static cmake pkg-config nlohmann-json3-dev libcli11-dev)
 CROSS_ARM64_PACKAGES=(libspdlog-dev:arm64 libfmt-dev:arm64 libpcre2-dev:arm64 libgtest-dev:arm64
+  libyaml-cpp-dev:arm64 libssl-dev:arm64
   libhwy-dev:arm64)
 CROSS_BUILD_DIR=${CTQUANT_CROSS_BUILD_DIR:-build-arm64}
 
