@@ -522,7 +522,12 @@ CtquantProcess::CtquantProcess(const fs::path& program, const std::vector<std::s
                                const RunOptions& options) {
   const fs::path out_path = capture_ / "stdout";
   const fs::path err_path = capture_ / "stderr";
-  std::vector<std::string> storage = command_line(program, args);
+  std::vector<std::string> storage = options.host_program ? std::vector<std::string>{}
+                                                            : command_line(program, args);
+  if (options.host_program) {
+    storage.push_back(program.string());
+    storage.insert(storage.end(), args.begin(), args.end());
+  }
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -635,6 +640,7 @@ fs::path shell_ctquant() {
 CommandResult run_shell(const std::string& script, const RunOptions& options) {
   RunOptions with_binary = options;
   with_binary.env.push_back("CTQUANT=" + shell_ctquant().string());
+  with_binary.host_program = true;
   CtquantProcess process("/bin/sh", {"-c", script}, with_binary);
   return process.wait();
 }

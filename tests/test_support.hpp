@@ -161,6 +161,9 @@ struct RunOptions {
   // RLIMIT_NOFILE of the child, soft and hard (set between fork and exec); 0
   // keeps the parent's.
   std::uint64_t open_files_limit = 0;
+  // The program is one of the host's (e.g. /bin/sh), not a binary of this
+  // build: it is started directly, never through a cross build's emulator.
+  bool host_program = false;
   // Environment variables of the child, "NAME=VALUE", added to (or
   // replacing) the parent's.
   std::vector<std::string> env;

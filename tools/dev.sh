@@ -42,10 +42,18 @@ as_root() {
   if [ "$(id -u)" -ne 0 ]; then sudo "$@"; else "$@"; fi
 }
 
+# A package counts as installed in the architecture it is asked for: PKG
+# (no :ARCH) in the native one or "all". Some -dev packages (yaml-cpp) cannot
+# be installed for two architectures at once, so the cross build's arm64 one
+# replaces the native one, and the native build must notice.
 install_packages() {
-  local missing=()
+  local missing=() native
+  native=$(dpkg --print-architecture)
   for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    local name=${p%%:*} arch=${p#*:}
+    [ "$arch" = "$p" ] && arch=$native
+    dpkg-query -W -f='${Status} ${Architecture}\n' "$name:$arch" "$name" 2>/dev/null |
+      grep -Eq "^install ok installed ($arch|all)$" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "dev.sh: installing ${missing[*]}" >&2
