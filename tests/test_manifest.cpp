@@ -248,6 +248,69 @@ TEST(Manifest, IsNotReadAsPartOfACheckpointNorCopied) {
   EXPECT_TRUE(check_manifest(dir / "out", 1).ok());
 }
 
+// ---- --no-manifest ----
+
+TEST(NoManifest, WritesTheSameFilesWithoutTheManifest) {
+  test::TempDir dir;
+  std::vector<QuantizeSummary> summaries;
+  for (const bool manifest : {true, false}) {
+    QuantizeOptions options = test::test_options(golden_input("dflash-bf16-sharded"),
+                                                 dir / (manifest ? "with" : "without"));
+    options.plan.ignore = {"re:.*qkv_proj$", "re:.*g_proj$"};
+    options.manifest = manifest;
+    summaries.push_back(quantize(options));
+  }
+  EXPECT_FALSE(fs::exists(dir / "without" / kManifestFileName));
+  EXPECT_TRUE(summaries[1].output_files.empty());
+  fs::remove(dir / "with" / kManifestFileName);
+  EXPECT_EQ(test::diff_bytes(dir / "without", dir / "with"), "");
+  // verify --manifest says there is none.
+  const auto r = test::run_ctquant({"verify", (dir / "without").string(), "--manifest"});
+  EXPECT_EQ(r.exit_code, 1);
+  expect_message(r.err, {"no ctquant-manifest.json"});
+}
+
+TEST(NoManifest, WithPartOrResumeIsAUsageError) {
+  test::TempDir dir;
+  QuantizeOptions options = test::test_options(golden_input("llama-bf16"), dir / "out");
+  options.manifest = false;
+  options.part = PartSpec{1, 2};
+  try {
+    quantize(options);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    expect_message(e.what(), {"--no-manifest cannot be used with --part", "SHA-256"});
+  }
+  options.part.reset();
+  options.resume = true;
+  try {
+    quantize(options);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    expect_message(e.what(), {"--no-manifest cannot be used with --resume"});
+  }
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
+TEST(NoManifest, WithAReportIsAUsageErrorAndWritesNothing) {
+  test::TempDir dir;
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--json"},
+        std::vector<std::string>{"--report", (dir / "r.json").string()}}) {
+    std::vector<std::string> args = {"quantize", golden_input("llama-bf16").string(),
+                                     (dir / "out").string(), "--no-manifest"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = test::run_ctquant(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    expect_message(r.err, {"--no-manifest cannot be used with " + extra[0],
+                           "SHA-256 of every output file"});
+    EXPECT_FALSE(fs::exists(dir / "out"));
+    EXPECT_FALSE(fs::exists(dir / "r.json"));
+  }
+}
+
 // ---- determinism: same input and options, same bytes and manifest ----
 
 TEST(Determinism, ThreadsOneAndTwoGiveIdenticalFilesAndManifests) {

@@ -295,6 +295,7 @@ struct QuantizeArgs {
   unsigned threads = 0;
   bool force = false;
   bool no_sync = false;
+  bool no_manifest = false;
   bool follow_symlinks = false;
   bool dry_run = false;
   bool allow_unloadable = false;
@@ -369,6 +370,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.force = args.force;
   options.follow_symlinks = args.follow_symlinks;
   options.fsync = !args.no_sync;
+  options.manifest = !args.no_manifest;
   options.dry_run = args.dry_run;
   options.allow_unloadable = args.allow_unloadable;
   options.strict = args.strict;
@@ -378,6 +380,11 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   if (args.stage) options.stage = *args.stage;
   options.resume = args.resume;
   const bool want_report = args.json || !args.report.empty();
+  if (args.no_manifest && want_report) {
+    throw ctquant::usage_error(fmt::format(
+        "--no-manifest cannot be used with {}: the report lists the SHA-256 of every output file",
+        args.json ? "--json" : "--report"));
+  }
   nlohmann::json plan_report;
   options.on_plan = [&](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
                         const std::vector<ctquant::Finding>&) {
@@ -600,6 +607,9 @@ int main(int argc, char** argv) {
   quantize->add_flag("--no-sync", q.no_sync,
                      "Do not fsync the output before renaming it into place (faster; after a "
                      "power loss OUTPUT may exist with lost data)");
+  quantize->add_flag("--no-manifest", q.no_manifest,
+                     "Do not hash the output files or write ctquant-manifest.json (saves about "
+                     "0.6 s of one core per GB written; not with --part, --resume or a report)");
   quantize->add_flag("--follow-symlinks", q.follow_symlinks,
                      "Read files that symbolic links in INPUT point to outside it (a Hugging "
                      "Face cache snapshot); refused by default");

@@ -104,6 +104,12 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   if (options.stage && !options.part && !options.resume) {
     throw usage_error("--stage names the staging directory of --part or --resume; give one of them");
   }
+  if (!options.manifest && (options.part || options.resume)) {
+    throw usage_error(fmt::format(
+        "--no-manifest cannot be used with {}: staged files are checked by their SHA-256 when "
+        "parts are finalized or a run is resumed",
+        options.part ? "--part" : "--resume"));
+  }
   check_plan_options(options.plan);  // usage errors before any file is read
 
   const fs::path input = resolve_checkpoint_input(options.input, options.revision);
@@ -209,27 +215,34 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   StagedOutput staged(options.output, input, options.force);
   if (log) log->debug("writing into {}", staged.dir().string());
   // The manifest's digests are computed while the files are written.
-  WrittenFilesHasher hasher(staged.dir(), expected_output_files(checkpoint, summary.plan),
-                            options.cancel);
-  exec.on_written = [&hasher](const fs::path& file, std::uint64_t offset, std::uint64_t length) {
-    hasher.written(file, offset, length);
-  };
+  std::optional<WrittenFilesHasher> hasher;
+  if (options.manifest) {
+    hasher.emplace(staged.dir(), expected_output_files(checkpoint, summary.plan), options.cancel);
+    exec.on_written = [&hasher](const fs::path& file, std::uint64_t offset, std::uint64_t length) {
+      hasher->written(file, offset, length);
+    };
+  }
   lap();
   summary.execute = execute_plan(checkpoint, summary.plan, staged.dir(), exec);
   lap();
   summary.phases.stream = summary.execute.seconds_stream;
   summary.phases.flush = summary.execute.seconds_flush;
   check_cancel(options.cancel);
-  summary.output_files = hasher.finish();
-  summary.output_files.push_back(write_manifest(staged.dir(), summary.output_files, options.fsync));
-  std::sort(summary.output_files.begin(), summary.output_files.end(),
-            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
-  summary.phases.manifest = lap();
-  if (log) {
-    std::uint64_t hashed = 0;
-    for (const ManifestEntry& f : summary.output_files) hashed += f.size;
-    log->debug("hashed {} output files ({} bytes) for the manifest; {:.3f} s after the flush",
-               summary.output_files.size(), hashed, summary.phases.manifest);
+  if (hasher) {
+    summary.output_files = hasher->finish();
+    summary.output_files.push_back(
+        write_manifest(staged.dir(), summary.output_files, options.fsync));
+    std::sort(summary.output_files.begin(), summary.output_files.end(),
+              [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+    summary.phases.manifest = lap();
+    if (log) {
+      std::uint64_t hashed = 0;
+      for (const ManifestEntry& f : summary.output_files) hashed += f.size;
+      log->debug("hashed {} output files ({} bytes) for the manifest; {:.3f} s after the flush",
+                 summary.output_files.size(), hashed, summary.phases.manifest);
+    }
+  } else if (log) {
+    log->debug("no manifest (--no-manifest): the output files are not hashed");
   }
   if (log) {
     const ExecuteStats& st = summary.execute;

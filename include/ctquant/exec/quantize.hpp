@@ -40,6 +40,11 @@ struct QuantizeOptions {
   bool follow_symlinks = false;  // read files that links in INPUT point to outside it
   bool dry_run = false;          // plan and lint only; write nothing
   bool fsync = true;             // flush files and directories before the rename
+  // Hash every output file while it is written and write the manifest
+  // (report/manifest.hpp). Off: no SHA-256 (about 0.6 s of one core per GB
+  // written with SHA extensions) and no kManifestFileName; refused with part,
+  // resume (their files are checked by digest) and by the CLI with a report.
+  bool manifest = true;
   std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job
   // Lint (lint.hpp): which findings stop the run, and the TP degree L5 checks.
   bool allow_unloadable = false;  // lint errors do not stop the run
@@ -91,7 +96,8 @@ struct QuantizeSummary {
   ExecuteStats execute;                 // where the writing's time went (zero for a dry run)
   PhaseTimes phases;
   // Every file of OUTPUT with its size and SHA-256, sorted by name, the
-  // manifest (kManifestFileName) included; empty for a dry run.
+  // manifest (kManifestFileName) included; empty for a dry run and without
+  // QuantizeOptions::manifest.
   std::vector<ManifestEntry> output_files;
   QuantizePlan plan;
   std::vector<Finding> findings;  // every lint finding, blocking or not
@@ -99,7 +105,8 @@ struct QuantizeSummary {
 };
 
 // Runs the job. OUTPUT gets a manifest (report/manifest.hpp) of its files,
-// hashed while they are written (WrittenFilesHasher).
+// hashed while they are written (WrittenFilesHasher), unless
+// options.manifest is off.
 // Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp
 // for the kinds; Error{kLint} when lint findings stop the run, also under
 // dry_run); on any error OUTPUT does not exist afterwards (or, with force,
