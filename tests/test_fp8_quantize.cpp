@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -133,13 +134,16 @@ TEST(Fp8Quantize, BlockFp8PartialBlocksMatchReference) {
 
   // Several thread counts and chunk sizes (down to one row per job, so jobs
   // start inside a row block): the bytes must be the same.
+  // The last run dequantizes each chunk one row at a time (bands).
   std::vector<std::string> outputs;
-  for (const auto& [threads, chunk] :
-       std::vector<std::pair<unsigned, std::uint64_t>>{{1, 4u << 20}, {3, 1}, {2, 20}}) {
-    const fs::path out = dir / fmt::format("out-{}-{}", threads, chunk);
+  for (const auto& [threads, chunk, band] :
+       std::vector<std::tuple<unsigned, std::uint64_t, std::uint64_t>>{
+           {1, 4u << 20, 256u << 10}, {3, 1, 256u << 10}, {2, 20, 256u << 10}, {1, 4u << 20, 1}}) {
+    const fs::path out = dir / fmt::format("out-{}-{}-{}", threads, chunk, band);
     QuantizeOptions o = options_for(dir / "in", out, {"lm_head", "re:.*down_proj$"});
     o.threads = threads;
     o.chunk_bytes = chunk;
+    o.fp8_band_bytes = band;
     const QuantizeSummary s = quantize(o);
     EXPECT_EQ(s.tensors_quantized, 2u);
     EXPECT_EQ(s.tensors_dequantized, 1u);
@@ -149,8 +153,9 @@ TEST(Fp8Quantize, BlockFp8PartialBlocksMatchReference) {
   }
   EXPECT_EQ(outputs[0], outputs[1]);
   EXPECT_EQ(outputs[0], outputs[2]);
+  EXPECT_EQ(outputs[0], outputs[3]);
 
-  const fs::path model = dir / "out-1-4194304" / "model.safetensors";
+  const fs::path model = dir / "out-1-4194304-262144" / "model.safetensors";
   const BlockModule& down = modules[2];
   EXPECT_EQ(test::read_tensor(model, down.module + ".weight"), bf16_bytes(reference_of(down)));
   QuantScheme channel = QuantScheme{};
@@ -171,7 +176,7 @@ TEST(Fp8Quantize, BlockFp8PartialBlocksMatchReference) {
   EXPECT_EQ(f.header().find(down.module + ".weight")->dtype, DType::kBF16);
 
   // config.json: the new block only, nothing of the old one left.
-  const json config = json::parse(test::read_file(dir / "out-1-4194304" / "config.json"));
+  const json config = json::parse(test::read_file(dir / "out-1-4194304-262144" / "config.json"));
   EXPECT_EQ(config["quantization_config"],
             test::single_group_config(test::int_group(4, true, 0), {"lm_head", "re:.*down_proj$"}));
   EXPECT_EQ(config["model_type"], "llama");

@@ -41,11 +41,13 @@ using nlohmann::json;
   } while (0)
 
 QuantizeSummary run_library(const GoldenCase& c, const fs::path& output, unsigned threads,
-                            std::uint64_t chunk_bytes = 4u << 20) {
+                            std::uint64_t chunk_bytes = 4u << 20,
+                            std::uint64_t fp8_band_bytes = QuantizeOptions{}.fp8_band_bytes) {
   QuantizeOptions options = test_options(input_of(c), output);
   options.plan = plan_of(c);
   options.threads = threads;
   options.chunk_bytes = chunk_bytes;
+  options.fp8_band_bytes = fp8_band_bytes;
   options.allow_unloadable = unloadable_in_vllm(c.name);
   return quantize(options);
 }
@@ -88,7 +90,9 @@ TEST_P(Golden, ConfigCarriesTheCaseScheme) {
 
 // Output bytes never depend on the thread count or on how rows are chunked:
 // 1, 2 and 8 threads with the default chunk, and 8 threads with 1000-byte
-// chunks (every quantized weight split into many row chunks).
+// chunks (every quantized weight split into many row chunks); nor, for FP8
+// inputs, on how a chunk is cut into dequantized bands (one row-alignment
+// unit per band).
 TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   const GoldenCase c = find_case(GetParam());
   SKIP_UNLESS_SUPPORTED(c);
@@ -103,6 +107,8 @@ TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   EXPECT_EQ(diff_bytes(tmp / "t8-small-chunks", tmp / "t1"), "");
   run_library(c, tmp / "t1-small-chunks", 1, 1000);
   EXPECT_EQ(diff_bytes(tmp / "t1-small-chunks", tmp / "t1"), "");
+  run_library(c, tmp / "t2-small-bands", 2, 4u << 20, 1);
+  EXPECT_EQ(diff_bytes(tmp / "t2-small-bands", tmp / "t1"), "");
 }
 
 // The real binary with the CLI flags a user would type for the case, on

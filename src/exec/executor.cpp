@@ -149,11 +149,26 @@ class Executor {
     return std::max(align, n / align * align);
   }
 
+  // Rows per band of an FP8 module's quantize job: each band is dequantized
+  // into a buffer of about kFp8BandBytes, which stays in the core's cache,
+  // and quantized from there (a multiple of the family's row alignment, so
+  // the kernel gives the same bytes as for the whole job).
+  std::uint64_t fp8_band_rows(const ModuleRun& m) const {
+    const std::uint64_t align = std::max<std::uint64_t>(1, m.family->row_alignment(*m.args));
+    const std::uint64_t n =
+        options_.fp8_band_bytes / std::max<std::uint64_t>(1, m.rows.row_bytes());
+    return std::max(align, n / align * align);
+  }
+
   // Grows the per-worker buffers for rows [r0, r1) of module m.
   void note_rows(const ModuleRun& m, std::uint64_t r0, std::uint64_t r1) {
     max_in_bytes_ = std::max(max_in_bytes_, (r1 - r0) * m.rows.row_bytes());
     max_fp8_scale_bytes_ = std::max(max_fp8_scale_bytes_, m.rows.scale_bytes(r0, r1));
     if (m.family == nullptr) return;
+    if (m.rows.is_fp8()) {
+      max_band_bytes_ =
+          std::max(max_band_bytes_, std::min(r1 - r0, fp8_band_rows(m)) * m.rows.row_bytes());
+    }
     for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
       const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
       max_out_bytes_[i] =
@@ -339,7 +354,8 @@ class Executor {
   // Per-worker buffers, sized once for the largest job. Two output sets: the
   // worker quantizes its next chunk while its previous one waits to be written.
   struct Buffers {
-    std::vector<std::byte> input;      // a chunk of weight rows, BF16 once an FP8 chunk is loaded
+    std::vector<std::byte> input;      // a chunk of weight rows (an FP8 chunk as loaded or as codes)
+    std::vector<std::byte> band;       // a band of an FP8 chunk's rows, dequantized to BF16
     std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
     std::vector<std::byte> scratch;    // the kernel's
     std::array<OutputSet, 2> out;
@@ -355,7 +371,7 @@ class Executor {
     load_rows(m, job, buf);
     float amax = 0.0f;
     if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
-      throw_not_finite(m, job.begin, *bad, buf);
+      throw_not_finite(m, job.begin, *bad, buf.input.data());
     }
     std::uint32_t seen = m.amax_bits.load();
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(amax);
@@ -366,20 +382,26 @@ class Executor {
   // Loads a job's rows; an FP8 value that is not finite once dequantized is
   // bad input, named by shard, tensor, row and column (section 6).
   void load_rows(const ModuleRun& m, const Job& job, Buffers& buf) const {
-    const auto bad = m.rows.load(job.begin, job.end, buf.input, buf.fp8_scale);
-    if (!bad) return;
-    const std::uint64_t row = job.begin + *bad / m.rows.cols();
-    const std::uint64_t col = *bad % m.rows.cols();
+    if (const auto bad = m.rows.load(job.begin, job.end, buf.input, buf.fp8_scale)) {
+      throw_fp8_not_finite(m, job.begin, *bad);
+    }
+  }
+
+  [[noreturn]] void throw_fp8_not_finite(const ModuleRun& m, std::uint64_t row_begin,
+                                         std::uint64_t bad) const {
+    const std::uint64_t row = row_begin + bad / m.rows.cols();
+    const std::uint64_t col = bad % m.rows.cols();
     throw bad_input(fmt::format(
         "{} {} (a dequantized weight must be finite; section 6 of the format spec)",
         m.rows.element(row, col), m.rows.describe_fp8(row, col)));
   }
 
+  // rows holds the loaded rows from row_begin on (a job's or a band's).
   [[noreturn]] void throw_not_finite(const ModuleRun& m, std::uint64_t row_begin,
-                                     std::uint64_t bad, const Buffers& buf) const {
+                                     std::uint64_t bad, const std::byte* rows) const {
     const std::uint64_t cols = m.rows.cols();
     const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(m.rows.dtype()) / 8);
-    const float value = load_as_float(m.rows.dtype(), buf.input.data() + bad * esize);
+    const float value = load_as_float(m.rows.dtype(), rows + bad * esize);
     throw bad_input(fmt::format(
         "{} is {} (a weight to be quantized must be finite; section 3 of the format spec)",
         m.rows.element(row_begin + bad / cols, bad % cols), value));
@@ -388,22 +410,47 @@ class Executor {
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
     const ModuleRun& m = *modules_[job.module];
     const std::uint64_t n_rows = job.end - job.begin;
-    load_rows(m, job, buf);
+    // A BF16, F16 or F32 chunk is quantized where it is read. An FP8 chunk's
+    // codes are read whole and dequantized band by band into a buffer that
+    // stays in cache, each band quantized as soon as it is decoded: the
+    // chunk is never rewritten as BF16 in memory.
+    const bool fp8 = m.rows.is_fp8();
+    if (fp8) {
+      m.rows.read_fp8(job.begin, job.end, buf.input, buf.fp8_scale);
+    } else {
+      load_rows(m, job, buf);
+    }
 
     OutputSet& out = buf.out[buf.next_out];
     buf.next_out = (buf.next_out + 1) % buf.out.size();
     queue_.wait_written(out);
-    KernelIo io;
-    io.dtype = m.rows.dtype();
-    io.n_rows = n_rows;
-    io.n_cols = m.rows.cols();
-    io.row_begin = job.begin;
-    io.weight = buf.input.data();
-    io.tensor_amax = m.set_amax;
-    for (std::size_t i = 0; i < m.row_outputs.size(); ++i) io.out[i] = out.out[i].data();
-    io.scratch = std::span<std::byte>(buf.scratch);
-    if (const auto bad = m.family->quantize(*m.args, io)) {
-      throw_not_finite(m, job.begin, *bad, buf);
+    const std::uint64_t band_rows = fp8 ? fp8_band_rows(m) : n_rows;
+    for (std::uint64_t band = job.begin; band < job.end; band += band_rows) {
+      const std::uint64_t band_end = std::min(job.end, band + band_rows);
+      const std::byte* weight = buf.input.data();
+      if (fp8) {
+        if (const auto bad = m.rows.dequantize_fp8_band(job.begin, band, band_end,
+                                                        buf.input.data(), buf.fp8_scale.data(),
+                                                        buf.band)) {
+          throw_fp8_not_finite(m, band, *bad);
+        }
+        weight = buf.band.data();
+      }
+      KernelIo io;
+      io.dtype = m.rows.dtype();
+      io.n_rows = band_end - band;
+      io.n_cols = m.rows.cols();
+      io.row_begin = band;
+      io.weight = weight;
+      io.tensor_amax = m.set_amax;
+      for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
+        const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
+        io.out[i] = out.out[i].data() + (spec.bytes_before(band) - spec.bytes_before(job.begin));
+      }
+      io.scratch = std::span<std::byte>(buf.scratch);
+      if (const auto bad = m.family->quantize(*m.args, io)) {
+        throw_not_finite(m, band, *bad, weight);
+      }
     }
     const std::uint64_t base = plan_.shards[m.shard].data_start;
     WriteRequest request;
@@ -474,6 +521,7 @@ class Executor {
     Buffers buf;
     buf.input.resize(max_in_bytes_);
     buf.fp8_scale.resize(max_fp8_scale_bytes_);
+    buf.band.resize(max_band_bytes_);
     buf.scratch.resize(max_scratch_bytes_);
     for (OutputSet& out : buf.out) {
       for (std::size_t i = 0; i < out.out.size(); ++i) out.out[i].resize(max_out_bytes_[i]);
@@ -718,6 +766,7 @@ class Executor {
   // Largest per-job buffer sizes, so each thread allocates once.
   std::uint64_t max_in_bytes_ = 0;
   std::uint64_t max_fp8_scale_bytes_ = 0;
+  std::uint64_t max_band_bytes_ = 0;
   std::uint64_t max_scratch_bytes_ = 0;
   std::array<std::uint64_t, 4> max_out_bytes_{};
   std::uint64_t bytes_total_ = 0;

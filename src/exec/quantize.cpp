@@ -179,6 +179,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   ExecuteOptions exec;
   exec.threads = options.threads;
   exec.chunk_bytes = options.chunk_bytes;
+  exec.fp8_band_bytes = options.fp8_band_bytes;
   exec.on_progress = options.on_progress;
   exec.cancel = options.cancel;
   exec.fsync = options.fsync;

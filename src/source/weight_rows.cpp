@@ -51,33 +51,52 @@ std::string WeightRows::element(std::uint64_t row, std::uint64_t col) const {
 std::optional<std::uint64_t> WeightRows::load(std::uint64_t row_begin, std::uint64_t row_end,
                                               std::span<std::byte> out,
                                               std::span<std::byte> scales) const {
-  const TensorEntry& w = checkpoint_.entry(source_.tensor);
-  const SafetensorsFile& in = checkpoint_.shards[source_.tensor.shard];
-  const std::uint64_t n_rows = row_end - row_begin;
-  const std::uint64_t n_cols = source_.cols;
-  const std::uint64_t first = source_.row_begin + row_begin;  // flattened input row
+  const std::uint64_t n = (row_end - row_begin) * source_.cols;
   if (!source_.fp8) {
+    const TensorEntry& w = checkpoint_.entry(source_.tensor);
     const std::uint64_t rb = row_bytes();
-    in.read(w.begin + first * rb, out.first(n_rows * rb));
+    checkpoint_.shards[source_.tensor.shard].read(w.begin + (source_.row_begin + row_begin) * rb,
+                                                  out.first((row_end - row_begin) * rb));
     return std::nullopt;
   }
+  // The codes go to the second half of out and are dequantized in place
+  // (Fp8Rows allows exactly this overlap).
+  read_fp8(row_begin, row_end, out.subspan(n, n), scales);
+  return dequantize_fp8_band(row_begin, row_begin, row_end, out.data() + n, scales.data(), out);
+}
+
+void WeightRows::read_fp8(std::uint64_t row_begin, std::uint64_t row_end,
+                          std::span<std::byte> codes, std::span<std::byte> scales) const {
+  const TensorEntry& w = checkpoint_.entry(source_.tensor);
   const Fp8Source& f = *source_.fp8;
-  const Fp8ScaleLayout& layout = f.layout;
-  const std::uint64_t n = n_rows * n_cols;
-  in.read(w.begin + first * n_cols, out.subspan(n, n));
+  const std::uint64_t first = source_.row_begin + row_begin;  // flattened input row
+  checkpoint_.shards[source_.tensor.shard].read(w.begin + first * source_.cols,
+                                                codes.first((row_end - row_begin) * source_.cols));
   const std::uint64_t local = first - f.view_first_row;  // row within the expert's view
   const TensorEntry& scale = checkpoint_.entry(f.scale);
-  const std::uint64_t grid_begin = layout.grid_row_begin(local);
   checkpoint_.shards[f.scale.shard].read(
-      scale.begin + (f.grid_first_row + grid_begin) * layout.scale_bytes_per_grid_row(),
+      scale.begin + (f.grid_first_row + f.layout.grid_row_begin(local)) *
+                        f.layout.scale_bytes_per_grid_row(),
       scales.first(scale_bytes(row_begin, row_end)));
+}
+
+std::optional<std::uint64_t> WeightRows::dequantize_fp8_band(
+    std::uint64_t row_begin, std::uint64_t band_begin, std::uint64_t band_end,
+    const std::byte* codes, const std::byte* scales, std::span<std::byte> out) const {
+  const Fp8Source& f = *source_.fp8;
+  const Fp8ScaleLayout& layout = f.layout;
+  const std::uint64_t base = source_.row_begin - f.view_first_row;  // weight row 0 in the view
+  // The band's scale grid rows start where its first row's grid row is
+  // within those read for the chunk.
+  const std::uint64_t grid_skip =
+      layout.grid_row_begin(base + band_begin) - layout.grid_row_begin(base + row_begin);
   Fp8Rows rows;
-  rows.code_dtype = w.dtype;
-  rows.row_begin = local;
-  rows.n_rows = n_rows;
-  rows.n_cols = n_cols;
-  rows.codes = out.data() + n;
-  rows.scales = scales.data();
+  rows.code_dtype = checkpoint_.entry(source_.tensor).dtype;
+  rows.row_begin = base + band_begin;
+  rows.n_rows = band_end - band_begin;
+  rows.n_cols = source_.cols;
+  rows.codes = codes + (band_begin - row_begin) * source_.cols;
+  rows.scales = scales + grid_skip * layout.scale_bytes_per_grid_row();
   rows.out = out.data();
   return dequantize_fp8_rows(layout, rows);
 }

@@ -6,10 +6,10 @@
 // of copied tensors (copy_file_range, no user-space buffer) and row chunks of
 // quantized weights (read into a per-thread buffer of about chunk_bytes,
 // quantized by quantize_block(), written with pwrite at the offsets the plan
-// fixed). A chunk of an FP8 weight is read into the second half of that
-// buffer with the scale rows it needs, dequantized in place to BF16 (section
-// 6 of the format spec), then quantized, or written as BF16 when the plan
-// keeps the module unquantized. Worker threads take jobs from a shared
+// fixed). A chunk of an FP8 weight is read as codes with the scale rows it
+// needs and dequantized to BF16 (section 6 of the format spec): band by band
+// into a cache-sized buffer (fp8_band_bytes), each band quantized at once, or
+// in place when the plan keeps the module unquantized and writes it as BF16. Worker threads take jobs from a shared
 // counter, so the output bytes never depend on the thread count; the error
 // of the earliest failing job is the one reported. The writes go through one
 // queue and are made by one worker at a time, so that workers do not wait on
@@ -46,6 +46,10 @@ struct ExecuteOptions {
   // Bytes of weight rows per quantization or dequantization job, as loaded
   // (BF16 for an FP8 weight); at least one row.
   std::uint64_t chunk_bytes = 4u << 20;
+  // BF16 bytes of an FP8 chunk dequantized at a time before its quantization
+  // (a band: a multiple of the family's row alignment, at least one); small
+  // enough to stay in the core's cache. Output bytes do not depend on it.
+  std::uint64_t fp8_band_bytes = 256u << 10;
   // Called from the calling thread about every progress_interval_ms while
   // workers run (with one thread: between jobs, at most that often), and
   // once at the end. May be empty.

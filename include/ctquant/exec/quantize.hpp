@@ -46,6 +46,7 @@ struct QuantizeOptions {
   // resume (their files are checked by digest) and by the CLI with a report.
   bool manifest = true;
   std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job
+  std::uint64_t fp8_band_bytes = 256u << 10;  // ExecuteOptions::fp8_band_bytes
   // Lint (lint.hpp): which findings stop the run, and the TP degree L5 checks.
   bool allow_unloadable = false;  // lint errors do not stop the run
   bool strict = false;            // lint warnings stop the run too

@@ -80,6 +80,25 @@ class WeightRows {
   std::optional<std::uint64_t> load(std::uint64_t row_begin, std::uint64_t row_end,
                                     std::span<std::byte> out, std::span<std::byte> scales) const;
 
+  // The two steps of load() for an FP8 weight, for a caller that dequantizes
+  // a chunk band by band into a cache-sized buffer instead of in place.
+  // read_fp8() reads the codes of rows [row_begin, row_end) into codes
+  // ((row_end - row_begin) * cols() bytes) and their scale grid rows into
+  // scales (scale_bytes(row_begin, row_end) bytes); throws Error{kIo}.
+  // dequantize_fp8_band() turns rows [band_begin, band_end) of that chunk
+  // (row_begin <= band_begin < band_end <= row_end) into BF16 in out
+  // ((band_end - band_begin) * row_bytes() bytes), the same bits load()
+  // gives; it returns the index within the band of the first value that is
+  // not finite, nullopt otherwise. Both require is_fp8().
+  void read_fp8(std::uint64_t row_begin, std::uint64_t row_end, std::span<std::byte> codes,
+                std::span<std::byte> scales) const;
+  std::optional<std::uint64_t> dequantize_fp8_band(std::uint64_t row_begin,
+                                                   std::uint64_t band_begin,
+                                                   std::uint64_t band_end,
+                                                   const std::byte* codes,
+                                                   const std::byte* scales,
+                                                   std::span<std::byte> out) const;
+
   // "shard: tensor 'name': element [i, j]" (for a split expert, the element
   // of the stored 3-D tensor, [e, i, j]) of the weight's row and column,
   // for messages.
