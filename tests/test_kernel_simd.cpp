@@ -610,6 +610,69 @@ TEST(KernelSimd, MaxAbsMatchesReference) {
   }
 }
 
+// The same comparison at every level this CPU runs (max_abs() takes only
+// the best one): the largest magnitude bits of each level equal those of the
+// reference's amax, on random weights, -0 spans, subnormals and values at
+// the dtype's largest finite magnitude; a NaN or infinity gives bits at or
+// above the dtype's exponent mask.
+TEST(KernelSimd, MaxMagnitudeBitsAtEveryLevelMatchReference) {
+  std::size_t levels_run = 0;
+  for (const detail::SimdLevel& level : detail::simd_levels()) {
+    if (!level.supported) continue;
+    ++levels_run;
+    for (const DType dtype : kFloatTypes) {
+      const std::uint32_t inf = dtype == DType::kF32    ? 0x7F800000u
+                                : dtype == DType::kBF16 ? 0x7F80u
+                                                        : 0x7C00u;
+      const std::uint32_t sign = dtype == DType::kF32 ? 0x80000000u : 0x8000u;
+      for (const std::uint64_t cols : {1u, 5u, 16u, 31u, 64u, 257u, 1000u}) {
+        Weights w = random_weights(dtype, 3, cols, 23);
+        const auto expect_ref = [&](const std::string& what) {
+          float ref = -1.0f;
+          ASSERT_EQ(max_abs_ref(dtype, w.bytes.data(), w.size(), ref), std::nullopt) << what;
+          const auto bits =
+              detail::max_magnitude_bits_simd_at(level, dtype, w.bytes.data(), w.size());
+          ASSERT_TRUE(bits.has_value()) << level.name;
+          float got = 0.0f;
+          if (dtype == DType::kF32) {
+            got = std::bit_cast<float>(*bits);
+          } else if (dtype == DType::kBF16) {
+            got = bf16_to_float(static_cast<std::uint16_t>(*bits));
+          } else {
+            got = f16_to_float(static_cast<std::uint16_t>(*bits));
+          }
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(ref))
+              << level.name << " " << dtype_tag(dtype) << " [" << cols << "] " << what;
+        };
+        expect_ref("random");
+        // The largest finite magnitude, negative, at the last element (the
+        // vector tail) and then at the first.
+        w.set_bits(w.size() - 1, sign | (inf - 1u));
+        expect_ref("-max at the end");
+        w.set_bits(0, inf - 1u);
+        expect_ref("max at the start");
+        // -0 everywhere, then one negative subnormal.
+        for (std::uint64_t i = 0; i < w.size(); ++i) w.set(i, -0.0f);
+        expect_ref("all -0");
+        w.set_bits(w.size() / 2, sign | 1u);
+        expect_ref("one subnormal");
+        // Infinity: bits at the exponent mask; a NaN: above it.
+        w.set_bits(w.size() - 1, sign | inf);
+        const auto with_inf =
+            detail::max_magnitude_bits_simd_at(level, dtype, w.bytes.data(), w.size());
+        ASSERT_TRUE(with_inf.has_value());
+        EXPECT_EQ(*with_inf, inf) << level.name << " " << dtype_tag(dtype);
+        w.set_bits(0, inf | 1u);
+        const auto with_nan =
+            detail::max_magnitude_bits_simd_at(level, dtype, w.bytes.data(), w.size());
+        ASSERT_TRUE(with_nan.has_value());
+        EXPECT_GT(*with_nan, inf) << level.name << " " << dtype_tag(dtype);
+      }
+    }
+  }
+  EXPECT_GT(levels_run, 0u);
+}
+
 // Cases the vector kernel does not take go to the reference unchanged.
 TEST(KernelSimd, LeavesOtherSchemesToTheReference) {
   KernelBlock block;

@@ -8,8 +8,10 @@
 // CPU does not run is reported as skipped.
 //
 // Then the registry rows with their own kernels: FP8 (FP8_DYNAMIC, FP8_BLOCK,
-// per-tensor) and W8A8, and the microscale rows (NVFP4A16, MXFP4A16,
-// MXFP8A16), each as reference and fast path, on the same blocks.
+// FP8_TENSOR), W8A8 and the microscale rows (NVFP4A16, MXFP4A16, MXFP8A16),
+// each as reference and fast path for every dtype and, for BF16, at every
+// level; and the input side: the FP8 E4M3 decode of FP8 inputs and the
+// max |w| pre-pass of NVFP4, at every level.
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -22,6 +24,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -33,8 +36,12 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "ctquant/source/fp8.hpp"
+#include "scheme/byte_code_simd.hpp"
 #include "scheme/kernel_simd.hpp"
+#include "scheme/microscale_simd.hpp"
 #include "scheme/simd.hpp"
+#include "source/fp8_simd.hpp"
 
 namespace {
 
@@ -61,6 +68,15 @@ std::vector<std::byte> make_weights(DType dtype, std::uint32_t seed) {
   return bytes;
 }
 
+// bytes_per_second (bytes per iteration over wall time, summed over the
+// threads) and per_core (the same per thread).
+void set_rates(benchmark::State& state, std::size_t bytes) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+  state.counters["per_core"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * bytes),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+}
+
 // What a benchmark runs: the reference, quantize_block() (the best level
 // this CPU has), the vector kernel quantize_block() runs at one level of
 // simd_levels(), or the Highway kernel at that level (hwy_<level>: on x86-64
@@ -71,21 +87,27 @@ struct Path {
 };
 
 void run_kernel(benchmark::State& state, DType dtype, int num_bits, std::uint64_t group_size,
-                const Path& path) {
+                bool symmetric, const Path& path) {
   if ((path.kind == Path::Kind::kLevel || path.kind == Path::Kind::kHwyLevel) &&
       !path.level.supported) {
     state.SkipWithError("this CPU does not run this level");
     return;
   }
-  const ctquant::QuantScheme scheme{"bench", num_bits, true, group_size};
+  const ctquant::QuantScheme scheme{"bench", num_bits, symmetric, group_size};
   const std::vector<std::byte> weights =
       make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
   const std::size_t esize = static_cast<std::size_t>(ctquant::dtype_bits(dtype) / 8);
   const std::uint64_t n_groups = kCols / scheme.effective_group_size(kCols);
   std::vector<std::uint32_t> packed(kRows * ctquant::packed_words_per_row(kCols, num_bits));
   std::vector<std::byte> scale(kRows * n_groups * esize);
-  const ctquant::KernelBlock block{
-      dtype, kRows, kCols, weights.data(), packed.data(), scale.data(), nullptr};
+  std::vector<std::int8_t> zero_point(symmetric ? 0 : kRows * n_groups);
+  const ctquant::KernelBlock block{dtype,
+                                   kRows,
+                                   kCols,
+                                   weights.data(),
+                                   packed.data(),
+                                   scale.data(),
+                                   symmetric ? nullptr : zero_point.data()};
   for (auto _ : state) {
     std::optional<std::uint64_t> bad;
     switch (path.kind) {
@@ -106,10 +128,7 @@ void run_kernel(benchmark::State& state, DType dtype, int num_bits, std::uint64_
     benchmark::DoNotOptimize(packed.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * weights.size()));
-  state.counters["per_core"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
+  set_rates(state, weights.size());
   state.SetLabel(path.kind == Path::Kind::kFast        ? ctquant::kernel_path_name()
                  : path.kind == Path::Kind::kReference ? "reference"
                  : path.kind == Path::Kind::kHwyLevel  ? "highway"
@@ -117,10 +136,12 @@ void run_kernel(benchmark::State& state, DType dtype, int num_bits, std::uint64_
 }
 
 void register_kernel(const std::string& scheme_name, DType dtype, int num_bits,
-                     std::uint64_t group_size, const std::string& path_name, const Path& path) {
+                     std::uint64_t group_size, const std::string& path_name, const Path& path,
+                     bool symmetric = true) {
   const std::string name =
       scheme_name + "/" + std::string(ctquant::dtype_tag(dtype)) + "/" + path_name;
-  benchmark::RegisterBenchmark(name.c_str(), run_kernel, dtype, num_bits, group_size, path)
+  benchmark::RegisterBenchmark(name.c_str(), run_kernel, dtype, num_bits, group_size, symmetric,
+                               path)
       ->UseRealTime()
       ->Threads(1)
       ->Threads(2);
@@ -129,19 +150,20 @@ void register_kernel(const std::string& scheme_name, DType dtype, int num_bits,
 // Every level of simd_levels() (and, where quantize_block() runs
 // hand-written kernels, the Highway kernel at the same level).
 void register_levels(const std::string& scheme_name, DType dtype, int num_bits,
-                     std::uint64_t group_size) {
+                     std::uint64_t group_size, bool symmetric = true) {
   for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
     register_kernel(scheme_name, dtype, num_bits, group_size, level.name,
-                    Path{Path::Kind::kLevel, level});
+                    Path{Path::Kind::kLevel, level}, symmetric);
     if (ctquant::detail::simd_hand_written()) {
-      register_kernel(scheme_name, dtype, num_bits, group_size,
-                      std::string("hwy_") + level.name, Path{Path::Kind::kHwyLevel, level});
+      register_kernel(scheme_name, dtype, num_bits, group_size, std::string("hwy_") + level.name,
+                      Path{Path::Kind::kHwyLevel, level}, symmetric);
     }
   }
 }
 
 // W4A16 for every dtype on every path; W8A16 for every dtype at every level;
-// W8A16 and channel-wise W4A16 (BF16) on the fast path.
+// W4A16_ASYM (BF16, group 128, with zero points) on every path; W8A16,
+// channel-wise W4A16 and group-32 W4A16 (BF16) on the fast path.
 void register_all() {
   for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
     register_kernel("W4A16", dtype, 4, 128, "reference", Path{Path::Kind::kReference, {}});
@@ -153,11 +175,54 @@ void register_all() {
   }
   register_kernel("W8A16", DType::kBF16, 8, 128, "fast", Path{Path::Kind::kFast, {}});
   register_kernel("W4A16_Channel", DType::kBF16, 4, 0, "fast", Path{Path::Kind::kFast, {}});
+  register_kernel("W4A16_G32", DType::kBF16, 4, 32, "fast", Path{Path::Kind::kFast, {}});
+  register_kernel("W4A16_ASYM", DType::kBF16, 4, 128, "reference", Path{Path::Kind::kReference, {}},
+                  false);
+  register_levels("W4A16_ASYM", DType::kBF16, 4, 128, false);
+  register_kernel("W4A16_ASYM", DType::kBF16, 4, 128, "fast", Path{Path::Kind::kFast, {}}, false);
 }
 
-// ---- rows with one code byte per weight: FP8 (float-quantized) and int8
-// (int-quantized), through their SchemeFamily kernels, as the executor
-// calls them. Same weights and block size as above.
+// ---- registry rows with their own kernels ----
+//
+// FP8 (float-quantized: FP8_DYNAMIC per channel, FP8_BLOCK, per tensor),
+// W8A8 (int-quantized), NVFP4A16, MXFP4A16 and MXFP8A16, through the calls
+// the executor makes: the row's quantize_ref (reference), its quantize
+// (fast: the best level this CPU runs) and the vector kernel behind it at
+// each level of simd_levels(). Same weights and block size as above; the
+// tensor amax of NVFP4 is fixed, as the executor's pre-pass would pass in.
+
+using RowKernel = std::function<std::optional<std::uint64_t>(const ctquant::QuantArgs&,
+                                                             const ctquant::KernelIo&)>;
+
+void run_row(benchmark::State& state, const ctquant::SchemeFamily* family,
+             const ctquant::QuantArgs& args, DType dtype, const RowKernel& kernel,
+             const ctquant::detail::SimdLevel* level) {
+  if (level != nullptr && !level->supported) {
+    state.SkipWithError("this CPU does not run this level");
+    return;
+  }
+  const std::vector<std::byte> weights =
+      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  std::vector<std::vector<std::byte>> outputs;
+  ctquant::KernelIo io;
+  io.dtype = dtype;
+  io.n_rows = kRows;
+  io.n_cols = kCols;
+  io.weight = weights.data();
+  io.tensor_amax = 0.1f;
+  for (const ctquant::OutputTensorSpec& spec : family->outputs(args, dtype, kRows, kCols)) {
+    if (spec.fill != ctquant::OutputTensorSpec::Fill::kRows) continue;
+    outputs.emplace_back(spec.bytes_before(kRows));
+    io.out[outputs.size() - 1] = outputs.back().data();
+  }
+  for (auto _ : state) {
+    const auto bad = kernel(args, io);
+    benchmark::DoNotOptimize(bad);
+    benchmark::DoNotOptimize(outputs.front().data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, weights.size());
+}
 
 ctquant::QuantArgs byte_code_args(ctquant::QuantArgs::Type type,
                                   ctquant::QuantArgs::Strategy strategy) {
@@ -171,133 +236,181 @@ ctquant::QuantArgs byte_code_args(ctquant::QuantArgs::Type type,
   return a;
 }
 
-void family_kernel(benchmark::State& state, const ctquant::SchemeFamily* family,
-                   ctquant::QuantArgs args, DType dtype, bool reference) {
-  const std::vector<std::byte> weights =
-      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
-  const std::vector<ctquant::OutputTensorSpec> specs = family->outputs(args, dtype, kRows, kCols);
-  std::vector<std::vector<std::byte>> out;
-  ctquant::KernelIo io;
-  io.dtype = dtype;
-  io.n_rows = kRows;
-  io.n_cols = kCols;
-  io.weight = weights.data();
-  io.tensor_amax = 0.1f;
-  std::size_t k = 0;
-  for (const ctquant::OutputTensorSpec& spec : specs) {
-    if (spec.fill != ctquant::OutputTensorSpec::Fill::kRows) continue;
-    out.emplace_back(spec.bytes_before(kRows));
-    io.out[k++] = out.back().data();
-  }
-  const ctquant::KernelFn kernel = reference ? family->quantize_ref : family->quantize;
-  for (auto _ : state) {
-    const auto bad = kernel(args, io);
-    benchmark::DoNotOptimize(bad);
-    benchmark::DoNotOptimize(out.front().data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * weights.size()));
-  state.counters["per_core"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
-  state.SetLabel(reference ? "reference" : "fast");
-}
-
-using T8 = ctquant::QuantArgs::Type;
-using S8 = ctquant::QuantArgs::Strategy;
-
-#define CTQUANT_ROW_BENCH(name, family, type, strategy, dtype, reference)                    \
-  BENCHMARK_CAPTURE(family_kernel, name, &family, byte_code_args(type, strategy), dtype, \
-                    reference)                                                           \
-      ->UseRealTime()                                                                    \
+void register_row(const std::string& name, const ctquant::SchemeFamily* family,
+                  const ctquant::QuantArgs& args, DType dtype, const RowKernel& kernel,
+                  const ctquant::detail::SimdLevel* level) {
+  benchmark::RegisterBenchmark(name.c_str(), run_row, family, args, dtype, kernel, level)
+      ->UseRealTime()
       ->Threads(1)
-
-CTQUANT_ROW_BENCH(FP8_DYNAMIC_bf16_reference, ctquant::kFloatQuantizedFamily, T8::kFloat,
-                  S8::kChannel, DType::kBF16, true);
-CTQUANT_ROW_BENCH(FP8_DYNAMIC_bf16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kChannel,
-                  DType::kBF16, false)->Threads(2);
-CTQUANT_ROW_BENCH(FP8_DYNAMIC_f16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kChannel,
-                  DType::kF16, false);
-CTQUANT_ROW_BENCH(FP8_DYNAMIC_f32, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kChannel,
-                  DType::kF32, false);
-CTQUANT_ROW_BENCH(FP8_BLOCK_bf16_reference, ctquant::kFloatQuantizedFamily, T8::kFloat,
-                  S8::kBlock, DType::kBF16, true);
-CTQUANT_ROW_BENCH(FP8_BLOCK_bf16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kBlock,
-                  DType::kBF16, false);
-CTQUANT_ROW_BENCH(FP8_tensor_bf16, ctquant::kFloatQuantizedFamily, T8::kFloat, S8::kTensor,
-                  DType::kBF16, false);
-CTQUANT_ROW_BENCH(W8A8_bf16_reference, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel,
-                  DType::kBF16, true);
-CTQUANT_ROW_BENCH(W8A8_bf16, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel, DType::kBF16,
-                  false);
-CTQUANT_ROW_BENCH(W8A8_f16, ctquant::kIntQuantizedFamily, T8::kInt, S8::kChannel, DType::kF16,
-                  false);
-
-// ---- microscale rows: NVFP4A16, MXFP4A16, MXFP8A16 ----
-//
-// The same blocks through a registry row: quantize_ref (the reference) or
-// quantize (the best vector level this CPU runs). NVFP4 gets a fixed
-// tensor amax, as the executor's pre-pass would pass in.
-
-void run_microscale(benchmark::State& state, const char* format, DType dtype, bool fast) {
-  const ctquant::SchemeFamily* family = ctquant::family_by_format(format);
-  const ctquant::QuantArgs args = family->presets.front().weights;
-  const std::vector<std::byte> weights =
-      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
-  std::vector<std::vector<std::byte>> outputs;
-  ctquant::KernelIo io;
-  io.dtype = dtype;
-  io.n_rows = kRows;
-  io.n_cols = kCols;
-  io.weight = weights.data();
-  io.tensor_amax = 0.1f;
-  for (const ctquant::OutputTensorSpec& spec : family->outputs(args, dtype, kRows, kCols)) {
-    if (spec.fill != ctquant::OutputTensorSpec::Fill::kRows) continue;
-    outputs.emplace_back(spec.byte_size());
-    io.out[outputs.size() - 1] = outputs.back().data();
-  }
-  const ctquant::KernelFn kernel = fast ? family->quantize : family->quantize_ref;
-  for (auto _ : state) {
-    const auto bad = kernel(args, io);
-    benchmark::DoNotOptimize(bad);
-    benchmark::DoNotOptimize(outputs.front().data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * weights.size()));
-  state.counters["per_core"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * weights.size()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
-  state.SetLabel(fast ? "fast" : "reference");
+      ->Threads(2);
 }
 
-// NVFP4A16/BF16/fast and so on, on one and two threads.
-const bool kMicroscaleRegistered = [] {
+// SCHEME/DTYPE/reference, SCHEME/DTYPE/fast and, for `per_level` dtypes,
+// SCHEME/DTYPE/LEVEL for every level, where at_level gives the row's vector
+// kernel at a level.
+void register_row_paths(
+    const std::string& preset, const ctquant::SchemeFamily* family, const ctquant::QuantArgs& args,
+    DType dtype, bool per_level,
+    const std::function<RowKernel(const ctquant::detail::SimdLevel&)>& at_level) {
+  const std::string prefix = preset + "/" + std::string(ctquant::dtype_tag(dtype)) + "/";
+  register_row(prefix + "reference", family, args, dtype, family->quantize_ref, nullptr);
+  register_row(prefix + "fast", family, args, dtype, family->quantize, nullptr);
+  if (!per_level) return;
+  for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
+    register_row(prefix + level.name, family, args, dtype, at_level(level), &level);
+  }
+}
+
+void register_rows() {
+  using T = ctquant::QuantArgs::Type;
+  using S = ctquant::QuantArgs::Strategy;
+  using ctquant::detail::ByteCode;
+  const struct {
+    const char* preset;
+    ByteCode code;
+    ctquant::QuantArgs args;
+    const ctquant::SchemeFamily* family;
+  } byte_rows[] = {
+      {"FP8_DYNAMIC", ByteCode::kE4M3, byte_code_args(T::kFloat, S::kChannel),
+       &ctquant::kFloatQuantizedFamily},
+      {"FP8_BLOCK", ByteCode::kE4M3, byte_code_args(T::kFloat, S::kBlock),
+       &ctquant::kFloatQuantizedFamily},
+      {"FP8_TENSOR", ByteCode::kE4M3, byte_code_args(T::kFloat, S::kTensor),
+       &ctquant::kFloatQuantizedFamily},
+      {"W8A8", ByteCode::kInt8, byte_code_args(T::kInt, S::kChannel),
+       &ctquant::kIntQuantizedFamily},
+  };
+  for (const auto& row : byte_rows) {
+    for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+      const ByteCode code = row.code;
+      register_row_paths(
+          row.preset, row.family, row.args, dtype, dtype == DType::kBF16,
+          [code](const ctquant::detail::SimdLevel& level) -> RowKernel {
+            ctquant::detail::ByteCodeKernel* k = ctquant::detail::byte_code_kernel(level);
+            return [k, code](const ctquant::QuantArgs& a, const ctquant::KernelIo& io) {
+              return k != nullptr ? k(code, a, io) : std::nullopt;
+            };
+          });
+    }
+  }
   const struct {
     const char* preset;
     const char* format;
-  } rows[] = {{"NVFP4A16", "nvfp4-pack-quantized"},
-              {"MXFP4A16", "mxfp4-pack-quantized"},
-              {"MXFP8A16", "mxfp8-quantized"}};
-  for (const auto& row : rows) {
+    ctquant::microscale::Format kernel_format;
+  } microscale_rows[] = {{"NVFP4A16", "nvfp4-pack-quantized", ctquant::microscale::Format::kNvfp4},
+                         {"MXFP4A16", "mxfp4-pack-quantized", ctquant::microscale::Format::kMxfp4},
+                         {"MXFP8A16", "mxfp8-quantized", ctquant::microscale::Format::kMxfp8}};
+  for (const auto& row : microscale_rows) {
+    const ctquant::SchemeFamily* family = ctquant::family_by_format(row.format);
+    const ctquant::QuantArgs args = family->presets.front().weights;
     for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
-      for (const bool fast : {false, true}) {
-        const std::string name = std::string(row.preset) + "/" +
-                                 std::string(ctquant::dtype_tag(dtype)) +
-                                 (fast ? "/fast" : "/reference");
-        benchmark::RegisterBenchmark(name.c_str(), run_microscale, row.format, dtype, fast)
-            ->UseRealTime()
-            ->Threads(1)
-            ->Threads(2);
-      }
+      const ctquant::microscale::Format format = row.kernel_format;
+      register_row_paths(row.preset, family, args, dtype, dtype == DType::kBF16,
+                         [format](const ctquant::detail::SimdLevel& level) -> RowKernel {
+                           const ctquant::microscale::ChunkKernel k =
+                               ctquant::microscale::kernel_at(level, format);
+                           return [k](const ctquant::QuantArgs&, const ctquant::KernelIo& io) {
+                             return k != nullptr ? k(io) : std::nullopt;
+                           };
+                         });
     }
   }
-  return true;
-}();
+}
+
+// ---- the input side: FP8 E4M3 decode and the amax pre-pass ----
+//
+// Fp8Decode/E4M3/PATH: one block of kRows x kCols E4M3 codes with one scale
+// to BF16 (the dequantization of an FP8 input's rows): the scalar step
+// (dequantize_fp8_value per code, "reference") and the vector kernel at each
+// level. bytes_per_second counts the BF16 bytes produced, so it compares
+// with the quantize kernels' input rate. MaxAbs/DTYPE/PATH: max |w| of a
+// block (the NVFP4 global-scale pre-pass): max_abs_ref ("reference"),
+// max_abs ("fast") and the vector code at each level.
+
+void run_fp8_decode(benchmark::State& state, const ctquant::detail::SimdLevel* level) {
+  ctquant::detail::Fp8DecodeKernel* kernel = nullptr;
+  if (level != nullptr) {
+    kernel = ctquant::detail::fp8_decode_kernel(*level);
+    if (kernel == nullptr) {
+      state.SkipWithError("this CPU does not run this level");
+      return;
+    }
+  }
+  std::mt19937 rng(99u + static_cast<std::uint32_t>(state.thread_index()));
+  std::vector<std::uint8_t> codes(kRows * kCols);
+  for (std::uint8_t& c : codes) {
+    c = static_cast<std::uint8_t>(rng());
+    if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
+  }
+  std::vector<std::uint16_t> out(codes.size());
+  const float scale = 0.0123f;
+  for (auto _ : state) {
+    if (kernel != nullptr) {
+      const auto bad = kernel(codes.data(), codes.size(), scale, out.data());
+      benchmark::DoNotOptimize(bad);
+    } else {
+      for (std::size_t i = 0; i < codes.size(); ++i) {
+        out[i] = ctquant::dequantize_fp8_value(DType::kF8_E4M3, codes[i], scale);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  set_rates(state, out.size() * sizeof(std::uint16_t));
+}
+
+void run_max_abs(benchmark::State& state, DType dtype, int path,
+                 const ctquant::detail::SimdLevel* level) {
+  if (level != nullptr && !level->supported) {
+    state.SkipWithError("this CPU does not run this level");
+    return;
+  }
+  const std::vector<std::byte> weights =
+      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  const std::uint64_t n = kRows * kCols;
+  for (auto _ : state) {
+    float amax = 0.0f;
+    if (level != nullptr) {
+      const auto bits =
+          ctquant::detail::max_magnitude_bits_simd_at(*level, dtype, weights.data(), n);
+      benchmark::DoNotOptimize(bits);
+    } else {
+      const auto bad = path == 0 ? ctquant::max_abs_ref(dtype, weights.data(), n, amax)
+                                 : ctquant::max_abs(dtype, weights.data(), n, amax);
+      benchmark::DoNotOptimize(bad);
+    }
+    benchmark::DoNotOptimize(amax);
+  }
+  set_rates(state, weights.size());
+}
+
+void register_input_side() {
+  const auto add = [](benchmark::internal::Benchmark* b) {
+    b->UseRealTime()->Threads(1)->Threads(2);
+  };
+  add(benchmark::RegisterBenchmark("Fp8Decode/E4M3/reference", run_fp8_decode, nullptr));
+  for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
+    add(benchmark::RegisterBenchmark((std::string("Fp8Decode/E4M3/") + level.name).c_str(),
+                                     run_fp8_decode, &level));
+  }
+  for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const std::string prefix = "MaxAbs/" + std::string(ctquant::dtype_tag(dtype)) + "/";
+    add(benchmark::RegisterBenchmark((prefix + "reference").c_str(), run_max_abs, dtype, 0,
+                                     nullptr));
+    add(benchmark::RegisterBenchmark((prefix + "fast").c_str(), run_max_abs, dtype, 1, nullptr));
+    for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
+      add(benchmark::RegisterBenchmark((prefix + level.name).c_str(), run_max_abs, dtype, 1,
+                                       &level));
+    }
+  }
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   register_all();
+  register_rows();
+  register_input_side();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

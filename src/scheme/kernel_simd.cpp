@@ -280,6 +280,14 @@ std::optional<std::uint32_t> max_magnitude_bits_simd(DType dtype, const std::byt
   return fn(dtype, data, n);
 }
 
+std::optional<std::uint32_t> max_magnitude_bits_simd_at(const SimdLevel& level, DType dtype,
+                                                        const std::byte* data, std::uint64_t n) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) return std::nullopt;
+  MaxMagnitudeBits* const fn = simd_entry(kMaxMagnitudeBits, level);
+  if (fn == nullptr) return std::nullopt;
+  return fn(dtype, data, n);
+}
+
 std::optional<std::uint64_t> quantize_block_hwy_at(const SimdLevel& level,
                                                    const QuantScheme& scheme,
                                                    const KernelBlock& block) {

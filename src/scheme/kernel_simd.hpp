@@ -52,4 +52,9 @@ std::optional<std::uint64_t> quantize_block_hwy_at(const SimdLevel& level,
 std::optional<std::uint32_t> max_magnitude_bits_simd(DType dtype, const std::byte* data,
                                                      std::uint64_t n);
 
+// The same at one level of simd_levels(), for tests and benchmarks; nullopt
+// when this CPU does not run that level or for another dtype.
+std::optional<std::uint32_t> max_magnitude_bits_simd_at(const SimdLevel& level, DType dtype,
+                                                        const std::byte* data, std::uint64_t n);
+
 }  // namespace ctquant::detail
