@@ -391,6 +391,39 @@ TEST(MxKernel, FastPathsMatchReferencesOnAdversarialAndRandomWeights) {
   }
 }
 
+// Every BF16 value of magnitude at most 6 through MXFP4 with scale 1: each
+// group of 32 holds 6.0 (its amax: E8M0 byte 127) and 31 swept values, so
+// every E2M1 rounding (each tie, each neighbour of a tie, subnormals, -0.0)
+// is checked against e2m1_code() at every level, both signs.
+TEST(MxKernel, EveryBf16ValueUpToSixGivesTheReferenceE2m1Code) {
+  std::vector<float> values;
+  std::uint32_t next = 0;
+  const std::uint32_t last = 0x40C0;  // 6.0
+  while (next <= last) {
+    values.push_back(6.0f);
+    for (int i = 0; i < 31; ++i) {
+      const std::uint32_t bits = std::min(next, last);
+      const float v = bf16_to_float(static_cast<std::uint16_t>(bits));
+      values.push_back((next + static_cast<std::uint32_t>(i)) % 2 == 0 ? v : -v);
+      ++next;
+    }
+  }
+  const std::uint64_t rows = values.size() / 32;
+  const std::vector<std::byte> w = store(DType::kBF16, values);
+  const auto ref =
+      test::run_family(kMxfp4Family, mx_args(kMxfp4Family), DType::kBF16, rows, 32, w, 0.0f, false);
+  ASSERT_FALSE(ref.bad);
+  // The scale byte of every group is 127 (2^0), so codes are e2m1_code(w).
+  ASSERT_EQ(ref.rows_outputs.size(), 2u);
+  EXPECT_EQ(std::to_integer<int>(ref.rows_outputs[1][0]), 127);
+  EXPECT_EQ(std::to_integer<int>(ref.rows_outputs[1][rows - 1]), 127);
+  for (const test::KernelPath& path : paths(kMxfp4Family)) {
+    const auto out = test::run_family(kMxfp4Family, mx_args(kMxfp4Family), DType::kBF16, rows, 32,
+                                      w, 0.0f, path);
+    EXPECT_EQ(test::first_difference(out, ref), "") << path.name;
+  }
+}
+
 TEST(MxKernel, FastPathsReportTheSameFirstNonFiniteElement) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 0.02f);

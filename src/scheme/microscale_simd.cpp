@@ -16,9 +16,10 @@
 //   an infinite scale), so both are the correctly rounded value of the same
 //   real number; round_W as in the int kernels (BF16 by integer round to
 //   nearest even, F16 by the hardware conversion, F32 none);
-// - E2M1: the code counts the thresholds |v| passes (> 0.25, >= 0.75,
-//   > 1.25, >= 1.75, > 2.5, >= 3.5, > 5), compared on the bits as integers;
-//   8 is added when v < 0 (so -0.0 gives 0), as e2m1_code();
+// - E2M1: round to nearest even on the E2M1 grid, which is what the
+//   thresholds of e2m1_code() (> 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5,
+//   >= 3.5, > 5) give, by the float's bits (e2m1_codes below); 8 is added
+//   when v < 0 (so -0.0 gives 0), as e2m1_code();
 // - E4M3: clamp to 448, then the normal codes by rounding the float's bits
 //   to 3 mantissa bits (nearest even, as float_to_f8_e4m3()), the subnormal
 //   codes by adding 2^14, whose float ulp is the E4M3 subnormal step 2^-9
@@ -184,25 +185,28 @@ HWY_INLINE hn::Vec<DF> magnitudes_as_float(DF df, const std::uint32_t* bits) {
   }
 }
 
-// The E2M1 codes of v (e2m1_code), as int32 lanes.
+// The E2M1 codes of v (e2m1_code), as int32 lanes. e2m1_code's thresholds
+// (> 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5) are round to
+// nearest even on the E2M1 grid, which is computed here as for E4M3:
+// - |v| >= 1 (E2M1 normals): the float's bits rounded to 1 mantissa bit,
+//   nearest even, then exponent and that bit as the code (float 1.0, bits
+//   0x3F800000, gives (254 << 22) and code 2); |v| is first clamped to 6,
+//   whose code 7 every larger value takes;
+// - |v| < 1 (0, 0.5 and the 1.0 it may round up to): the number of steps of
+//   0.5 in |v| + 2^22, whose float ulp is 0.5 (the addition rounds to
+//   nearest even);
+// 8 is added when v < 0 (so -0.0 gives 0).
 template <class DF>
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> e2m1_codes(DF df, hn::Vec<DF> v) {
   const hn::RebindToSigned<DF> di;
-  const auto a = hn::BitCast(di, hn::Abs(v));
-  // Bits of the thresholds; ">= x" is "> bits(x) - 1" on non-negative floats.
-  constexpr std::int32_t kAbove[7] = {
-      0x3E800000,      // > 0.25
-      0x3F400000 - 1,  // >= 0.75
-      0x3FA00000,      // > 1.25
-      0x3FE00000 - 1,  // >= 1.75
-      0x40200000,      // > 2.5
-      0x40600000 - 1,  // >= 3.5
-      0x40A00000,      // > 5
-  };
-  auto code = hn::Zero(di);
-  for (const std::int32_t t : kAbove) {
-    code = hn::Sub(code, hn::VecFromMask(di, hn::Gt(a, hn::Set(di, t))));
-  }
+  const auto a = hn::Min(hn::Abs(v), hn::Set(df, 6.0f));
+  const auto u = hn::BitCast(di, a);
+  const auto odd = hn::And(hn::ShiftRight<22>(u), hn::Set(di, 1));
+  const auto normal = hn::Sub(hn::ShiftRight<22>(hn::Add(u, hn::Add(odd, hn::Set(di, 0x1FFFFF)))),
+                              hn::Set(di, 252));
+  const auto magic = hn::Set(df, 4194304.0f);  // 2^22
+  const auto small = hn::Sub(hn::BitCast(di, hn::Add(a, magic)), hn::BitCast(di, magic));
+  const auto code = hn::IfThenElse(hn::RebindMask(di, hn::Lt(a, hn::Set(df, 1.0f))), small, normal);
   const auto negative = hn::RebindMask(di, hn::Lt(v, hn::Zero(df)));
   return hn::Or(code, hn::IfThenElseZero(negative, hn::Set(di, 8)));
 }
