@@ -77,17 +77,6 @@ float load_as_float(DType dtype, const void* element) {
   }
 }
 
-float round_to_dtype(DType dtype, float value) {
-  switch (dtype) {
-    case DType::kBF16:
-      return bf16_to_float(float_to_bf16(value));
-    case DType::kF16:
-      return f16_to_float(float_to_f16(value));
-    default:
-      return value;
-  }
-}
-
 float dtype_eps(DType dtype) {
   switch (dtype) {
     case DType::kBF16:

@@ -115,6 +115,51 @@ HWY_INLINE void quantize_vector(DF df, const std::byte* p, hn::Vec<DF> s, hn::Ve
   }
 }
 
+// Steps 4-5 for one group of g_size elements at group with scale s and zero
+// point z: a vector at a time, then the rest (fewer than a vector).
+template <DType T, int kBits, bool kAsymmetric>
+HWY_INLINE void quantize_group(const std::byte* group, std::uint64_t g_size, float s, float z,
+                               std::uint8_t* out) {
+  constexpr std::size_t kEsize = kElementBytes<T>;
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const hn::CappedTag<float, 8> df8;
+  const std::size_t lanes8 = hn::Lanes(df8);
+  const auto vs = hn::Set(df, s);
+  const auto vz = hn::Set(df, z);
+  std::uint64_t c = 0;
+  for (; c + lanes <= g_size; c += lanes) {
+    quantize_vector<T, kBits, kAsymmetric>(df, group + c * kEsize, vs, vz, out + c * kBits / 8);
+  }
+  const auto vs8 = hn::Set(df8, s);
+  const auto vz8 = hn::Set(df8, z);
+  for (; c < g_size; c += lanes8) {
+    quantize_vector<T, kBits, kAsymmetric>(df8, group + c * kEsize, vs8, vz8, out + c * kBits / 8);
+  }
+}
+
+// asymmetric_scale() of kernel_steps.hpp for Lanes(dv) groups at once, one
+// group per lane, with the same IEEE operations in the same order (each
+// intermediate rounded to T by round_to_t, nearbyint as round half to even):
+// from lo = min(group, 0) and hi = max(group, 0) to the scale (eps(T) where
+// it is zero) and the zero point (0 where the scale is zero).
+template <DType T, class DV>
+HWY_INLINE void asymmetric_scales(DV dv, const float* lo, const float* hi, float qmin, float qmax,
+                                  float* s_out, float* z_out) {
+  const auto vlo = hn::Load(dv, lo);
+  const auto vhi = hn::Load(dv, hi);
+  const auto vqmin = hn::Set(dv, qmin);
+  const auto vqmax = hn::Set(dv, qmax);
+  auto s = round_to_t<T>(dv, hn::Div(round_to_t<T>(dv, hn::Sub(vhi, vlo)), hn::Sub(vqmax, vqmin)));
+  const auto zero_scale = hn::Eq(s, hn::Zero(dv));
+  // Lanes with a zero scale divide by zero here; their z is replaced by 0.
+  const auto shifted = round_to_t<T>(dv, hn::Sub(vqmin, round_to_t<T>(dv, hn::Div(vlo, s))));
+  const auto z = hn::Round(hn::Min(hn::Max(shifted, vqmin), vqmax));
+  hn::Store(hn::IfThenZeroElse(zero_scale, z), dv, z_out);
+  s = hn::IfThenElse(zero_scale, hn::Set(dv, dtype_eps(T)), s);
+  hn::Store(s, dv, s_out);
+}
+
 template <DType T, int kBits, bool kAsymmetric>
 std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme, const KernelBlock& block) {
   constexpr std::size_t kEsize = kElementBytes<T>;
@@ -125,45 +170,51 @@ std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme, const Kern
   const float qmin = static_cast<float>(scheme.qmin());
   const float qmax = static_cast<float>(scheme.qmax());
   const float divisor = (qmax - qmin) / 2.0f;
-  const hn::ScalableTag<float> df;
-  const std::size_t lanes = hn::Lanes(df);
-  const hn::CappedTag<float, 8> df8;  // the rest of a group, fewer than a vector
-  const std::size_t lanes8 = hn::Lanes(df8);
+  // Asymmetric: the scales of up to kBlock groups of a row are computed
+  // together (asymmetric_scales), after their minimum and maximum.
+  constexpr std::size_t kBlock = 8;
+  const hn::CappedTag<float, kBlock> dv;
+  const std::size_t block_groups = hn::Lanes(dv);
+  HWY_ALIGN float lo[kBlock];
+  HWY_ALIGN float hi[kBlock];
+  HWY_ALIGN float scales[kBlock];
+  HWY_ALIGN float zeros[kBlock];
 
   for (std::uint64_t r = 0; r < block.n_rows; ++r) {
     const std::byte* row = block.weight + r * n_cols * kEsize;
     auto* out = reinterpret_cast<std::uint8_t*>(block.packed + r * words_per_row);
     std::byte* scale_out = block.scale + r * n_groups * kEsize;
-    for (std::uint64_t c0 = 0; c0 < n_cols; c0 += g_size) {
-      const std::byte* group = row + c0 * kEsize;
-      // Steps 1-3 of section 3 (and the finite check of the reference).
-      const std::uint32_t max_bits = magnitude_max<T>(group, g_size);
-      if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
-      float s = 0.0f;
-      float z = 0.0f;
-      if constexpr (kAsymmetric) {
-        float lo = 0.0f;
-        float hi = 0.0f;
-        min_max<T>(group, g_size, lo, hi);
-        s = asymmetric_scale(T, std::min(0.0f, lo), std::max(0.0f, hi), qmin, qmax, z,
-                             scale_out + (c0 / g_size) * kEsize);
-        block.zero_point[r * n_groups + c0 / g_size] = static_cast<std::int8_t>(z);
-      } else {
-        s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
+    if constexpr (kAsymmetric) {
+      for (std::uint64_t g0 = 0; g0 < n_groups; g0 += block_groups) {
+        const std::size_t n =
+            static_cast<std::size_t>(std::min<std::uint64_t>(block_groups, n_groups - g0));
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::uint64_t c0 = (g0 + i) * g_size;
+          const std::byte* group = row + c0 * kEsize;
+          // The finite check of the reference, then lo and hi.
+          if (magnitude_max<T>(group, g_size) >= kNonFiniteBits<T>) {
+            return r * n_cols + c0 + first_non_finite(T, group);
+          }
+          min_max<T>(group, g_size, lo[i], hi[i]);
+        }
+        for (std::size_t i = n; i < block_groups; ++i) lo[i] = hi[i] = 0.0f;
+        asymmetric_scales<T>(dv, lo, hi, qmin, qmax, scales, zeros);
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::uint64_t g = g0 + i;
+          store_scale(T, scales[i], scale_out + g * kEsize);
+          block.zero_point[r * n_groups + g] = static_cast<std::int8_t>(zeros[i]);
+          quantize_group<T, kBits, true>(row + g * g_size * kEsize, g_size, scales[i], zeros[i],
+                                         out + g * g_size * kBits / 8);
+        }
       }
-      // Steps 4-5, a vector at a time.
-      const auto vs = hn::Set(df, s);
-      const auto vz = hn::Set(df, z);
-      std::uint64_t c = 0;
-      for (; c + lanes <= g_size; c += lanes) {
-        quantize_vector<T, kBits, kAsymmetric>(df, group + c * kEsize, vs, vz,
-                                               out + (c0 + c) * kBits / 8);
-      }
-      const auto vs8 = hn::Set(df8, s);
-      const auto vz8 = hn::Set(df8, z);
-      for (; c < g_size; c += lanes8) {
-        quantize_vector<T, kBits, kAsymmetric>(df8, group + c * kEsize, vs8, vz8,
-                                               out + (c0 + c) * kBits / 8);
+    } else {
+      for (std::uint64_t c0 = 0; c0 < n_cols; c0 += g_size) {
+        const std::byte* group = row + c0 * kEsize;
+        // Steps 1-3 of section 3 (and the finite check of the reference).
+        const std::uint32_t max_bits = magnitude_max<T>(group, g_size);
+        if (max_bits >= kNonFiniteBits<T>) return r * n_cols + c0 + first_non_finite(T, group);
+        const float s = group_scale(T, max_bits, divisor, scale_out + (c0 / g_size) * kEsize);
+        quantize_group<T, kBits, false>(group, g_size, s, 0.0f, out + c0 * kBits / 8);
       }
     }
   }

@@ -169,8 +169,18 @@ std::uint16_t float_to_f16(float value);
 float load_as_float(DType dtype, const void* element);
 
 // round_T(x) of section 3 of the format spec: x rounded to the dtype T
-// (BF16, F16 or F32) and widened back to float, exactly.
-float round_to_dtype(DType dtype, float value);
+// (BF16, F16 or F32) and widened back to float, exactly. Inline, so that a
+// kernel's per-group scalar steps with a constant T fold to one rounding.
+inline float round_to_dtype(DType dtype, float value) {
+  switch (dtype) {
+    case DType::kBF16:
+      return bf16_to_float(float_to_bf16(value));
+    case DType::kF16:
+      return f16_to_float(float_to_f16(value));
+    default:
+      return value;
+  }
+}
 
 // eps(T) of section 3 step 3: BF16 2^-7, F16 2^-10, F32 2^-23.
 float dtype_eps(DType dtype);
