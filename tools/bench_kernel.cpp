@@ -77,6 +77,18 @@ void set_rates(benchmark::State& state, std::size_t bytes) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kAvgThreads);
 }
 
+// Marks the benchmark skipped when level is given and this CPU does not run it.
+bool skipped(benchmark::State& state, const ctquant::detail::SimdLevel* level) {
+  if (level == nullptr || level->supported) return false;
+  state.SkipWithError("this CPU does not run this level");
+  return true;
+}
+
+// The block of weights of the benchmark's thread (a seed per thread).
+std::vector<std::byte> thread_weights(const benchmark::State& state, DType dtype) {
+  return make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+}
+
 // What a benchmark runs: the reference, quantize_block() (the best level
 // this CPU has), the vector kernel quantize_block() runs at one level of
 // simd_levels(), or the Highway kernel at that level (hwy_<level>: on x86-64
@@ -94,8 +106,7 @@ void run_kernel(benchmark::State& state, DType dtype, int num_bits, std::uint64_
     return;
   }
   const ctquant::QuantScheme scheme{"bench", num_bits, symmetric, group_size};
-  const std::vector<std::byte> weights =
-      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  const std::vector<std::byte> weights = thread_weights(state, dtype);
   const std::size_t esize = static_cast<std::size_t>(ctquant::dtype_bits(dtype) / 8);
   const std::uint64_t n_groups = kCols / scheme.effective_group_size(kCols);
   std::vector<std::uint32_t> packed(kRows * ctquant::packed_words_per_row(kCols, num_bits));
@@ -197,12 +208,8 @@ using RowKernel = std::function<std::optional<std::uint64_t>(const ctquant::Quan
 void run_row(benchmark::State& state, const ctquant::SchemeFamily* family,
              const ctquant::QuantArgs& args, DType dtype, const RowKernel& kernel,
              const ctquant::detail::SimdLevel* level) {
-  if (level != nullptr && !level->supported) {
-    state.SkipWithError("this CPU does not run this level");
-    return;
-  }
-  const std::vector<std::byte> weights =
-      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  if (skipped(state, level)) return;
+  const std::vector<std::byte> weights = thread_weights(state, dtype);
   std::vector<std::vector<std::byte>> outputs;
   ctquant::KernelIo io;
   io.dtype = dtype;
@@ -361,12 +368,8 @@ void run_fp8_decode(benchmark::State& state, const ctquant::detail::SimdLevel* l
 
 void run_max_abs(benchmark::State& state, DType dtype, int path,
                  const ctquant::detail::SimdLevel* level) {
-  if (level != nullptr && !level->supported) {
-    state.SkipWithError("this CPU does not run this level");
-    return;
-  }
-  const std::vector<std::byte> weights =
-      make_weights(dtype, 1234u + static_cast<std::uint32_t>(state.thread_index()));
+  if (skipped(state, level)) return;
+  const std::vector<std::byte> weights = thread_weights(state, dtype);
   const std::uint64_t n = kRows * kCols;
   for (auto _ : state) {
     float amax = 0.0f;
