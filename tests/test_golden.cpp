@@ -238,6 +238,27 @@ INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(case_names()),
                            return name;
                          });
 
+// llama-f16-nvfp4a16 has one fused set under the F16 overflow rule (q/k/v:
+// 2688 / max |w| overflows F16, the global scale becomes 1.0) and one not
+// (gate/up): the run writes the reference's bytes and warns for exactly the
+// first set, naming its modules; BF16 input never overflows.
+TEST(GoldenCases, Nvfp4GlobalScaleOverflowOfF16IsWarnedForItsSetOnly) {
+  TempDir tmp;
+  const QuantizeSummary f16 = run_library(find_case("llama-f16-nvfp4a16"), tmp.path() / "f16", 2);
+  ASSERT_EQ(f16.execute.warnings.size(), 1u);
+  const std::string& w = f16.execute.warnings[0];
+  EXPECT_EQ(w.rfind("modules 'model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj', "
+                    "'model.layers.0.self_attn.v_proj': max |w| ",
+                    0),
+            0u)
+      << w;
+  EXPECT_NE(w.find("overflow F16"), std::string::npos) << w;
+  EXPECT_EQ(w.find("gate_proj"), std::string::npos) << w;
+  const QuantizeSummary bf16 =
+      run_library(find_case("llama-bf16-nvfp4a16"), tmp.path() / "bf16", 2);
+  EXPECT_TRUE(bf16.execute.warnings.empty());
+}
+
 // Without --allow-unloadable the fp8-block ignore list is stopped by lint L3
 // before anything is written.
 TEST(GoldenCases, Fp8BlockIgnoreListIsStoppedByLint) {

@@ -107,6 +107,7 @@ class Executor {
     if (!amax_jobs_.empty()) {
       run_jobs(amax_jobs_);
       reduce_amax_sets();
+      collect_amax_warnings();
     }
     write_whole_tensors();
     run_jobs(jobs_);
@@ -120,6 +121,7 @@ class Executor {
     stats.seconds_stream = std::chrono::duration<double>(streamed - start).count();
     stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
     stats.bytes_read = bytes_total_;
+    stats.warnings = warnings_;
     for (const ShardPlan& shard : plan_.shards) {
       if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
     }
@@ -324,6 +326,27 @@ class Executor {
     }
   }
 
+  // The families' warnings on the amax of each set this run writes.
+  void collect_amax_warnings() {
+    for (const std::vector<std::size_t>& set : plan_.amax_sets) {
+      const ModuleRun& first = *modules_[set.front()];
+      if (first.family == nullptr || first.family->tensor_amax_warning == nullptr) continue;
+      if (std::none_of(set.begin(), set.end(),
+                       [&](std::size_t mi) { return shard_selected(modules_[mi]->shard); })) {
+        continue;
+      }
+      const std::string why =
+          first.family->tensor_amax_warning(*first.args, first.module->dtype, first.set_amax);
+      if (why.empty()) continue;
+      std::string names;
+      for (const std::size_t mi : set) {
+        names += fmt::format("{}'{}'", names.empty() ? "" : ", ", modules_[mi]->module->name);
+      }
+      warnings_.push_back(
+          fmt::format("{} {}: {}", set.size() == 1 ? "module" : "modules", names, why));
+    }
+  }
+
   // The kWhole outputs (weight_shape, global scales), written once.
   void write_whole_tensors() {
     for (const auto& m : modules_) {
@@ -392,7 +415,7 @@ class Executor {
     const std::uint64_t row = row_begin + bad / m.rows.cols();
     const std::uint64_t col = bad % m.rows.cols();
     throw bad_input(fmt::format(
-        "{} {} (a dequantized weight must be finite; section 6 of the format spec)",
+        "{} {} (a dequantized weight must be finite; section 6 of the format spec, docs/format.md)",
         m.rows.element(row, col), m.rows.describe_fp8(row, col)));
   }
 
@@ -402,9 +425,10 @@ class Executor {
     const std::uint64_t cols = m.rows.cols();
     const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(m.rows.dtype()) / 8);
     const float value = load_as_float(m.rows.dtype(), rows + bad * esize);
-    throw bad_input(fmt::format(
-        "{} is {} (a weight to be quantized must be finite; section 3 of the format spec)",
-        m.rows.element(row_begin + bad / cols, bad % cols), value));
+    throw bad_input(
+        fmt::format("{} is {} (a weight to be quantized must be finite; section 3 of the format "
+                    "spec, docs/format.md)",
+                    m.rows.element(row_begin + bad / cols, bad % cols), value));
   }
 
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
@@ -755,6 +779,7 @@ class Executor {
   const ExecuteOptions& options_;
 
   std::vector<std::unique_ptr<ModuleRun>> modules_;  // one per plan module
+  std::vector<std::string> warnings_;                // collect_amax_warnings()
   std::vector<Job> amax_jobs_;  // the pre-pass: max |w| of modules that need it
   std::vector<Job> jobs_;       // everything else, in plan order
   const std::vector<Job>* current_jobs_ = &jobs_;

@@ -715,6 +715,12 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
     summary.execute.seconds_flush += stats.seconds_flush;
     summary.execute.bytes_read += stats.bytes_read;
     summary.execute.bytes_written += stats.bytes_written;
+    for (const std::string& w : stats.warnings) {
+      if (std::find(summary.execute.warnings.begin(), summary.execute.warnings.end(), w) ==
+          summary.execute.warnings.end()) {
+        summary.execute.warnings.push_back(w);
+      }
+    }
     const FileDigest digest = sha256_file(work / f->name, (work / f->name).string());
     fs::rename(work / f->name, stage / f->name, ec);
     if (ec) {
@@ -734,6 +740,10 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
       log->debug("{}: {} written ({} bytes, sha256 {})", who, f->name, digest.size,
                  digest.sha256);
     }
+  }
+
+  if (log) {
+    for (const std::string& w : summary.execute.warnings) log->warn("{}: {}", who, w);
   }
 
   // Complete: the record in plan order, the log and work directory gone.

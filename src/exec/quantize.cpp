@@ -226,6 +226,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   lap();
   summary.execute = execute_plan(checkpoint, summary.plan, staged.dir(), exec);
   lap();
+  if (log) {
+    for (const std::string& w : summary.execute.warnings) log->warn("{}", w);
+  }
   summary.phases.stream = summary.execute.seconds_stream;
   summary.phases.flush = summary.execute.seconds_flush;
   check_cancel(options.cancel);

@@ -126,6 +126,7 @@ json quantize_report_json(const QuantizeReportInput& in) {
   report["recipe"] = recipe;
   report["plan"] = in.plan;
   report["lint"] = findings_json(s.findings);
+  report["data_warnings"] = s.execute.warnings;
   report["bytes_in"] = s.bytes_in;
   report["bytes_out"] = s.bytes_out;
   report["seconds"] = json{{"open", s.phases.open},

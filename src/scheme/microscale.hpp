@@ -36,12 +36,20 @@ inline float dtype_tiny(DType w) { return w == DType::kF16 ? 0x1p-14f : 0x1p-126
 // F16 operands); an infinite or NaN result is 1.0 (torch.nan_to_num). So an
 // F16 weight with amax below about 0.041 gets 1.0 (2688 / amax overflows
 // F16), as does an all-zero weight. Stored as F32 `weight_global_scale`.
-inline float nvfp4_global_scale(DType w, float amax) {
+// round_W(round_W(1 / a) * 2688) before that rule: infinite when it overflows W.
+inline float nvfp4_global_scale_in_w(DType w, float amax) {
   const float a = std::max(amax, dtype_tiny(w));
   const float r = round_w(w, 1.0f / a);
-  const float gs = round_w(w, r * 2688.0f);
-  const std::uint32_t magnitude = std::bit_cast<std::uint32_t>(gs) & 0x7FFFFFFFu;
-  return magnitude >= 0x7F800000u ? 1.0f : gs;
+  return round_w(w, r * 2688.0f);
+}
+
+inline bool nvfp4_global_scale_overflows(DType w, float amax) {
+  return (std::bit_cast<std::uint32_t>(nvfp4_global_scale_in_w(w, amax)) & 0x7FFFFFFFu) >=
+         0x7F800000u;
+}
+
+inline float nvfp4_global_scale(DType w, float amax) {
+  return nvfp4_global_scale_overflows(w, amax) ? 1.0f : nvfp4_global_scale_in_w(w, amax);
 }
 
 // The F8_E4M3 byte of the NVFP4 scale of a group of 16 whose largest |w| is

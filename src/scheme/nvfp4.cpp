@@ -127,6 +127,20 @@ std::vector<std::byte> whole_tensor(const QuantArgs&, DType weight_dtype, std::u
 
 std::uint64_t row_alignment(const QuantArgs&) { return 1; }
 bool needs_tensor_amax(const QuantArgs&) { return true; }
+
+// An F16 module (or fused set) with 0 < max |w| < about 0.041: 2688 / amax
+// overflows F16 and the reference takes 1.0 for the global scale (schemes.md
+// 5.3 step 2), so each group scale is E4M3 of max|group| / 6 itself, at or
+// below E4M3's subnormals, and most codes round to 0.
+std::string tensor_amax_warning(const QuantArgs&, DType w, float amax) {
+  if (!(amax > 0.0f) || !microscale::nvfp4_global_scale_overflows(w, amax)) return "";
+  return fmt::format(
+      "max |w| {:.6g} makes the NVFP4 global scale 2688 / max |w| overflow {}, and the "
+      "reference's rule (model_free_ptq writes the same bytes) then takes 1.0, so the group "
+      "scales fall to E4M3's smallest values and most codes round to 0; keep the weights in "
+      "16 bits (--ignore) or pick another scheme",
+      amax, dtype_tag(w));
+}
 std::uint64_t scratch_bytes(const QuantArgs&, std::uint64_t, std::uint64_t) { return 0; }
 
 // Section 5.3 step by step, one group of 16 at a time.
@@ -244,6 +258,7 @@ const SchemeFamily kNvfp4Family{
     .whole_tensor = whole_tensor,
     .row_alignment = row_alignment,
     .needs_tensor_amax = needs_tensor_amax,
+    .tensor_amax_warning = tensor_amax_warning,
     .scratch_bytes = scratch_bytes,
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,

@@ -78,6 +78,11 @@ struct ExecuteStats {
   double seconds_flush = 0;         // fsync of every file and the directory (0 without fsync)
   std::uint64_t bytes_read = 0;     // input tensor bytes
   std::uint64_t bytes_written = 0;  // output shard bytes
+  // What the data made of a tensor-wide scale, one line per module or fused
+  // set written ("module 'x': ..." or "modules 'a', 'b': ..."; the family's
+  // tensor_amax_warning): the output is what the reference writes, but
+  // loses most of the weights' precision.
+  std::vector<std::string> warnings;
 };
 
 // Writes every file of the plan (or the ones options.files names) into

@@ -201,6 +201,13 @@ struct SchemeFamily {
   // A pre-pass computes max |w| over each module before its rows are
   // quantized (NVFP4 global scales, per-tensor FP8 scales).
   bool (*needs_tensor_amax)(const QuantArgs& args);
+  // For families with needs_tensor_amax: why a module (or fused set) whose
+  // largest |w| is tensor_amax loses most of its precision under the
+  // reference's rule, written to follow "module 'x': " (the NVFP4 global
+  // scale of an F16 set overflowing F16), or "" when it does not. Null: the
+  // family has no such case.
+  std::string (*tensor_amax_warning)(const QuantArgs& args, DType weight_dtype,
+                                     float tensor_amax) = nullptr;
   // Scratch memory a kernel call needs for a chunk.
   std::uint64_t (*scratch_bytes)(const QuantArgs& args, std::uint64_t n_rows, std::uint64_t n_cols);
   KernelFn quantize_ref;  // the scalar reference: reads like the spec
