@@ -168,11 +168,12 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   options.push_back(app->add_option_function<std::string>(
       "--scheme", [&args](const std::string& value) { args.scheme = value; },
       "Preset scheme (default W4A16): " + ctquant::preset_names()));
-  options.push_back(app->add_option_function<long long>(
-                           "--group-size",
-                           [&args](const long long& value) { args.group_size = value; },
-                           "Columns per group (default: the scheme's, 128); -1 for channel-wise")
-                        ->check(whole_number(-1, kMaxGroupSizeOption)));
+  options.push_back(
+      app->add_option_function<long long>(
+             "--group-size", [&args](const long long& value) { args.group_size = value; },
+             "Integer presets only: columns per group (default: the preset's, 128 for "
+             "W4A16, W4A16_ASYM and W8A16); -1 for channel-wise")
+          ->check(whole_number(-1, kMaxGroupSizeOption)));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
                                     "re:PATTERN matched like Python re.match; added to the "

@@ -312,7 +312,7 @@ class RecipeReader {
       if (to_json(value, key, "bypass_divisibility_checks") == json(false)) return;
       throw usage_error(fmt::format(
           "{}: key 'bypass_divisibility_checks': ctquant always checks that the group size "
-          "divides in_features (section 2 of the format spec)",
+          "divides in_features (section 2 of the format spec, docs/format.md)",
           at(key)));
     } else if (name == "weight_observer" || name == "input_observer" ||
                name == "output_observer" || name == "observer") {
@@ -871,7 +871,12 @@ std::string render_recipe_origins(const EffectiveRecipe& r) {
     for (const auto& [name, group] : r.config_groups->items()) names.push_back(name);
     line("config_groups", list_text(names), r.scheme_origin);
   }
-  line("ignore", list_text(r.ignore), r.ignore_origin);
+  // The entries given; the list written to config.json also holds the
+  // module roles' defaults (unless --no-default-ignore), which the plan's
+  // "ignore entries" section lists.
+  text += fmt::format(
+      "  {:<13} {}  ({}), added to the module roles' defaults (not with --no-default-ignore)\n",
+      "ignore", list_text(r.ignore), r.ignore_origin.describe());
   return text;
 }
 

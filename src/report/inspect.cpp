@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -309,13 +310,25 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   }
   text += render_ignore_text(plan);
   text += "targets:\n";
+  // Modules a target matches that the group quantizes (the others are
+  // ignored, or taken by an earlier group).
+  std::set<std::pair<std::size_t, std::string>> quantized;
+  for (const PlannedModule& m : plan.modules) {
+    if (m.kind == PlannedModule::Kind::kQuantize) quantized.emplace(m.group, m.name);
+  }
   for (std::size_t g = 0; g < o.groups.size(); ++g) {
     const std::vector<std::string>& targets = o.groups[g].targets;
     for (std::size_t i = 0; i < targets.size(); ++i) {
       const auto& modules = plan.target_matches[g][i];
-      text += fmt::format("  {}{}: {}\n", targets[i],
-                          o.groups.size() == 1 ? "" : fmt::format(" (group '{}')", o.groups[g].name),
-                          plural(modules.size(), "module"));
+      const std::size_t kept = static_cast<std::size_t>(
+          std::count_if(modules.begin(), modules.end(), [&](const std::string& m) {
+            return !quantized.contains({g, m});
+          }));
+      text +=
+          fmt::format("  {}{}: {}{}\n", targets[i],
+                      o.groups.size() == 1 ? "" : fmt::format(" (group '{}')", o.groups[g].name),
+                      plural(modules.size(), "module"),
+                      kept == 0 ? "" : fmt::format(", {} of them not quantized by it", kept));
       if (targets[i] != "Linear") {
         for (const auto& m : modules) text += fmt::format("    {}\n", m);
       }
