@@ -915,7 +915,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
     if (layout.data_start - 8 > kMaxHeaderBytes) {
       throw bad_input(
           fmt::format("{}: the output header would be {} bytes, more than the limit of "
-                      "{} that readers accept (section 1 of the format spec)",
+                      "{} that readers accept (section 1 of the format spec, docs/format.md)",
                       shard.file_name, layout.data_start - 8, kMaxHeaderBytes));
     }
     for (std::size_t i = 0; i < shard.tensors.size(); ++i)

@@ -1,5 +1,5 @@
 // Private: the scalar steps the vector kernels of quantize_block() share with
-// each other (section 3 of the format spec): the group scale from the group's
+// each other (section 3 of the format spec, docs/format.md): the group scale from the group's
 // largest magnitude, and where the first non-finite weight of a group is.
 #pragma once
 

@@ -18,7 +18,7 @@
 namespace ctquant::detail {
 
 // Largest config.json or index ctquant reads: the bound of a safetensors
-// header (section 1 of the format spec), far above any real one.
+// header (section 1 of the format spec, docs/format.md), far above any real one.
 inline constexpr std::uint64_t kMaxJsonFileBytes = 100'000'000;
 // Deepest JSON nesting accepted in config.json and the index (Python's json
 // module and serde_json stop near this depth too).

@@ -39,7 +39,7 @@ PlanOptions plan_options_of(const Side& output) {
   const auto fail = [&](const std::string& what) {
     return bad_input(
         fmt::format("{} config.json: {}; --against-source needs the quantization_config "
-                    "quantize writes (section 5 of the format spec)",
+                    "quantize writes (section 5 of the format spec, docs/format.md)",
                     output.label, what));
   };
   if (!output.config_error.empty()) throw fail(output.config_error);
@@ -239,7 +239,8 @@ class AgainstSource {
       std::string message;
       for (const auto& l : layout) message += (message.empty() ? "" : "; ") + l;
       c_.diff("layout", file, first_name,
-              fmt::format("{} ({}, section 4 of the format spec)", message, family.format));
+              fmt::format("{} ({}, section 4 of the format spec, docs/format.md)", message,
+                          family.format));
       return;
     }
     const WeightRows source(ckpt_, m.source);
