@@ -396,6 +396,11 @@ TEST(Recipe, CommandLineOverridesTheRecipeAndSaysWhereEachValueCameFrom) {
     EXPECT_EQ(r.scheme_origin.describe(), "default");
     EXPECT_TRUE(r.ignore.empty());  // the plan adds the roles' defaults
     EXPECT_EQ(r.targets, kDefaultTargets);
+    // The options block does not show an empty list as if it were the
+    // default ignore list.
+    expect_message(render_recipe_origins(r),
+                   {"ignore        none given; the module roles' defaults"});
+    EXPECT_EQ(render_recipe_origins(r).find("[]"), std::string::npos);
   }
 }
 

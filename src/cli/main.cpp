@@ -171,8 +171,8 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   options.push_back(
       app->add_option_function<long long>(
              "--group-size", [&args](const long long& value) { args.group_size = value; },
-             "Integer presets only: columns per group (default: the preset's, 128 for "
-             "W4A16, W4A16_ASYM and W8A16); -1 for channel-wise")
+             "Columns per group of W4A16, W4A16_ASYM and W8A16 (default 128); -1 for "
+             "channel-wise, the only value W8A8 takes; the float presets have a fixed layout")
           ->check(whole_number(-1, kMaxGroupSizeOption)));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "

@@ -874,9 +874,15 @@ std::string render_recipe_origins(const EffectiveRecipe& r) {
   // The entries given; the list written to config.json also holds the
   // module roles' defaults (unless --no-default-ignore), which the plan's
   // "ignore entries" section lists.
-  text += fmt::format(
-      "  {:<13} {}  ({}), added to the module roles' defaults (not with --no-default-ignore)\n",
-      "ignore", list_text(r.ignore), r.ignore_origin.describe());
+  if (r.ignore.empty()) {
+    text += fmt::format(
+        "  {:<13} none given{}; the module roles' defaults (not with --no-default-ignore)\n", "ignore",
+        r.ignore_origin.describe() == "default" ? "" : " (" + r.ignore_origin.describe() + ")");
+  } else {
+    text += fmt::format(
+        "  {:<13} {}  ({}), added to the module roles' defaults (not with --no-default-ignore)\n",
+        "ignore", list_text(r.ignore), r.ignore_origin.describe());
+  }
   return text;
 }
 
