@@ -22,15 +22,20 @@
 //   ctquant_bench_kernel [--benchmark_filter=REGEX] [--benchmark_repetitions=N]
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "ctquant/exec/executor.hpp"
 #include "ctquant/format/dtype.hpp"
+#include "ctquant/format/minifloat.hpp"
 #include "ctquant/scheme/fp8.hpp"
 #include "ctquant/scheme/int8.hpp"
 #include "ctquant/scheme/kernel.hpp"
@@ -327,14 +332,26 @@ void register_rows() {
 // ---- the input side: FP8 E4M3 decode and the amax pre-pass ----
 //
 // Fp8Decode/E4M3/PATH: one block of kRows x kCols E4M3 codes with one scale
-// to BF16 (the dequantization of an FP8 input's rows): the scalar step
-// (dequantize_fp8_value per code, "reference") and the vector kernel at each
-// level. bytes_per_second counts the BF16 bytes produced, so it compares
+// to BF16 (the dequantization of an FP8 input's rows), band by band into one
+// buffer of the executor's band size: the scalar step (dequantize_fp8_value
+// per code, "reference") and the vector kernel at each level; the codes are
+// those of normal weights (Fp8Codes::kWeights), and for
+// Fp8Decode/E4M3_every_code/PATH every finite code equally often, subnormal
+// ones included (the adversarial case). bytes_per_second counts
+// the BF16 bytes produced, so it compares
 // with the quantize kernels' input rate. MaxAbs/DTYPE/PATH: max |w| of a
 // block (the NVFP4 global-scale pre-pass): max_abs_ref ("reference"),
 // max_abs ("fast") and the vector code at each level.
 
-void run_fp8_decode(benchmark::State& state, const ctquant::detail::SimdLevel* level) {
+// Which E4M3 codes the decode benchmark reads.
+enum class Fp8Codes {
+  kWeights,   // codes of normal weights with scale amax / 448, as FP8 checkpoints
+              // hold them (about 1 in 10^4 a subnormal code)
+  kEveryCode  // every finite code equally often (1 in 16 subnormal)
+};
+
+void run_fp8_decode(benchmark::State& state, Fp8Codes kind,
+                    const ctquant::detail::SimdLevel* level) {
   ctquant::detail::Fp8DecodeKernel* kernel = nullptr;
   if (level != nullptr) {
     kernel = ctquant::detail::fp8_decode_kernel(*level);
@@ -345,25 +362,45 @@ void run_fp8_decode(benchmark::State& state, const ctquant::detail::SimdLevel* l
   }
   std::mt19937 rng(99u + static_cast<std::uint32_t>(state.thread_index()));
   std::vector<std::uint8_t> codes(kRows * kCols);
-  for (std::uint8_t& c : codes) {
-    c = static_cast<std::uint8_t>(rng());
-    if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
+  if (kind == Fp8Codes::kWeights) {
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    std::vector<float> w(codes.size());
+    float amax = 0.0f;
+    for (float& v : w) {
+      v = normal(rng);
+      amax = std::max(amax, std::abs(v));
+    }
+    const float scale = amax / 448.0f;
+    for (std::size_t i = 0; i < w.size(); ++i) codes[i] = ctquant::float_to_f8_e4m3(w[i] / scale);
+  } else {
+    for (std::uint8_t& c : codes) {
+      c = static_cast<std::uint8_t>(rng());
+      if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
+    }
   }
-  std::vector<std::uint16_t> out(codes.size());
+  // The executor decodes a chunk band by band into one buffer of
+  // ExecuteOptions::fp8_band_bytes that stays in the core's cache, and
+  // quantizes each band from there; so does this loop.
+  const std::size_t band = ctquant::ExecuteOptions{}.fp8_band_bytes / sizeof(std::uint16_t);
+  std::vector<std::uint16_t> out(band);
   const float scale = 0.0123f;
   for (auto _ : state) {
-    if (kernel != nullptr) {
-      const auto bad = kernel(codes.data(), codes.size(), scale, out.data());
-      benchmark::DoNotOptimize(bad);
-    } else {
-      for (std::size_t i = 0; i < codes.size(); ++i) {
-        out[i] = ctquant::dequantize_fp8_value(DType::kF8_E4M3, codes[i], scale);
+    for (std::size_t b = 0; b < codes.size(); b += band) {
+      const std::size_t n = std::min(band, codes.size() - b);
+      const std::uint8_t* in = codes.data() + b;
+      if (kernel != nullptr) {
+        const auto bad = kernel(in, n, scale, out.data());
+        benchmark::DoNotOptimize(bad);
+      } else {
+        for (std::size_t i = 0; i < n; ++i) {
+          out[i] = ctquant::dequantize_fp8_value(DType::kF8_E4M3, in[i], scale);
+        }
       }
+      benchmark::DoNotOptimize(out.data());
+      benchmark::ClobberMemory();
     }
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
   }
-  set_rates(state, out.size() * sizeof(std::uint16_t));
+  set_rates(state, codes.size() * sizeof(std::uint16_t));
 }
 
 void run_max_abs(benchmark::State& state, DType dtype, int path,
@@ -391,10 +428,14 @@ void register_input_side() {
   const auto add = [](benchmark::internal::Benchmark* b) {
     b->UseRealTime()->Threads(1)->Threads(2);
   };
-  add(benchmark::RegisterBenchmark("Fp8Decode/E4M3/reference", run_fp8_decode, nullptr));
-  for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
-    add(benchmark::RegisterBenchmark((std::string("Fp8Decode/E4M3/") + level.name).c_str(),
-                                     run_fp8_decode, &level));
+  for (const auto& [kind, name] : {std::pair{Fp8Codes::kWeights, "Fp8Decode/E4M3/"},
+                                   std::pair{Fp8Codes::kEveryCode, "Fp8Decode/E4M3_every_code/"}}) {
+    add(benchmark::RegisterBenchmark((std::string(name) + "reference").c_str(), run_fp8_decode,
+                                     kind, nullptr));
+    for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
+      add(benchmark::RegisterBenchmark((std::string(name) + level.name).c_str(), run_fp8_decode,
+                                       kind, &level));
+    }
   }
   for (const DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
     const std::string prefix = "MaxAbs/" + std::string(ctquant::dtype_tag(dtype)) + "/";
