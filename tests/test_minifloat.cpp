@@ -1,4 +1,4 @@
-// The small float encoders of format/minifloat.hpp (shared/spec/schemes.md
+// The small float encoders of format/minifloat.hpp (docs/schemes.md
 // sections 2.1-2.3, 6.1): every E2M1 and E4M3 code, every rounding
 // threshold and the sign of zero, against values written out by hand.
 #include <gtest/gtest.h>

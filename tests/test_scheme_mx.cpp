@@ -1,5 +1,5 @@
 // The MX families mxfp4-pack-quantized and mxfp8-quantized (src/scheme/
-// mxfp4.cpp, mxfp8.cpp): the E8M0 exponent rule of shared/spec/schemes.md
+// mxfp4.cpp, mxfp8.cpp): the E8M0 exponent rule of docs/schemes.md
 // section 6.1 (round up from mantissa 1.75, zero groups, F16 underflow), the
 // test vector V4 of section 12 byte for byte, the golden MX cases module by
 // module, the presets, refusals and vLLM rules, and the fast paths and the

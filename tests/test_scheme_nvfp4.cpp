@@ -1,6 +1,6 @@
 // The nvfp4-pack-quantized family (src/scheme/nvfp4.cpp) and the fused sets
 // that share its global scale (scheme/fused_sets.hpp): the test vectors V1
-// and V2 of shared/spec/schemes.md section 12 byte for byte, the global
+// and V2 of docs/schemes.md section 12 byte for byte, the global
 // scale rules of section 5.3 (F16 overflow to 1.0), the golden NVFP4 cases
 // module by module, model_free's fused-set grouping and its refusals, and
 // the fast path and the vector kernel at every level this CPU runs against

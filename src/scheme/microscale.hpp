@@ -1,6 +1,6 @@
 // Private: the scale arithmetic the microscale families share (NVFP4 global
 // and group scales, MX E8M0 exponents), as the scalar steps of
-// shared/spec/schemes.md sections 5.3 and 6.1. The reference kernels of
+// docs/schemes.md sections 5.3 and 6.1. The reference kernels of
 // nvfp4.cpp, mxfp4.cpp and mxfp8.cpp and the vector kernels of
 // microscale_simd.cpp call the same functions for their per-group scalars,
 // so the scales agree by construction. They are inline: the vector kernels

@@ -1,6 +1,6 @@
 // Private: the parts of the two MX registry rows (mxfp4.cpp, mxfp8.cpp) that
 // do not depend on the element format: presets' arguments, support and
-// refusal rules, the vLLM rules (shared/spec/schemes.md sections 6 and 10;
+// refusal rules, the vLLM rules (docs/schemes.md sections 6 and 10;
 // research notes on vllm compressed_tensors_w4a4_mxfp4.py and
 // compressed_tensors_w8a8_mxfp8.py).
 #pragma once

@@ -1,6 +1,6 @@
 // The `mxfp4-pack-quantized` family (presets MXFP4A16 and MXFP4): FP4 E2M1
 // codes packed two per byte and one E8M0 exponent per group of 32 columns,
-// no global scale (shared/spec/schemes.md sections 2.2, 2.3, 6.1, 6.2; the
+// no global scale (docs/schemes.md sections 2.2, 2.3, 6.1, 6.2; the
 // compressor is compressed-tensors `compressors/mxfp4/base.py`).
 //
 // Per module M with weight W [N, K] in dtype W (BF16, F16 or F32):

@@ -1,6 +1,6 @@
 // The `mxfp8-quantized` family (presets MXFP8A16 and MXFP8): FP8 E4M3 codes,
 // one per weight element, and one E8M0 exponent per group of 32 columns
-// (shared/spec/schemes.md sections 2.1, 6.1, 6.3; the compressor is
+// (docs/schemes.md sections 2.1, 6.1, 6.3; the compressor is
 // compressed-tensors `compressors/mxfp8/base.py`).
 //
 // Per module M with weight W [N, K] in dtype W (BF16, F16 or F32):

@@ -1,6 +1,6 @@
 // The `nvfp4-pack-quantized` family (preset NVFP4A16): FP4 E2M1 codes
 // packed two per byte, one F8_E4M3 scale per group of 16 columns and one F32
-// global scale per module (shared/spec/schemes.md sections 2.2, 2.3, 5; the
+// global scale per module (docs/schemes.md sections 2.2, 2.3, 5; the
 // compressor is compressed-tensors `compressors/nvfp4/base.py`).
 //
 // Per module M with weight W [N, K] in dtype W (BF16, F16 or F32):

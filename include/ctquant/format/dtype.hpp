@@ -4,7 +4,7 @@
 // One constexpr trait table (kDTypeTraits) holds every dtype's tag, width in
 // bits and whether it is a float type the quantizer accepts; nothing else in
 // the library switches over tags. The tags and widths are those of section 1
-// of the format spec (shared/spec/format.md).
+// of the format spec (docs/format.md).
 //
 // The conversions below are exact IEEE-754 round-to-nearest-even, including
 // subnormals; they never flush to zero. They are the building blocks of the

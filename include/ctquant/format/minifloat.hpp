@@ -3,7 +3,7 @@
 // scales, MXFP8 weights) and E8M0 exponents (MX group scales).
 //
 // Every encoder rounds exactly as the PyTorch operation compressed-tensors
-// uses (shared/spec/schemes.md section 2): they are the scalar building
+// uses (docs/schemes.md section 2): they are the scalar building
 // blocks of the reference kernels in src/scheme/ and are tested bit for bit,
 // over every code and at every rounding threshold.
 #pragma once

@@ -1,5 +1,5 @@
 // Fused sets: the weights that model_free_ptq quantizes with one shared NVFP4
-// global scale (shared/spec/schemes.md section 7).
+// global scale (docs/schemes.md section 7).
 //
 // model_free_ptq processes one job per input shard. For a config with a
 // TENSOR_GROUP (NVFP4) group, each job loads its shard's tensors minus the

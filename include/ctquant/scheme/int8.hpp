@@ -18,7 +18,7 @@
 // compressed-tensors also writes 2- to 7-bit weights with input
 // activations (W4A8, W4AFP8, W4A4, ...) in this format, as unpacked values
 // in I8; vLLM has no NVIDIA GPU kernel for those (CompressedTensorsW4A8Int
-// runs on CPU and XPU only), so `supports` refuses them (docs/schemes.md).
+// runs on CPU and XPU only), so `supports` refuses them (docs/fp8-int8.md).
 //
 // The row is defined in src/scheme/int8.cpp; the registry lists it.
 #pragma once

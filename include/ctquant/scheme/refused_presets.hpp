@@ -6,7 +6,7 @@
 // not `"dynamic": true` (schemes.md section 10: FP8's static per-tensor
 // inputs, NVFP4's "local" ones). Other presets are written by the library
 // but not loadable by vLLM on NVIDIA GPUs (the int-quantized schemes with
-// sub-8-bit weights, docs/schemes.md). A name the registry does not list
+// sub-8-bit weights, docs/fp8-int8.md). A name the registry does not list
 // (find_preset returns nullptr) is looked up here, so `--scheme FP8` is
 // answered with the reason rather than "unknown scheme".
 #pragma once

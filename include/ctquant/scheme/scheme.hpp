@@ -10,7 +10,7 @@
 // compute them, the decoder verify uses, and the shape rule of the vLLM
 // kernel that serves it. kSchemeFamilies lists the rows in compressed-tensors'
 // format priority (compressed-tensors `compressors/format.py`,
-// `COMPRESSION_FORMAT_PRIORITY`; shared/spec/schemes.md section 1.1), so the
+// `COMPRESSION_FORMAT_PRIORITY`; docs/schemes.md section 1.1), so the
 // first row whose `writes` accepts a scheme is the format the reference
 // would infer. The presets (W4A16, FP8_DYNAMIC, NVFP4A16, ...) are a
 // separate table (kPresets) of QuantizationScheme values, as in
