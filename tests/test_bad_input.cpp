@@ -343,7 +343,8 @@ Expected make_case(Corruption c, const fs::path& dir) {
       return {ErrorKind::kBadInput,
               kSingle,
               "b",
-              {"data_offsets [4, 8]", "run past the end of the data buffer (6 bytes)"}};
+              {"data_offsets [4, 8]", "run past the end of the data buffer (6 bytes)",
+               "the file is shorter than its header says (truncated?"}};
     case Corruption::kDataEndsBeforeFile:
       test::write_raw_safetensors(single, "{" + entry("a", "U8", "[4]", 0, 4) + "}", zeros(6));
       return {ErrorKind::kBadInput,

@@ -299,6 +299,18 @@ TEST(Cli, IgnoreAndTargetsReachConfig) {
   EXPECT_NE(read_header(tmp / "none" / "model.safetensors", "model.safetensors")
                 .find("lm_head.weight_packed"),
             nullptr);
+  // Not quiet: the finding it lets through is logged as a warning that says
+  // so, never as an error line in a run that succeeds.
+  const CommandResult logged =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "logged").string(),
+                   "--no-default-ignore", "--ignore", "re:.*q_proj$", "--allow-unloadable"});
+  ASSERT_EQ(logged.exit_code, 0) << logged.err;
+  EXPECT_TRUE(contains(logged.err, "warning: L12: 1 output head lm_head would be packed"))
+      << logged.err;
+  EXPECT_TRUE(contains(logged.err, "(an error that --allow-unloadable lets through: vLLM may "
+                                   "refuse this output)"))
+      << logged.err;
+  EXPECT_FALSE(contains(logged.err, "error:")) << logged.err;
 }
 
 TEST(Cli, SchemesAndChannelWise) {

@@ -2,6 +2,7 @@
 // expected output size, and the inspect / quantize --dry-run CLI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
+#include "golden_support.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {
@@ -191,6 +193,72 @@ TEST(InspectCli, DryRunPrintsThePlanAndWritesNothing) {
   EXPECT_TRUE(contains(r.out, "expected output size: "));
   EXPECT_FALSE(contains(r.out, "ctquant:"));  // logs stay on stderr
   EXPECT_TRUE(contains(r.err, "dry run: 9 tensors quantized"));
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
+// NVFP4: fused partners share one global scale, and the plan says which
+// (docs/schemes.md section 7); split experts each keep their own. The
+// global scales of llama-bf16-nvfp4a16's expected output are the proof:
+// q/k/v hold one value, gate/up another.
+TEST(InspectPlan, Nvfp4ShowsWhichModulesShareAGlobalScale) {
+  const test::GoldenCase llama = test::find_case("llama-bf16-nvfp4a16");
+  const Checkpoint checkpoint = open_checkpoint(test::input_of(llama));
+  const QuantizePlan plan = make_plan(checkpoint, test::plan_of(llama));
+  const std::string text = render_plan_text(checkpoint, plan);
+  EXPECT_TRUE(contains(text, "scales from max |w| taken before quantizing (NVFP4 global scales, "
+                             "per-tensor FP8 scales): 2 sets of fused partners that share one "
+                             "(docs/schemes.md section 7), 2 modules with their own\n"
+                             "  model.layers.0.self_attn.{q_proj, k_proj, v_proj}\n"
+                             "  model.layers.0.mlp.{gate_proj, up_proj}\n"))
+      << text;
+  const json sets = plan_json(checkpoint, plan).at("amax_sets");
+  EXPECT_TRUE(std::find(sets.begin(), sets.end(),
+                        json({"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+                              "model.layers.0.self_attn.v_proj"})) != sets.end())
+      << sets.dump();
+  EXPECT_TRUE(std::find(sets.begin(), sets.end(), json({"model.layers.0.mlp.down_proj"})) !=
+              sets.end())
+      << sets.dump();
+  EXPECT_EQ(sets.size(), 4u) << sets.dump();
+
+  // Split experts: none shares, q/k/v still do.
+  const test::GoldenCase moe = test::find_case("qwen3moe-fused-bf16-nvfp4a16");
+  const Checkpoint moe_checkpoint = open_checkpoint(test::input_of(moe));
+  const QuantizePlan moe_plan = make_plan(moe_checkpoint, test::plan_of(moe));
+  for (const json& set : plan_json(moe_checkpoint, moe_plan).at("amax_sets")) {
+    if (set.size() > 1) {
+      for (const json& name : set) {
+        EXPECT_FALSE(contains(name.get<std::string>(), ".experts.")) << set.dump();
+      }
+    }
+  }
+  EXPECT_TRUE(contains(render_plan_text(moe_checkpoint, moe_plan), ".self_attn.{q_proj, k_proj, "
+                                                                   "v_proj}\n"));
+
+  // A scheme without a pre-pass says nothing of it.
+  const test::GoldenCase w4 = test::find_case("llama-bf16");
+  const Checkpoint w4_checkpoint = open_checkpoint(test::input_of(w4));
+  const QuantizePlan w4_plan = make_plan(w4_checkpoint, test::plan_of(w4));
+  EXPECT_FALSE(contains(render_plan_text(w4_checkpoint, w4_plan), "max |w|"));
+  EXPECT_EQ(plan_json(w4_checkpoint, w4_plan).at("amax_sets"), json::array());
+}
+
+// The dry run's plan ends with the lint count, as inspect's does; the
+// findings themselves are on stderr.
+TEST(InspectCli, DryRunEndsWithTheLintCount) {
+  test::TempDir dir;
+  const auto clean =
+      test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run"});
+  ASSERT_EQ(clean.exit_code, 0) << clean.err;
+  EXPECT_TRUE(clean.out.ends_with("lint: no findings\n")) << clean.out;
+  const auto warned =
+      test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run",
+                         "--ignore", "no_such_module"});
+  ASSERT_EQ(warned.exit_code, 0) << warned.err;
+  EXPECT_TRUE(contains(warned.out, "\nlint: 0 errors, 1 warning, "))
+      << warned.out;
+  EXPECT_TRUE(contains(warned.out, "info (each on stderr)\n")) << warned.out;
+  EXPECT_TRUE(contains(warned.err, "L1")) << warned.err;
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 

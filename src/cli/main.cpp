@@ -167,7 +167,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   std::vector<CLI::Option*> options;
   options.push_back(app->add_option_function<std::string>(
       "--scheme", [&args](const std::string& value) { args.scheme = value; },
-      "Preset scheme (default W4A16): " + ctquant::preset_names()));
+      "Preset scheme (default W4A16): " + ctquant::preset_names() +
+          ". What each writes and needs (in_features a multiple of 16 for NVFP4A16, 32 for the "
+          "MX presets): docs/cli.md, docs/microscale.md, docs/fp8-int8.md; presets that need "
+          "calibration data (NVFP4, FP8 static) are refused with the reason"));
   options.push_back(
       app->add_option_function<long long>(
              "--group-size", [&args](const long long& value) { args.group_size = value; },
@@ -388,10 +391,13 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   }
   nlohmann::json plan_report;
   options.on_plan = [&](const ctquant::Checkpoint& checkpoint, const ctquant::QuantizePlan& plan,
-                        const std::vector<ctquant::Finding>&) {
+                        const std::vector<ctquant::Finding>& findings) {
     if (args.dry_run && !args.json) {
+      // The findings themselves are logged on stderr, as in a real run.
       print_text_report(ctquant::render_plan_text(checkpoint, plan) +
-                        ctquant::render_recipe_origins(resolved.effective));
+                        ctquant::render_recipe_origins(resolved.effective) +
+                        fmt::format("lint: {}{}\n", ctquant::findings_summary(findings),
+                                    findings.empty() ? "" : " (each on stderr)"));
     }
     if (want_report) plan_report = ctquant::report_plan_json(checkpoint, plan);
   };

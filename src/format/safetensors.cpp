@@ -6,6 +6,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -19,6 +20,12 @@
 
 namespace ctquant {
 namespace {
+
+// What a file that ends before its header's tensors says (section 1 of the
+// format spec): most often a download or copy cut short.
+constexpr std::string_view kTruncatedHint =
+    "; the file is shorter than its header says (truncated? a file holds its header and then "
+    "every tensor's bytes: section 1 of the format spec, docs/format.md)";
 
 using nlohmann::json;
 
@@ -458,8 +465,8 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
   }
   header.data_start = 8 + header.header_size;
   if (header.data_start > file_size) {
-    throw bad_input(fmt::format("{}: header length {} runs past the end of the {}-byte file",
-                                file_label, header.header_size, file_size));
+    throw bad_input(fmt::format("{}: header length {} runs past the end of the {}-byte file{}",
+                                file_label, header.header_size, file_size, kTruncatedHint));
   }
   header.data_size = file_size - header.data_start;
   if (const auto bad = detail::first_invalid_utf8(header_json); bad != std::string_view::npos) {
@@ -511,8 +518,9 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
     if (cursor > header.data_size) {
       throw bad_input(fmt::format(
           "{}: data_offsets [{}, {}] run past the end of the data buffer "
-          "({} bytes)",
-          where(file_label, previous->name), previous->begin, previous->end, header.data_size));
+          "({} bytes){}",
+          where(file_label, previous->name), previous->begin, previous->end, header.data_size,
+          kTruncatedHint));
     }
     throw bad_input(
         fmt::format("{}: tensor data ends at byte {} of the data buffer but the file "
@@ -589,8 +597,8 @@ SafetensorsHeader read_header_fd(int fd, std::uint64_t file_size, const std::str
                                 n, kMaxHeaderBytes));
   }
   if (n > file_size - 8) {
-    throw bad_input(fmt::format("{}: header length {} runs past the end of the {}-byte file", label,
-                                n, file_size));
+    throw bad_input(fmt::format("{}: header length {} runs past the end of the {}-byte file{}",
+                                label, n, file_size, kTruncatedHint));
   }
   std::string text(n, '\0');
   read_exact(fd, 8, std::as_writable_bytes(std::span(text)), label);

@@ -529,14 +529,17 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     f.id = "L5";
     f.severity = unloadable ? Severity::kError : Severity::kWarning;
     f.tensors = s.tensors;
+    // An error: current vLLM refuses the shard. A warning: current vLLM pads
+    // the shape and runs it, releases before it refuse it.
     f.message = fmt::format(
-        "vLLM's {} kernels ({}) cannot run {} [{}, {}] ({}-parallel{}) at --tp {}: {}{}; TP "
-        "degrees that work: {}",
-        family->format, family->vllm_source, plural(s.tensors.size(), "tensor"), s.rows, s.cols,
-        s.row ? "row" : "column",
+        "{} {} kernels ({}) cannot run {} [{}, {}] ({}-parallel{}) at --tp {}: {}{}; TP "
+        "degrees {} run: {}",
+        unloadable ? "vLLM's" : "older vLLM releases'", family->format, family->vllm_source,
+        plural(s.tensors.size(), "tensor"), s.rows, s.cols, s.row ? "row" : "column",
         s.row ? ", split along in_features" : ", split along out_features", tp,
         problems_text(s.problems),
-        unloadable ? "" : " (current vLLM pads these shapes; older releases refuse them)",
+        unloadable ? "" : " (current vLLM pads these shapes and runs them)",
+        unloadable ? "that" : "these releases",
         working.empty() ? fmt::format("none of {}", join(tried, 8)) : join(working, 8));
     // Exactly these modules and the rest of their fused groups, no more.
     std::vector<std::string> keep;
@@ -794,12 +797,16 @@ std::string format_finding(const Finding& finding, std::size_t max_tensors, bool
   return text;
 }
 
-std::string render_findings_text(const std::vector<Finding>& findings) {
-  if (findings.empty()) return "lint: no findings\n";
+std::string findings_summary(const std::vector<Finding>& findings) {
+  if (findings.empty()) return "no findings";
   std::size_t counts[3] = {0, 0, 0};
   for (const Finding& f : findings) ++counts[static_cast<int>(f.severity)];
-  std::string text = fmt::format("lint: {}, {}, {} info\n", plural(counts[2], "error"),
-                                 plural(counts[1], "warning"), counts[0]);
+  return fmt::format("{}, {}, {} info", plural(counts[2], "error"), plural(counts[1], "warning"),
+                     counts[0]);
+}
+
+std::string render_findings_text(const std::vector<Finding>& findings) {
+  std::string text = fmt::format("lint: {}\n", findings_summary(findings));
   for (const Finding& f : findings) text += format_finding(f) + "\n";
   return text;
 }

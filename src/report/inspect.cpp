@@ -246,6 +246,45 @@ std::uint64_t input_bytes(const Checkpoint& checkpoint) {
   return total;
 }
 
+// The modules of an amax set, as "parent.{a, b, c}" when they share a
+// parent module (fused partners always do), else listed whole.
+std::string amax_set_text(const QuantizePlan& plan, const std::vector<std::size_t>& set) {
+  std::vector<std::string> names;
+  for (const std::size_t mi : set) names.push_back(plan.modules[mi].name);
+  const auto parent = [](const std::string& name) {
+    const auto dot = name.rfind('.');
+    return dot == std::string::npos ? std::string() : name.substr(0, dot);
+  };
+  const std::string common = parent(names.front());
+  const bool same_parent = !common.empty() && std::all_of(names.begin(), names.end(), [&](const auto& n) {
+    return parent(n) == common;
+  });
+  std::string list;
+  for (const auto& n : names) {
+    list += fmt::format("{}{}", list.empty() ? "" : ", ",
+                        same_parent ? n.substr(common.size() + 1) : n);
+  }
+  return same_parent ? fmt::format("{}.{{{}}}", common, list) : list;
+}
+
+// Which modules share one max |w| (QuantizePlan::amax_sets): the NVFP4
+// global scale of fused partners (docs/schemes.md section 7); nothing when
+// no family of the plan needs the pre-pass.
+std::string render_amax_sets_text(const QuantizePlan& plan) {
+  if (plan.amax_sets.empty()) return {};
+  std::size_t shared = 0;
+  for (const auto& set : plan.amax_sets) shared += set.size() > 1 ? 1 : 0;
+  std::string text = fmt::format(
+      "scales from max |w| taken before quantizing (NVFP4 global scales, per-tensor FP8 "
+      "scales): {} of fused partners that share one (docs/schemes.md section 7), {} with "
+      "their own\n",
+      plural(shared, "set"), plural(plan.amax_sets.size() - shared, "module"));
+  for (const auto& set : plan.amax_sets) {
+    if (set.size() > 1) text += fmt::format("  {}\n", amax_set_text(plan, set));
+  }
+  return text;
+}
+
 }  // namespace
 
 std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
@@ -288,7 +327,14 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   if (!plan.modules.empty()) {
     text += fmt::format("modules written from weights ({}):\n", plan.modules.size());
     std::size_t module_w = 6;
-    for (const PlannedModule& m : plan.modules) module_w = std::max(module_w, m.name.size());
+    std::size_t module_shape_w = 0;
+    const auto module_shape = [](const PlannedModule& m) {
+      return fmt::format("[{}, {}]", m.source.rows, m.source.cols);
+    };
+    for (const PlannedModule& m : plan.modules) {
+      module_w = std::max(module_w, m.name.size());
+      module_shape_w = std::max(module_shape_w, module_shape(m).size());
+    }
     for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
       const PlannedModule& m = plan.modules[mi];
       std::uint64_t bytes = 0;
@@ -304,10 +350,11 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
                                    ? plan.group_of(m).name
                                : m.kind == PlannedModule::Kind::kDequantize ? "BF16 (dequantized)"
                                                                             : "16-bit (kept)";
-      text += fmt::format("  {:<{}}  [{}, {}]  {}: {} ({} bytes)\n", m.name, module_w,
-                          m.source.rows, m.source.cols, what, outputs, grouped(bytes));
+      text += fmt::format("  {:<{}}  {:<{}}  {}: {} ({} bytes)\n", m.name, module_w,
+                          module_shape(m), module_shape_w, what, outputs, grouped(bytes));
     }
   }
+  text += render_amax_sets_text(plan);
   text += render_ignore_text(plan);
   text += "targets:\n";
   // Modules a target matches that the group quantizes (the others are
@@ -423,9 +470,18 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
     outputs.push_back(
         json{{"file", s.file_name}, {"bytes", s.file_size}, {"tensors", shard_tensors}});
   }
+  // The modules that share one max |w| (the NVFP4 global scale of fused
+  // partners), one list per set; modules alone in their set included.
+  json amax_sets = json::array();
+  for (const auto& set : plan.amax_sets) {
+    json names = json::array();
+    for (const std::size_t mi : set) names.push_back(plan.modules[mi].name);
+    amax_sets.push_back(std::move(names));
+  }
   return json{{"groups", groups},
               {"tensors", tensors},
               {"modules", modules},
+              {"amax_sets", amax_sets},
               {"counts", counts},
               {"ignore", ignore},
               {"outputs", outputs},

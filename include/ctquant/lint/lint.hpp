@@ -106,6 +106,10 @@ std::string format_finding(const Finding& finding, std::size_t max_tensors = 8,
 // All findings as text, one block per finding, or "lint: no findings\n".
 std::string render_findings_text(const std::vector<Finding>& findings);
 
+// Their count by severity, as the first line of render_findings_text says
+// it without "lint: ": "no findings" or "1 error, 2 warnings, 0 info".
+std::string findings_summary(const std::vector<Finding>& findings);
+
 // [{"id", "severity", "tensors", "message", "fix"}, ...]
 nlohmann::json findings_json(const std::vector<Finding>& findings);
 
