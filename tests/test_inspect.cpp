@@ -225,13 +225,18 @@ TEST(InspectPlan, Nvfp4ShowsWhichModulesShareAGlobalScale) {
   const test::GoldenCase moe = test::find_case("qwen3moe-fused-bf16-nvfp4a16");
   const Checkpoint moe_checkpoint = open_checkpoint(test::input_of(moe));
   const QuantizePlan moe_plan = make_plan(moe_checkpoint, test::plan_of(moe));
-  for (const json& set : plan_json(moe_checkpoint, moe_plan).at("amax_sets")) {
+  // The JSON is held in a local: a range-for over a member of a temporary would dangle.
+  const json moe_sets = plan_json(moe_checkpoint, moe_plan).at("amax_sets");
+  std::size_t moe_shared = 0;
+  for (const json& set : moe_sets) {
     if (set.size() > 1) {
+      ++moe_shared;
       for (const json& name : set) {
         EXPECT_FALSE(contains(name.get<std::string>(), ".experts.")) << set.dump();
       }
     }
   }
+  EXPECT_GT(moe_shared, 0u) << moe_sets.dump();
   EXPECT_TRUE(contains(render_plan_text(moe_checkpoint, moe_plan), ".self_attn.{q_proj, k_proj, "
                                                                    "v_proj}\n"));
 
