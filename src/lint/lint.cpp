@@ -11,6 +11,7 @@
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/plan/matcher.hpp"
+#include "ctquant/plan/plan.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "lint/roles_lint.hpp"
 
@@ -58,11 +59,6 @@ constexpr std::size_t kMaxNearMisses = 5;
 std::string last_component(const std::string& module) {
   const auto dot = module.rfind('.');
   return dot == std::string::npos ? module : module.substr(dot + 1);
-}
-
-std::string parent_of(const std::string& module) {
-  const auto dot = module.rfind('.');
-  return dot == std::string::npos ? std::string() : module.substr(0, dot);
 }
 
 std::string param_of(const std::string& tensor) {
@@ -268,10 +264,10 @@ std::optional<std::pair<std::string, std::string>> fused_group_of(const std::str
   }
   const std::string last = last_component(module);
   if (last == "q_proj" || last == "k_proj" || last == "v_proj") {
-    return std::make_pair(std::string("qkv_proj"), parent_of(module));
+    return std::make_pair(std::string("qkv_proj"), module_of(module));
   }
   if (last == "gate_proj" || last == "up_proj") {
-    return std::make_pair(std::string("gate_up_proj"), parent_of(module));
+    return std::make_pair(std::string("gate_up_proj"), module_of(module));
   }
   return std::nullopt;
 }
@@ -344,7 +340,7 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
     for (std::size_t i : g.members) {
       s.tensors.push_back(ctx.weights[i].tensor);
       s.member_names.insert(last_component(ctx.weights[i].module));
-      if (parent_of(ctx.weights[i].module).empty()) s.top_level = true;
+      if (module_of(ctx.weights[i].module).empty()) s.top_level = true;
     }
     s.n_quantized += quantized.size();
     s.n_kept += kept.size();
@@ -371,7 +367,7 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
           plural(s.parents.size(), "MoE layer"), join(s.parents, 3),
           plural(s.n_quantized, "expert weight"), s.n_kept, join(reasons, 3, "; "));
       std::vector<std::string> members;
-      for (const auto& t : s.tensors) members.push_back(parent_of(t));
+      for (const auto& t : s.tensors) members.push_back(module_of(t));
       f.fix = fmt::format("quantize all experts of a layer or none: {}",
                           detail::ignore_fix(ctx.plan.roles, members));
     } else {
@@ -381,7 +377,7 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
           kind, plural(s.parents.size(), "block"), join(s.parents, 3), join(quantized, 8),
           join(kept, 8), join(reasons, 3, "; "), kind);
       std::vector<std::string> members;
-      for (const auto& t : s.tensors) members.push_back(parent_of(t));
+      for (const auto& t : s.tensors) members.push_back(module_of(t));
       f.fix = fmt::format(
           "quantize them all (narrow the ignore entry that takes {} out) or none ({})",
           join(kept, 8), detail::ignore_fix(ctx.plan.roles, members));
@@ -505,7 +501,7 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     }
     s.tensors.push_back(d.tensor);
     s.names.insert(last);
-    if (parent_of(d.module).empty()) s.top_level = true;
+    if (module_of(d.module).empty()) s.top_level = true;
     // Keeping one member of a fused q/k/v or gate/up group in 16 bits splits
     // the group (L3), so the fix takes the whole group.
     if (const auto group = fused_group_of(d.module); group && group->first != "experts") {
@@ -544,11 +540,11 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     // Exactly these modules and the rest of their fused groups, no more.
     std::vector<std::string> keep;
     for (const auto& t : s.tensors) {
-      const std::string module = parent_of(t);
+      const std::string module = module_of(t);
       keep.push_back(module);
       for (const auto& sibling : s.fused_siblings) {
         const std::string other =
-            parent_of(module).empty() ? sibling : parent_of(module) + "." + sibling;
+            module_of(module).empty() ? sibling : module_of(module) + "." + sibling;
         if (ctx.weight_of(other) != nullptr &&
             std::find(keep.begin(), keep.end(), other) == keep.end()) {
           keep.push_back(other);

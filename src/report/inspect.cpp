@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/plan/plan.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
@@ -251,14 +252,10 @@ std::uint64_t input_bytes(const Checkpoint& checkpoint) {
 std::string amax_set_text(const QuantizePlan& plan, const std::vector<std::size_t>& set) {
   std::vector<std::string> names;
   for (const std::size_t mi : set) names.push_back(plan.modules[mi].name);
-  const auto parent = [](const std::string& name) {
-    const auto dot = name.rfind('.');
-    return dot == std::string::npos ? std::string() : name.substr(0, dot);
-  };
-  const std::string common = parent(names.front());
-  const bool same_parent = !common.empty() && std::all_of(names.begin(), names.end(), [&](const auto& n) {
-    return parent(n) == common;
-  });
+  const std::string common = module_of(names.front());
+  const bool same_parent =
+      !common.empty() && std::all_of(names.begin(), names.end(),
+                                     [&](const auto& n) { return module_of(n) == common; });
   std::string list;
   for (const auto& n : names) {
     list += fmt::format("{}{}", list.empty() ? "" : ", ",

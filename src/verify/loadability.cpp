@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/plan/matcher.hpp"
+#include "ctquant/plan/plan.hpp"
 #include "ctquant/plan/roles.hpp"
 #include "ctquant/plan/vllm_match.hpp"
 #include "ctquant/util/error.hpp"
@@ -25,11 +26,6 @@ const std::set<std::string> kFormats = {
     "dense",           "sparse-bitmask",       "sparse-24-bitmask",    "int-quantized",
     "float-quantized", "naive-quantized",      "pack-quantized",       "marlin-24",
     "mixed-precision", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized"};
-
-std::string module_of_tensor(const std::string& name) {
-  const auto dot = name.rfind('.');
-  return dot == std::string::npos ? std::string() : name.substr(0, dot);
-}
 
 bool non_empty(const json& v) {
   if (v.is_null()) return false;
@@ -78,10 +74,10 @@ void check_loadability(const std::optional<json>& config,
   std::set<std::string> quantized;
   for (const auto& [name, at] : tensors) {
     if (name.ends_with(".weight_packed")) {
-      packed.push_back(module_of_tensor(name));
-      quantized.insert(module_of_tensor(name));
+      packed.push_back(module_of(name));
+      quantized.insert(module_of(name));
     } else if (name.ends_with(".weight_scale")) {
-      quantized.insert(module_of_tensor(name));
+      quantized.insert(module_of(name));
     }
   }
   const json* qc = nullptr;
@@ -227,7 +223,7 @@ void check_loadability(const std::optional<json>& config,
   const int bits = scheme != nullptr && scheme->bits > 0 && scheme->bits <= 32 ? scheme->bits : 4;
   std::vector<std::pair<std::string, std::vector<std::uint64_t>>> listed;
   for (const auto& [name, at] : tensors) {
-    const std::string module = module_of_tensor(name);
+    const std::string module = module_of(name);
     if (quantized.contains(module)) {
       const auto& shape = at.second->shape;
       if (name.ends_with(".weight_packed") && shape.size() == 2) {
