@@ -221,7 +221,12 @@ std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs& args, std::uint64_t r
                                      "size {}",
                                      cols, g)});
   }
-  // Older releases refuse these; current vLLM pads them (marlin_utils.py).
+  // Current vLLM zero-pads these to a Marlin thread tile on load
+  // (`marlin_padded_nk` in quantization/utils/marlin_utils.py, vLLM pull
+  // request 45295, merged June 2026); releases before it reject Marlin for
+  // them (`verify_marlin_supports_shape`) and fall back to a slower kernel or,
+  // when none fits, refuse the layer. A group split across ranks stays an
+  // error in every release (above).
   if (rows % 64 != 0) {
     out.push_back({false, fmt::format("out_features {} per shard is not a multiple of 64", rows)});
   }
