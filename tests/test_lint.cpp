@@ -17,6 +17,7 @@
 #include "ctquant/plan/quant_config.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
+#include "golden_support.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {
@@ -488,6 +489,52 @@ TEST(LintL9, NothingQuantizedIsError) {
   EXPECT_TRUE(contains(l9[0].message, "no tensor would be quantized (of 9 tensors)"))
       << l9[0].message;
   EXPECT_TRUE(with_id(lint_layout(llama_layer(), kLlamaConfig, {}).findings, "L9").empty());
+}
+
+// ---- L14 ----
+
+// The fixture model_free_ptq wrote: each expert's gate_proj and up_proj got
+// their own NVFP4 global scale; vLLM's MoE method reads the gate's for both.
+TEST(LintL14, Nvfp4ExpertGateAndUpWithTheirOwnGlobalScalesWarn) {
+  const test::GoldenCase moe = test::find_case("qwen3moe-fused-bf16-nvfp4a16");
+  const Checkpoint checkpoint = open_checkpoint(test::input_of(moe));
+  const QuantizePlan plan = make_plan(checkpoint, test::plan_of(moe));
+  const auto l14 = with_id(run_lint(checkpoint, plan, {}), "L14");
+  ASSERT_EQ(l14.size(), 1u);
+  EXPECT_EQ(l14[0].severity, Severity::kWarning);
+  ASSERT_EQ(l14[0].tensors.size(), 8u);
+  EXPECT_EQ(l14[0].tensors[0], "model.layers.0.mlp.experts.0.gate_proj.weight");
+  EXPECT_EQ(l14[0].tensors[1], "model.layers.0.mlp.experts.0.up_proj.weight");
+  EXPECT_EQ(l14[0].tensors[7], "model.layers.0.mlp.experts.3.up_proj.weight");
+  EXPECT_TRUE(contains(l14[0].message, "4 pairs of modules that vLLM fuses into one layer (MoE "
+                                       "experts) get their own NVFP4 global scales"))
+      << l14[0].message;
+  EXPECT_TRUE(contains(l14[0].message, "w13_weight_global_scale[:, 0] in compressed_tensors_moe.py"))
+      << l14[0].message;
+  EXPECT_FALSE(contains(l14[0].message, "dense layers")) << l14[0].message;
+  // A warning: quantize still writes the output model_free_ptq writes.
+  EXPECT_TRUE(blocking_findings(run_lint(checkpoint, plan, {}), false, false).empty());
+
+  // Dense gate/up and q/k/v share one scale: nothing to say.
+  const test::GoldenCase dense = test::find_case("llama-bf16-nvfp4a16");
+  const Checkpoint dense_checkpoint = open_checkpoint(test::input_of(dense));
+  EXPECT_TRUE(with_id(run_lint(dense_checkpoint, make_plan(dense_checkpoint, test::plan_of(dense)),
+                               {}),
+                      "L14")
+                  .empty());
+  // Partners in different shards still share.
+  const test::GoldenCase sharded = test::find_case("sharded-bf16-nvfp4a16");
+  const Checkpoint sharded_checkpoint = open_checkpoint(test::input_of(sharded));
+  EXPECT_TRUE(with_id(run_lint(sharded_checkpoint,
+                               make_plan(sharded_checkpoint, test::plan_of(sharded)), {}),
+                      "L14")
+                  .empty());
+  // A scheme without a global scale: nothing to say.
+  const test::GoldenCase w4 = test::find_case("qwen3moe-fused-bf16-w4a16");
+  const Checkpoint w4_checkpoint = open_checkpoint(test::input_of(w4));
+  EXPECT_TRUE(
+      with_id(run_lint(w4_checkpoint, make_plan(w4_checkpoint, test::plan_of(w4)), {}), "L14")
+          .empty());
 }
 
 // ---- L10 ----

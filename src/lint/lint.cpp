@@ -720,6 +720,83 @@ void lint_prefix_matches(const std::vector<std::string>& entries,
 }
 
 // ---- L9: nothing to quantize ----
+// ---- L14: NVFP4 partners vLLM fuses, written with their own global scales ----
+//
+// vLLM serves a fused layer with one global scale. Dense layers
+// (compressed_tensors_w4a4_nvfp4.py) take one for every partition and warn
+// that "the global scale for input or weight are different for parallel
+// layers"; MoE experts (compressed_tensors_moe.py, the NVFP4 method) take the
+// gate's, w13_weight_global_scale[:, 0], for gate and up alike and warn that
+// "w1_weight_global_scale must match w3_weight_global_scale" (vLLM issue
+// 54150). model_free_ptq shares a global scale over q/k/v and gate/up of one
+// MLP (docs/schemes.md section 7) but not over an expert's gate/up, a
+// shared expert's, or MLA's q_a_proj / kv_a_proj_with_mqa; ctquant writes
+// what it writes, and this rule says where vLLM will read a scale that is
+// not the one the codes were made with.
+void lint_unshared_global_scales(const LintContext& ctx, std::vector<Finding>& out) {
+  const QuantizePlan& plan = ctx.plan;
+  if (plan.amax_sets.empty()) return;
+  std::map<std::string, std::size_t> set_of;  // module name -> its amax set
+  for (std::size_t s = 0; s < plan.amax_sets.size(); ++s) {
+    for (const std::size_t mi : plan.amax_sets[s]) set_of[plan.modules[mi].name] = s;
+  }
+  const auto nvfp4_set = [&](const std::string& module) -> std::optional<std::size_t> {
+    const auto it = set_of.find(module);
+    if (it == set_of.end()) return std::nullopt;
+    const PlannedModule& m = plan.modules[plan.amax_sets[it->second].front()];
+    const SchemeFamily* family = plan.group_of(m).family();
+    if (family == nullptr || family->id != "nvfp4") return std::nullopt;
+    return it->second;
+  };
+  // The partners vLLM fuses into one layer: (first, second) under one parent.
+  static constexpr std::pair<const char*, const char*> kPairs[] = {
+      {"gate_proj", "up_proj"}, {"w1", "w3"}, {"q_a_proj", "kv_a_proj_with_mqa"}};
+  std::vector<std::string> tensors;
+  std::set<std::string> kinds;
+  std::size_t pairs = 0;
+  for (const LintWeight& w : ctx.weights) {
+    if (!w.quantized) continue;
+    for (const auto& [first, second] : kPairs) {
+      if (last_component(w.module) != first) continue;
+      const std::string partner = module_of(w.module) + "." + second;
+      const auto a = nvfp4_set(w.module);
+      const auto b = nvfp4_set(partner);
+      if (!a || !b || *a == *b) continue;
+      ++pairs;
+      tensors.push_back(w.module + ".weight");
+      tensors.push_back(partner + ".weight");
+      kinds.insert(w.module.find(".experts.") != std::string::npos ? "MoE experts"
+                                                                    : "dense layers");
+    }
+  }
+  if (pairs == 0) return;
+  Finding f;
+  f.id = "L14";
+  f.severity = Severity::kWarning;
+  f.tensors = std::move(tensors);
+  std::vector<std::string> kind_list(kinds.begin(), kinds.end());
+  std::vector<std::string> sources;
+  if (kinds.count("MoE experts") != 0) {
+    sources.push_back(
+        "MoE experts: the gate's, w13_weight_global_scale[:, 0] in compressed_tensors_moe.py, "
+        "vLLM issue 54150");
+  }
+  if (kinds.count("dense layers") != 0) {
+    sources.push_back("dense layers: compressed_tensors_w4a4_nvfp4.py");
+  }
+  f.message = fmt::format(
+      "{} that vLLM fuses into one layer ({}) get their own NVFP4 global scales, as "
+      "model_free_ptq writes them; vLLM serves a fused layer with one global scale ({}), so "
+      "one partner's weights are dequantized with a scale they were not quantized with, and "
+      "vLLM warns that accuracy may be affected",
+      fmt::format("{} {}", pairs, pairs == 1 ? "pair of modules" : "pairs of modules"),
+      join(kind_list, 2, " and "), join(sources, 2, "; "));
+  f.fix =
+      "check the accuracy in vLLM, or use a scheme without a global scale (MXFP4A16, W4A16), "
+      "or keep these modules in 16 bits with --ignore";
+  out.push_back(std::move(f));
+}
+
 void lint_nothing_quantized(const LintContext& ctx, std::vector<Finding>& out) {
   const bool any = ctx.plan.n_quantized > 0;
   if (any) return;
@@ -765,6 +842,7 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
   lint_kernel_args(ctx, findings);
   lint_group_assignment(ctx, findings);
   lint_nothing_quantized(ctx, findings);
+  lint_unshared_global_scales(ctx, findings);
   roles.unloadable_modules(findings);
   roles.vllm_expectations(findings);
   return findings;

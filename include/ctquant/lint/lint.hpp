@@ -3,7 +3,7 @@
 //
 // run_lint() looks at the checkpoint's headers and config.json and at the
 // plan (each tensor's fate, the modules each ignore and targets entry
-// matched) and returns findings. Each finding has an id (L1..L13), a
+// matched) and returns findings. Each finding has an id (L1..L14), a
 // severity, the tensors concerned, what was found and the fix. The reasons
 // behind the rules are section 7 of the format spec:
 //
@@ -45,6 +45,12 @@
 //               on vLLM's names (vllm_match.hpp), disagree with what OUTPUT
 //               holds, or vLLM raises on them; warning for a quantizable
 //               layer neither matches
+//   L14 warning NVFP4 partners vLLM fuses into one layer (an expert's
+//               gate/up or w1/w3, a shared expert's gate/up, MLA's q_a_proj /
+//               kv_a_proj_with_mqa) with their own global scales, as
+//               model_free_ptq writes them: vLLM serves the layer with one
+//               (compressed_tensors_moe.py takes the gate's; vLLM issue
+//               54150; compressed_tensors_w4a4_nvfp4.py for dense layers)
 //
 // L2, L7 (stacked experts), L12 and L13 read the module roles
 // (src/lint/roles_lint.hpp); docs/loadability.md lists them with sources.
@@ -71,7 +77,7 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L13"
+  std::string id;  // "L1" .. "L14"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes
