@@ -1035,6 +1035,17 @@ TEST(QuantizeOutput, MissingParentDirectoryIsUsageError) {
   EXPECT_NE(std::string(e.what()).find("that should hold OUTPUT does not exist"), std::string::npos)
       << e.what();
   EXPECT_FALSE(fs::exists(tmp / "no"));
+
+  // A usage error about OUTPUT comes before INPUT is read (docs/cli.md): an
+  // input cut short is not reported, the missing directory is.
+  write_checkpoint(tmp / "cut", {weight("a.q_proj.weight", DType::kBF16, 8, 128)});
+  fs::resize_file(tmp / "cut" / "model.safetensors",
+                  fs::file_size(tmp / "cut" / "model.safetensors") - 2);
+  const Error before_input = quantize_error(test_options(tmp / "cut", tmp / "no" / "out"));
+  EXPECT_EQ(before_input.kind(), ErrorKind::kUsage);
+  EXPECT_NE(std::string(before_input.what()).find("that should hold OUTPUT does not exist"),
+            std::string::npos)
+      << before_input.what();
 }
 
 // A single .safetensors file: the output directory holds the same file name

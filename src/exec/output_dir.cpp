@@ -165,15 +165,21 @@ void check_output_path(const fs::path& output, const fs::path& input, bool force
   }
 }
 
-StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool force)
-    : output_(absolute_normal(output)), force_(force) {
-  check_output_path(output, input, force);
-  const fs::path parent = output_.parent_path();
+void check_output_parent(const fs::path& output) {
+  const fs::path parent = absolute_normal(output).parent_path();
   std::error_code ec;
   if (!fs::is_directory(parent, ec)) {
     throw usage_error(
         fmt::format("the directory {} that should hold OUTPUT does not exist", parent.string()));
   }
+}
+
+StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool force)
+    : output_(absolute_normal(output)), force_(force) {
+  check_output_path(output, input, force);
+  check_output_parent(output);
+  const fs::path parent = output_.parent_path();
+  std::error_code ec;
   std::random_device rd;
   for (int attempt = 0; attempt < 16; ++attempt) {
     const fs::path candidate = parent / fmt::format(".{}{}{}-{:08x}", output_.filename().string(),
@@ -184,7 +190,8 @@ StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool f
     }
     if (ec) {
       const std::string what =
-          fmt::format("{}: cannot create the temporary output directory", candidate.string());
+          fmt::format("{}: cannot create the temporary directory of OUTPUT {}",
+                      candidate.string(), output.string());
       if (ec.value() == ENOSPC || ec.value() == EDQUOT) throw_write_error(what, ec.value());
       throw io_error(fmt::format("{}: {}", what, ec.message()));
     }

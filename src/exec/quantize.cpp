@@ -120,6 +120,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     log->info("{}: the Hugging Face cache snapshot {}", options.input.string(), input.string());
   }
   check_output_path(options.output, input, options.force);
+  if (!options.part) check_output_parent(options.output);
   check_cancel(options.cancel);
   Checkpoint checkpoint =
       open_checkpoint(input, OpenOptions{.follow_links_outside = options.follow_symlinks});

@@ -58,4 +58,9 @@ class StagedOutput {
 void check_output_path(const std::filesystem::path& output, const std::filesystem::path& input,
                        bool force);
 
+// Throws Error{kUsage} when the directory that should hold OUTPUT does not
+// exist. StagedOutput checks it; quantize checks it before INPUT is read
+// when the run writes OUTPUT itself (a --part run writes only its stage).
+void check_output_parent(const std::filesystem::path& output);
+
 }  // namespace ctquant
