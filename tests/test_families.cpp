@@ -17,10 +17,12 @@
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/report/roles_report.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/verify.hpp"
 #include "families.hpp"
 #include "test_support.hpp"
+#include "verify_test_support.hpp"
 
 namespace ctquant::test {
 namespace {
@@ -333,6 +335,14 @@ TEST(StackedExperts, Qwen3MoeFusedDimsAndOrientation) {
   EXPECT_EQ(down.orientation, StackedExperts::Orientation::kOutIn);
   EXPECT_EQ(down.proof, StackedExperts::Proof::kShape);
   EXPECT_EQ(down.problem, "");
+  // inspect says how gate and up share the rows of gate_up_proj only.
+  const std::string roles_text = render_roles_text(p.checkpoint, p.plan);
+  EXPECT_TRUE(contains(roles_text, "(proven by the layer's other stacked tensor), gate rows then up "
+                                   "rows; vLLM loads per-expert tensors"))
+      << roles_text;
+  EXPECT_TRUE(contains(roles_text, "experts.down_proj (down_proj): E=4, I=128, H=256, orientation "
+                                   "[E, out, in] (proven by the dims); vLLM loads"))
+      << roles_text;
   // The plan says so, and splits it.
   const ModuleInfo* m = p.plan.roles.find("model.layers.0.mlp.experts.gate_up_proj");
   ASSERT_NE(m, nullptr);

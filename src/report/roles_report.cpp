@@ -49,13 +49,15 @@ std::string render_roles_text(const Checkpoint& checkpoint, const QuantizePlan& 
   }
   for (const auto& key : order) text += fmt::format("  {}: {}\n", key, kept[key]);
   for (const StackedExperts& s : r.stacked) {
+    // How gate and up share the rows: only a gate_up tensor holds both.
+    const std::string rows = s.kind != StackedExperts::Kind::kGateUp ? ""
+                             : !s.interleave_known                    ? ", interleaving unknown"
+                             : s.interleaved                          ? ", gate/up interleaved"
+                                                                      : ", gate rows then up rows";
     text += fmt::format(
-        "  stacked experts {} ({}): E={}, I={}, H={}, orientation {} ({}), {}; vLLM loads {}{}\n",
+        "  stacked experts {} ({}): E={}, I={}, H={}, orientation {} ({}){}; vLLM loads {}{}\n",
         s.tensor, kind_name(s.kind), s.experts, s.intermediate, s.hidden,
-        orientation_name(s.orientation), proof_name(s.proof),
-        !s.interleave_known ? "interleaving unknown"
-        : s.interleaved     ? "gate/up interleaved"
-                            : "gate rows then up rows",
+        orientation_name(s.orientation), proof_name(s.proof), rows,
         s.vllm_loads_stacked ? "the stacked layout only" : "per-expert tensors",
         s.problem.empty() ? "" : "; " + s.problem);
   }
