@@ -748,7 +748,10 @@ void lint_unshared_global_scales(const LintContext& ctx, std::vector<Finding>& o
     if (family == nullptr || family->id != "nvfp4") return std::nullopt;
     return it->second;
   };
-  // The partners vLLM fuses into one layer: (first, second) under one parent.
+  // The partners vLLM fuses into one layer: (first, second) under one parent
+  // (gate_up_proj: stacked_params_mapping of its model files; an expert's
+  // w13: FusedMoE's expert mapping; fused_qkv_a_proj: models/deepseek_v2.py
+  // and deepseek_mtp.py).
   static constexpr std::pair<const char*, const char*> kPairs[] = {
       {"gate_proj", "up_proj"}, {"w1", "w3"}, {"q_a_proj", "kv_a_proj_with_mqa"}};
   std::vector<std::string> tensors;
