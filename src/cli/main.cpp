@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/plan/recipe.hpp"
 #include "ctquant/report/inspect.hpp"
@@ -315,45 +316,6 @@ struct QuantizeArgs {
 
 namespace fs = std::filesystem;
 
-// A report or recipe file must not land inside OUTPUT: it would be a file
-// the manifest does not list.
-void check_side_file(const std::string& option, const std::string& file,
-                     const std::string& output) {
-  if (file.empty()) return;
-  std::error_code ec;
-  const fs::path f = fs::weakly_canonical(fs::absolute(file, ec), ec);
-  const fs::path o = fs::weakly_canonical(fs::absolute(output, ec), ec);
-  auto fi = f.begin();
-  for (auto oi = o.begin(); oi != o.end(); ++oi, ++fi) {
-    if (fi == f.end() || *fi != *oi) return;
-  }
-  throw ctquant::usage_error(fmt::format(
-      "{} {}: inside OUTPUT {}; OUTPUT holds only the checkpoint and its manifest", option, file,
-      output));
-}
-
-// Writes text to path through a temporary sibling renamed into place, so
-// that the file is either the old one or complete.
-void write_side_file(const std::string& option, const std::string& path, const std::string& text) {
-  const fs::path target(path);
-  fs::path temp = target;
-  temp += fmt::format(".ctquant-tmp-{}", ::getpid());
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const bool closed = f != nullptr && std::fclose(f) == 0;
-  std::error_code ec;
-  if (!ok || !closed) {
-    fs::remove(temp, ec);
-    throw ctquant::io_error(fmt::format("{} {}: cannot write: {}", option, path,
-                                        std::strerror(errno)));
-  }
-  fs::rename(temp, target, ec);
-  if (ec) {
-    fs::remove(temp, ec);
-    throw ctquant::io_error(fmt::format("{} {}: cannot write: {}", option, path, ec.message()));
-  }
-}
-
 ctquant::ProgressMode progress_mode(const QuantizeArgs& args, int verbosity) {
   if (args.progress) return *ctquant::progress_mode_by_name(*args.progress);  // checked by CLI11
   if (verbosity < 0) return ctquant::ProgressMode::kNone;
@@ -365,8 +327,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.input = args.input;
   options.revision = args.revision;
   options.output = args.output;
-  check_side_file("--report", args.report, args.output);
-  check_side_file("--write-recipe", args.write_recipe, args.output);
+  if (!args.report.empty()) options.report_file = args.report;
+  if (!args.write_recipe.empty()) options.recipe_file = args.write_recipe;
   const ResolvedPlan resolved = resolve_plan(args.plan);
   options.plan = resolved.options;
   options.tp = args.plan.tp;
@@ -414,19 +376,23 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
       },
       [clock_start] { return std::chrono::duration<double>(Clock::now() - clock_start).count(); });
   options.on_progress = [&progress](const ctquant::Progress& p) { progress.update(p); };
-  const ctquant::QuantizeSummary summary = [&] {
-    try {
-      return ctquant::quantize(options);
-    } catch (...) {
-      progress.finish();
-      throw;
-    }
-  }();
-  progress.finish();
 
-  const std::string recipe_text = ctquant::recipe_yaml(resolved.effective, summary.plan);
-  if (!args.write_recipe.empty()) write_side_file("--write-recipe", args.write_recipe, recipe_text);
-  if (want_report) {
+  // --write-recipe and --report are written into temporary files before
+  // OUTPUT is renamed into place (before_commit), and renamed into place
+  // after it: a report or recipe that cannot be written leaves no OUTPUT
+  // that a retry would find in its way. A dry run or a --part run commits
+  // no OUTPUT; they are written after it.
+  std::optional<nlohmann::json> report;
+  std::vector<std::unique_ptr<ctquant::StagedFile>> side_files;
+  bool side_files_made = false;
+  const auto make_side_files = [&](const ctquant::QuantizeSummary& summary) {
+    side_files_made = true;
+    const std::string recipe_text = ctquant::recipe_yaml(resolved.effective, summary.plan);
+    if (!args.write_recipe.empty()) {
+      side_files.push_back(std::make_unique<ctquant::StagedFile>(
+          args.write_recipe, recipe_text, options.fsync, "--write-recipe " + args.write_recipe));
+    }
+    if (!want_report) return;
     ctquant::QuantizeReportInput input;
     input.argv = argv;
     input.options = &options;
@@ -440,9 +406,33 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
         options.threads);
     input.seconds_hash_inputs = std::chrono::duration<double>(Clock::now() - hash_start).count();
     input.peak_rss_bytes = ctquant::peak_rss_bytes();
-    const nlohmann::json report = ctquant::quantize_report_json(input);
-    if (!args.report.empty()) write_side_file("--report", args.report, report.dump(2) + "\n");
-    if (args.json) print_json_report(report);
+    report = ctquant::quantize_report_json(input);
+    if (!args.report.empty()) {
+      side_files.push_back(std::make_unique<ctquant::StagedFile>(
+          args.report, report->dump(2) + "\n", options.fsync, "--report " + args.report));
+    }
+  };
+  options.before_commit = make_side_files;
+  const ctquant::QuantizeSummary summary = [&] {
+    try {
+      return ctquant::quantize(options);
+    } catch (...) {
+      progress.finish();
+      throw;
+    }
+  }();
+  progress.finish();
+  if (!side_files_made) make_side_files(summary);
+  for (const auto& file : side_files) file->commit();
+  if (args.json) {
+    try {
+      print_json_report(*report);
+    } catch (const ctquant::Error& e) {
+      if (summary.part || args.dry_run) throw;
+      throw ctquant::io_error(fmt::format("{} (OUTPUT {} was written and is complete; its report "
+                                          "is not printed)",
+                                          e.what(), args.output));
+    }
   }
   if (verbosity >= 0) {
     const double ratio = summary.bytes_out == 0 ? 0.0
