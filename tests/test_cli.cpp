@@ -399,5 +399,76 @@ TEST(Cli, SchemeForAndQuantizationConfig) {
   EXPECT_EQ(qc2["config_groups"]["W8A16"]["targets"], json({"re:.*mlp.*"}));
 }
 
+
+// --quantization-config is read by the JSON reader: its nesting, size and
+// repeated keys are bounded like config.json's, a usage error (exit 2).
+TEST(Cli, QuantizationConfigIsReadWithTheJsonReadersBounds) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const fs::path deep = tmp / "deep.json";
+  write_file(deep, "{\"config_groups\": " + std::string(100'000, '[') +
+                       std::string(100'000, ']') + "}");
+  const fs::path twice = tmp / "twice.json";
+  write_file(twice, R"({"config_groups": {"g": {"targets": ["Linear"]}}, "ignore": [], "ignore": ["lm_head"]})");
+  for (const auto& [file, rule] : {std::pair{deep, "JSON nests deeper than 128 levels"},
+                                   std::pair{twice, "key 'ignore' appears twice"}}) {
+    SCOPED_TRACE(file.string());
+    const CommandResult r =
+        run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
+                     "--quantization-config", file.string()});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, file.string() + ": " + rule)) << r.err;
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+}
+
+// ---- stdout: every write checked ----
+
+// A report that cannot be written to stdout (a full disk; /dev/full here)
+// ends with exit 1 and a message, not with exit 0 and an empty file.
+TEST(Cli, StdoutWriteErrorsExitOne) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  ASSERT_EQ(run_ctquant({"quantize", (tmp / "in").string(), (tmp / "ref").string()}).exit_code,
+            0);
+  const auto quoted = [](const fs::path& p) {
+    std::string word(1, '\'');
+    word += p.string();
+    word += '\'';
+    return word;
+  };
+  const std::string in = quoted(tmp / "in");
+  const std::string ref = quoted(tmp / "ref");
+  const std::string out = quoted(tmp / "out");
+  const std::vector<std::string> commands = {
+      "inspect " + in,
+      "inspect " + in + " --json",
+      "inspect " + in + " --plan",
+      "verify " + ref + " " + ref,
+      "verify " + ref + " " + ref + " --json",
+      "verify " + ref + " --manifest",
+      "quantize " + in + " " + out + " --dry-run",
+      "quantize " + in + " " + out + " --dry-run --json",
+      "--help",
+      "--version",
+  };
+  for (const std::string& command : commands) {
+    SCOPED_TRACE(command);
+    const CommandResult r = run_shell("\"$CTQUANT\" " + command + " > /dev/full");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(contains(r.err, "ctquant: error: cannot write to standard output: No space left "
+                                "on device"))
+        << r.err;
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+  // A run that commits OUTPUT and then cannot print its report says that
+  // OUTPUT is complete.
+  const CommandResult r = run_shell("\"$CTQUANT\" quantize " + in + " " + out + " --json > /dev/full");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "cannot write to standard output")) << r.err;
+  EXPECT_TRUE(contains(r.err, "OUTPUT " + (tmp / "out").string() + " was written and is complete"))
+      << r.err;
+  EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
+}
 }  // namespace
 }  // namespace ctquant::test

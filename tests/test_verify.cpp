@@ -340,6 +340,42 @@ TEST(VerifyGolden, DifferentCasesDifferInDtypeAndSets) {
   EXPECT_EQ(of_kind(r.differences, "dtype")[0].tensor, "lm_head.weight");
 }
 
+// config.json, the index and any other .json file are read through the JSON
+// reader's bounds on both sides: JSON nested 100,000 levels deep (which once
+// ended verify with SIGSEGV) is a difference that names the file and the
+// rule, and verify exits 3.
+TEST(VerifyGolden, DeeplyNestedJsonIsADifferenceNotACrash) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  GoldenCopy out("dflash-bf16-sharded");
+  GoldenCopy ref("dflash-bf16-sharded");
+  json config = test::read_json(out.path / "config.json");
+  const std::string text = config.dump();
+  test::write_file(out.path / "config.json",
+                   text.substr(0, text.size() - 1) + ",\"deep\":" + deep + "}");
+  test::write_file(ref.path / "model.safetensors.index.json", deep);
+  test::write_file(ref.path / "generation_config.json", deep);
+  const VerifyReport r = verify_checkpoints(out.path, ref.path, {});
+  EXPECT_FALSE(r.same());
+  const auto config_diffs = of_kind(r.differences, "config");
+  ASSERT_FALSE(config_diffs.empty()) << describe(r);
+  EXPECT_TRUE(contains(config_diffs[0].message, "config.json: JSON nests deeper than 128 levels"))
+      << config_diffs[0].message;
+  const auto index_diffs = of_kind(r.differences, "index");
+  ASSERT_FALSE(index_diffs.empty()) << describe(r);
+  EXPECT_TRUE(contains(index_diffs[0].message, "nests deeper than 128 levels"))
+      << index_diffs[0].message;
+  const auto file_diffs = of_kind(r.differences, "file");
+  ASSERT_EQ(file_diffs.size(), 1u) << describe(r);
+  EXPECT_EQ(file_diffs[0].file, "generation_config.json");
+  EXPECT_TRUE(contains(file_diffs[0].message,
+                       "not compared as JSON: generation_config.json of GOLDEN: JSON nests "
+                       "deeper than 128 levels"))
+      << file_diffs[0].message;
+  const auto cli = test::run_ctquant({"verify", out.path.string(), ref.path.string()});
+  EXPECT_EQ(cli.exit_code, 3) << cli.err;
+  EXPECT_TRUE(contains(cli.out, "nests deeper than 128 levels")) << cli.out;
+}
+
 TEST(VerifyGolden, MissingDirectoryIsAnError) {
   test::TempDir dir;
   try {

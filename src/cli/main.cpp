@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -256,9 +257,18 @@ void add_verbosity_flags(CLI::App* app, int& verbosity) {
       "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
 }
 
+// The one place ctquant writes to stdout (reports, plans, JSON). The write
+// is checked: a full disk, /dev/full or a closed pipe is Error{kIo} (exit
+// 1), never a silent empty file.
 void write_stdout(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  errno = 0;
+  const bool written = std::fwrite(text.data(), 1, text.size(), stdout) == text.size();
+  if (!written || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int error = errno;
+    std::clearerr(stdout);
+    throw ctquant::io_error(fmt::format("cannot write to standard output: {}",
+                                        error != 0 ? std::strerror(error) : "write failed"));
+  }
 }
 
 // Prints a text report (inventory, plan, lint findings, verify report) on
@@ -280,6 +290,17 @@ void print_error(const std::string& message) {
   text += ctquant::escape_for_terminal(message);
   text += '\n';
   std::fwrite(text.data(), 1, text.size(), stderr);
+}
+
+// The exit status of --help and --version (written by CLI11 on std::cout):
+// 1 when stdout could not take the text.
+int checked_stdout(int status) {
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    print_error(fmt::format("cannot write to standard output: {}", std::strerror(errno)));
+    return 1;
+  }
+  return status;
 }
 
 // The groups that quantized something, "W4A16" or "attention + mlp".
@@ -694,11 +715,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return checked_stdout(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return checked_stdout(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return checked_stdout(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::string message = e.what();
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {

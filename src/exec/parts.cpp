@@ -79,10 +79,7 @@ void write_file_atomically(const fs::path& path, const std::string& text, bool f
 }
 
 json read_json(const fs::path& path) {
-  const std::string label = path.filename().string();
-  return detail::parse_json_file_text(
-      detail::read_input_file(path, label, detail::kMaxJsonFileBytes), label,
-      /*reject_duplicate_keys=*/true);
+  return detail::read_json_file(path, path.filename().string());
 }
 
 // An exclusive lock on a part (flock on its lock file in the stage), held
@@ -250,8 +247,9 @@ std::optional<Log> read_log(const fs::path& path) {
     at = end + 1;
     json j;
     try {
-      j = json::parse(line);
-    } catch (const json::exception&) {
+      j = detail::parse_json_file_text(line, path.filename().string(),
+                                       /*reject_duplicate_keys=*/true);
+    } catch (const Error&) {
       return line_no == 0 ? std::nullopt : std::optional<Log>(log);
     }
     if (line_no++ == 0) {

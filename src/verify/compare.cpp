@@ -16,6 +16,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
+#include "util/input_file.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant::detail {
@@ -475,10 +476,12 @@ void compare_other_files(const Side& a, const Side& b, const Labels& labels, Col
     const std::string ta = read_text(pa, name);
     const std::string tb = read_text(pb, name);
     if (ta == tb) continue;
+    std::string not_json;  // why the two files were not compared as JSON
     if (name.ends_with(".json")) {
       try {
-        const json ja = json::parse(ta);
-        const json jb = json::parse(tb);
+        // The JSON reader's bounds (nesting, repeated keys) hold here too.
+        const json ja = parse_json_file_text(ta, fmt::format("{} of {}", name, labels.a), true);
+        const json jb = parse_json_file_text(tb, fmt::format("{} of {}", name, labels.b), true);
         if (ja == jb) {
           c.note("file", name, "", "same JSON value, different bytes (whitespace or key order)");
           continue;
@@ -493,15 +496,17 @@ void compare_other_files(const Side& a, const Side& b, const Labels& labels, Col
                            deltas.size() == 1 ? "" : "s", names_list(texts, 3)),
                json{{"json_differences", deltas.size()}});
         continue;
-      } catch (const json::parse_error&) {
-        // Not JSON on one side: compare as bytes.
+      } catch (const Error& e) {
+        // Not JSON within the reader's bounds on one side: compare as bytes.
+        if (e.kind() != ErrorKind::kBadInput) throw;
+        not_json = fmt::format("; not compared as JSON: {}", e.what());
       }
     }
     std::size_t at = 0;
     while (at < ta.size() && at < tb.size() && ta[at] == tb[at]) ++at;
     c.diff("file", name, "",
-           fmt::format("bytes differ from offset {} ({} bytes in {}, {} in {})", at, ta.size(),
-                       labels.a, tb.size(), labels.b),
+           fmt::format("bytes differ from offset {} ({} bytes in {}, {} in {}){}", at, ta.size(),
+                       labels.a, tb.size(), labels.b, not_json),
            json{{"first_offset", at}});
   }
 }
