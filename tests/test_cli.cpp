@@ -2,6 +2,7 @@
 // the key lines of stderr, and that stdout stays empty for quantize.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -470,5 +471,73 @@ TEST(Cli, StdoutWriteErrorsExitOne) {
       << r.err;
   EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
 }
+
+// ---- the progress bar, as a person sees it on a terminal ----
+
+// What a terminal shows after the bytes: \r returns to the start of the line,
+// ESC [ K erases to its end, \n starts a new line, other bytes are printed.
+std::vector<std::string> screen_of(const std::string& bytes) {
+  std::vector<std::string> lines(1);
+  std::size_t column = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const char c = bytes[i];
+    std::string& line = lines.back();
+    if (c == '\r') {
+      column = 0;
+    } else if (c == '\n') {
+      lines.emplace_back();
+      column = 0;
+    } else if (c == '\033' && bytes.compare(i, 3, "\033[K") == 0) {
+      line.resize(std::min(line.size(), column));
+      i += 2;
+    } else {
+      if (column < line.size()) {
+        line[column] = c;
+      } else {
+        line.push_back(c);
+      }
+      ++column;
+    }
+  }
+  if (lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+// Under a pseudo-terminal (script(1), util-linux) quantize draws its bar by
+// default: one line redrawn in place with a carriage return and ESC [ K,
+// erased at the end; its control codes reach the terminal as they are, and
+// the screen shows no escaped `\x0d` or `\x1b` text.
+TEST(Cli, ProgressBarRedrawsOneLineOnATerminal) {
+  if (run_shell("command -v script >/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "script(1) is not installed (util-linux bsdutils)";
+  }
+  TempDir tmp;
+  write_large_checkpoint(tmp / "in", 8, 1024, 2048);  // 32 MiB: several updates
+  const std::string command = "\"$CTQUANT\" quantize '" + (tmp / "in").string() + "' '" +
+                              (tmp / "out").string() + "' --threads 1";
+  const CommandResult r =
+      run_shell("script -qfec \"" + command + "\" /dev/null < /dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string& captured = r.out;  // what the terminal received
+  EXPECT_TRUE(contains(captured, "\r\033[Kctquant: ")) << captured;
+  EXPECT_FALSE(contains(captured, "\\x0d")) << captured;
+  EXPECT_FALSE(contains(captured, "\\x1b")) << captured;
+  // Every draw of the bar, up to its erasure, stays on one line.
+  const std::size_t first_draw = captured.find("\r\033[Kctquant: ");
+  const std::size_t erased = captured.rfind("\r\033[K");
+  ASSERT_LT(first_draw, erased) << captured;
+  EXPECT_EQ(captured.find('\n', first_draw), captured.find('\n', erased))
+      << "the bar added lines instead of redrawing one: " << captured;
+  // The screen: the log lines and the summary, the bar erased.
+  const std::vector<std::string> screen = screen_of(captured);
+  ASSERT_FALSE(screen.empty()) << captured;
+  EXPECT_TRUE(screen.back().starts_with("ctquant: done: 8 tensors quantized")) << screen.back();
+  for (const std::string& line : screen) {
+    EXPECT_FALSE(contains(line, "\\x")) << line;
+    EXPECT_FALSE(contains(line, " tensors  ")) << "a progress line was left on the screen: " << line;
+    EXPECT_EQ(line.find('\033'), std::string::npos) << line;
+  }
+}
+
 }  // namespace
 }  // namespace ctquant::test

@@ -390,8 +390,10 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   const auto clock_start = Clock::now();
   ctquant::ProgressReporter progress(
       progress_mode(args, verbosity),
-      [](const std::string& text) {
-        const std::string escaped = ctquant::escape_for_terminal(text);
+      [](std::string_view control, std::string_view text) {
+        // The bar's own carriage return and erase-line pass as they are;
+        // the text is escaped like every line that may name an input.
+        const std::string escaped = std::string(control) + ctquant::escape_for_terminal(text);
         std::fwrite(escaped.data(), 1, escaped.size(), stderr);
         std::fflush(stderr);
       },
