@@ -309,10 +309,11 @@ TEST(VerifyGolden, PaddingBitsPastTheLastColumnAreReported) {
     std::vector<std::byte> shape(16, std::byte{0});
     const std::int64_t dims[2] = {2, 12};
     std::memcpy(shape.data(), dims, 16);
+    // In the safetensors writer's order (I64, I32, BF16): every tensor aligned.
     test::write_safetensors(dir / "model.safetensors",
-                            {{"m.weight_packed", DType::kI32, {2, 2}, words},
-                             {"m.weight_scale", DType::kBF16, {2, 1}, std::vector<std::byte>(4)},
-                             {"m.weight_shape", DType::kI64, {2}, shape}});
+                            {{"m.weight_shape", DType::kI64, {2}, shape},
+                             {"m.weight_packed", DType::kI32, {2, 2}, words},
+                             {"m.weight_scale", DType::kBF16, {2, 1}, std::vector<std::byte>(4)}});
     test::write_json(dir / "config.json", config);
   };
   test::TempDir dir;
@@ -374,6 +375,42 @@ TEST(VerifyGolden, DeeplyNestedJsonIsADifferenceNotACrash) {
   const auto cli = test::run_ctquant({"verify", out.path.string(), ref.path.string()});
   EXPECT_EQ(cli.exit_code, 3) << cli.err;
   EXPECT_TRUE(contains(cli.out, "nests deeper than 128 levels")) << cli.out;
+}
+
+// An OUTPUT tensor whose data does not start at a multiple of its element
+// size (an I64 at a byte offset of 6 mod 8) is a difference of kind
+// "alignment", even when every value matches.
+TEST(VerifyGolden, MisalignedTensorIsADifference) {
+  test::TempDir tmp;
+  const auto write = [](const fs::path& dir, const std::string& entries, std::size_t data_bytes) {
+    fs::create_directories(dir);
+    std::string header = "{" + entries + "}";
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    test::write_raw_safetensors(dir / "model.safetensors", header,
+                                std::vector<std::byte>(data_bytes, std::byte{0}));
+  };
+  // "a" BF16 [3] takes 6 bytes; "b" I64 [2] after it starts at 6.
+  write(tmp / "out",
+        R"("a":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},)"
+        R"("b":{"dtype":"I64","shape":[2],"data_offsets":[6,22]})",
+        22);
+  write(tmp / "ref",
+        R"("b":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)"
+        R"("a":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]})",
+        22);
+  const VerifyReport r = verify_checkpoints(tmp / "out", tmp / "ref", {});
+  const auto aligned = of_kind(r.differences, "alignment");
+  ASSERT_EQ(aligned.size(), 1u) << describe(r);
+  EXPECT_EQ(aligned[0].tensor, "b");
+  EXPECT_EQ(aligned[0].file, "model.safetensors");
+  EXPECT_TRUE(contains(aligned[0].message,
+                       "offset 6 of the data buffer), not a multiple of its element size (8 "
+                       "bytes for I64)"))
+      << aligned[0].message;
+  EXPECT_EQ(aligned[0].details["element_bytes"], 8);
+  // The reference side is aligned: nothing to report the other way round.
+  EXPECT_TRUE(of_kind(verify_checkpoints(tmp / "ref", tmp / "out", {}).differences, "alignment")
+                  .empty());
 }
 
 TEST(VerifyGolden, MissingDirectoryIsAnError) {

@@ -575,6 +575,34 @@ void check_index_entries(const Side& side, Collector& c) {
   }
 }
 
+void check_alignment(const Side& side, Collector& c) {
+  constexpr std::size_t kMaxListed = 20;
+  std::size_t misaligned = 0;
+  for (const SafetensorsFile& shard : side.shards) {
+    const std::uint64_t data_start = shard.header().data_start;
+    for (const TensorEntry& t : shard.header().tensors) {
+      const int bits = dtype_bits(t.dtype);
+      if (bits < 8 || bits % 8 != 0 || t.byte_size() == 0) continue;
+      const std::uint64_t item = static_cast<std::uint64_t>(bits) / 8;
+      const std::uint64_t at = data_start + t.begin;
+      if (at % item == 0) continue;
+      if (++misaligned > kMaxListed) continue;
+      c.diff("alignment", shard.label(), t.name,
+             fmt::format("{}: its data starts at byte {} of the file (offset {} of the data "
+                         "buffer), not a multiple of its element size ({} bytes for {}); the "
+                         "safetensors writer aligns every tensor (section 5 of the format spec, "
+                         "docs/format.md) and readers that map the file need it",
+                         side.label, at, t.begin, item, dtype_tag(t.dtype)),
+             json{{"file_offset", at}, {"element_bytes", item}});
+    }
+  }
+  if (misaligned > kMaxListed) {
+    c.diff("alignment", "", "",
+           fmt::format("{}: {} more tensors are not aligned to their element size", side.label,
+                       misaligned - kMaxListed));
+  }
+}
+
 bool check_index(const Side& side, Collector& c) {
   const std::size_t before = c.report().differences.size();
   check_index_entries(side, c);
