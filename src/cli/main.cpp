@@ -603,6 +603,11 @@ int main(int argc, char** argv) {
       "ctquant: quantize safetensors checkpoints to compressed-tensors checkpoints for vLLM "
       "(int, FP8, NVFP4 and MX schemes; data-free RTN)"};
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 success (verify: the checkpoints are equivalent); 1 failure (bad input, "
+      "lint findings that stop quantize, I/O error, no space left, interrupted by a signal); 2 "
+      "usage error (an option, or a path the run must not write: docs/cli.md); 3 verify found "
+      "differences.\nEach command's options: ctquant COMMAND --help. Documentation: docs/cli.md.");
   app.set_version_flag("--version", std::string("ctquant ") + ctquant::ctquant_version());
   int verbosity = 0;
   const std::vector<std::string> command_line(argv, argv + argc);
@@ -629,7 +634,7 @@ int main(int argc, char** argv) {
                      "power loss OUTPUT may exist with lost data)");
   quantize->add_flag("--no-manifest", q.no_manifest,
                      "Do not hash the output files or write ctquant-manifest.json (saves about "
-                     "0.6 s of one core per GB written; not with --part, --resume or a report)");
+                     "0.7 s of one core per GB written; not with --part, --resume or a report)");
   quantize->add_flag("--follow-symlinks", q.follow_symlinks,
                      "Read files that symbolic links in INPUT point to outside it (a Hugging "
                      "Face cache snapshot); refused by default");

@@ -43,7 +43,7 @@ struct QuantizeOptions {
   bool dry_run = false;          // plan and lint only; write nothing
   bool fsync = true;             // flush files and directories before the rename
   // Hash every output file while it is written and write the manifest
-  // (report/manifest.hpp). Off: no SHA-256 (about 0.6 s of one core per GB
+  // (report/manifest.hpp). Off: no SHA-256 (about 0.7 s of one core per GB
   // written with SHA extensions) and no kManifestFileName; refused with part,
   // resume (their files are checked by digest) and by the CLI with a report.
   bool manifest = true;
