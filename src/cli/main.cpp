@@ -34,6 +34,7 @@
 #include "ctquant/report/report.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/escape.hpp"
 #include "ctquant/source/hf_cache.hpp"
@@ -135,6 +136,8 @@ struct PlanArgs {
   bool quantize_vision = false;
   unsigned tp = 1;
   std::string recipe;  // --recipe FILE, or empty
+  std::optional<std::string> observer;        // --observer NAME
+  std::vector<std::string> observer_kwargs;  // --observer-kwarg KEY=VALUE
 };
 
 // Larger group sizes than any tensor's in_features are refused by the plan
@@ -193,7 +196,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                       "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
           ->allow_extra_args(false));
   options.push_back(app->add_option("--scheme-for", args.scheme_for,
-                                    "PATTERN=PRESET (repeatable): modules matching PATTERN (a "
+                                    "PATTERN=PRESET[@OBSERVER] (repeatable): modules matching PATTERN (a "
                                     "name or re:PATTERN) get PRESET; tried in the order given, "
                                     "before --scheme, which takes the rest")
                         ->allow_extra_args(false));
@@ -206,6 +209,15 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                                     "for the Marlin shape check (lint L5)")
                         ->check(CLI::Range(1u, 1024u))
                         ->capture_default_str());
+  options.push_back(app->add_option_function<std::string>(
+      "--observer", [&args](const std::string& value) { args.observer = value; },
+      "Weight observer of every group (default memoryless_minmax, model_free_ptq's): "
+      "memoryless_mse (search of shrunk ranges for the lowest |Q - W|^2.4), nvfp4_expanded_mse "
+      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; docs/observers.md"));
+  options.push_back(app->add_option("--observer-kwarg", args.observer_kwargs,
+                                    "KEY=VALUE (repeatable): an observer_kwargs entry of "
+                                    "--observer: maxshrink, grid, norm, patience, expand")
+                        ->allow_extra_args(false));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
                                     "QuantizationModifier (scheme or config_groups, targets, "
@@ -233,6 +245,8 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   cli.targets = args.targets;
   cli.scheme_for = args.scheme_for;
   cli.quantization_config = args.quantization_config;
+  cli.observer = args.observer;
+  cli.observer_kwargs = args.observer_kwargs;
   plan.effective = ctquant::resolve_recipe(plan.recipe.get(), cli);
   plan.options = ctquant::plan_options_for(plan.effective);
   // The given entries add to the module roles' default list (plan.hpp).
@@ -402,6 +416,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
     if (want_report) plan_report = ctquant::report_plan_json(checkpoint, plan);
   };
   options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
+  for (const std::string& note : ctquant::take_observer_notes()) options.logger->info("{}", note);
 
   using Clock = std::chrono::steady_clock;
   const auto clock_start = Clock::now();

@@ -23,6 +23,7 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
 #include "exec/write_queue.hpp"
@@ -59,6 +60,14 @@ struct ModuleRun {
   // order as their bits), then of its amax set.
   std::atomic<std::uint32_t> amax_bits{0};
   float set_amax = 0.0f;
+  // An MSE observer (scheme/observer.hpp): its parameters, the candidates
+  // that improved some group (the cutoff pre-pass), whether more rows can
+  // change the cutoff, and the last candidate searched.
+  ObserverParams observer;
+  std::mutex improved_mutex;
+  ImprovedSteps improved;
+  std::atomic<bool> cutoff_settled{false};
+  std::uint32_t cutoff = 0;
 
   ModuleRun(const Checkpoint& checkpoint, const PlannedModule& m)
       : module(&m), shard(m.shard), rows(checkpoint, m.source) {}
@@ -68,6 +77,7 @@ struct Job {
   enum class Kind {
     kCopy,      // bytes [begin, end) of an output tensor copied from its input
     kAmax,      // rows [begin, end) of a module read for its max |w|
+    kObserve,   // rows [begin, end) of a module searched for its MSE cutoff
     kQuantize,  // rows [begin, end) of a module quantized
     kRows,      // rows [begin, end) of a module written as 16-bit rows (FP8 dequantized)
   };
@@ -104,6 +114,12 @@ class Executor {
     build_jobs();
     check_cancel();
     open_outputs();
+    if (!observe_jobs_.empty()) {
+      run_jobs(observe_jobs_);
+      for (const auto& m : modules_) {
+        if (m->observer.mse && !m->cutoff_settled) m->cutoff = mse_cutoff(m->observer, m->improved);
+      }
+    }
     if (!amax_jobs_.empty()) {
       run_jobs(amax_jobs_);
       reduce_amax_sets();
@@ -236,6 +252,14 @@ class Executor {
         for (std::size_t o = 0; o < run->specs.size(); ++o) {
           if (run->specs[o].fill == OutputTensorSpec::Fill::kRows) run->row_outputs.push_back(o);
         }
+        run->observer = observer_params(g.weights.observer, g.weights.observer_kwargs,
+                                        "config group " + g.name + ": weights");
+        if (run->observer.mse) {
+          const std::uint32_t steps = run->observer.steps();
+          run->cutoff = steps == 0 ? 0 : steps - 1;
+          // A patience longer than the search never stops it early.
+          run->cutoff_settled = run->observer.patience > static_cast<long long>(steps);
+        }
       } else {
         run->tensors.assign(1, nullptr);
       }
@@ -275,6 +299,9 @@ class Executor {
           case PlannedModule::Kind::kQuantize:
             // One set of jobs per module, made at its first output tensor.
             if (t.output != m.row_outputs.front()) break;
+            if (m.observer.mse && !m.cutoff_settled) {
+              add_row_jobs(observe_jobs_, Job::Kind::kObserve, s, nullptr, t.module);
+            }
             if (m.module->amax_set) {
               add_row_jobs(amax_jobs_, Job::Kind::kAmax, s, nullptr, t.module);
             }
@@ -293,9 +320,14 @@ class Executor {
         continue;
       }
       for (const std::size_t mi : set) {
-        if (!in_run(mi)) add_row_jobs(amax_jobs_, Job::Kind::kAmax, modules_[mi]->shard, nullptr, mi);
+        if (in_run(mi)) continue;
+        if (modules_[mi]->observer.mse && !modules_[mi]->cutoff_settled) {
+          add_row_jobs(observe_jobs_, Job::Kind::kObserve, modules_[mi]->shard, nullptr, mi);
+        }
+        add_row_jobs(amax_jobs_, Job::Kind::kAmax, modules_[mi]->shard, nullptr, mi);
       }
     }
+    for (const Job& j : observe_jobs_) bytes_total_ += j.input_bytes;
     for (const Job& j : amax_jobs_) bytes_total_ += j.input_bytes;
     for (const Job& j : jobs_) bytes_total_ += j.input_bytes;
   }
@@ -381,6 +413,7 @@ class Executor {
     std::vector<std::byte> band;       // a band of an FP8 chunk's rows, dequantized to BF16
     std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
     std::vector<std::byte> scratch;    // the kernel's
+    std::vector<float> ranges;         // an MSE observer's ranges of a chunk
     std::array<OutputSet, 2> out;
     std::size_t next_out = 0;
     // Marks `input` as in flight while a kRows job's rows are written
@@ -396,10 +429,53 @@ class Executor {
     if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
       throw_not_finite(m, job.begin, *bad, buf.input.data());
     }
+    if (m.observer.mse) {
+      // The global scale comes from the chosen ranges (llm-compressor
+      // Observer.get_global_scale over the observers' min/max values).
+      const float* ranges = observe(m, buf, buf.input.data(), n);
+      amax = 0.0f;
+      const std::uint64_t groups = observed_groups(*m.args, n, m.rows.cols());
+      for (std::uint64_t g = 0; g < groups; ++g) amax = std::max(amax, range_amax(ranges, g));
+    }
     std::uint32_t seen = m.amax_bits.load();
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(amax);
     while (bits > seen && !m.amax_bits.compare_exchange_weak(seen, bits)) {
     }
+  }
+
+  // The observer's ranges of n rows of a module (its MSE search up to the
+  // module's cutoff), in the worker's buffer.
+  const float* observe(const ModuleRun& m, Buffers& buf, const std::byte* weight,
+                       std::uint64_t n, ImprovedSteps* improved = nullptr) const {
+    buf.ranges.resize(2 * observed_groups(*m.args, n, m.rows.cols()));
+    ObserveIo io;
+    io.dtype = m.rows.dtype();
+    io.n_rows = n;
+    io.n_cols = m.rows.cols();
+    io.weight = weight;
+    io.ranges = buf.ranges.data();
+    observe_ranges(*m.args, m.observer, improved != nullptr ? m.observer.steps() : m.cutoff, io,
+                   improved);
+    return buf.ranges.data();
+  }
+
+  // The cutoff pre-pass: the candidates that improve some group of this
+  // chunk, until they settle the module's cutoff.
+  void run_observe_job(const Job& job, Buffers& buf) {
+    ModuleRun& m = *modules_[job.module];
+    if (m.cutoff_settled) return;
+    const std::uint64_t n = job.end - job.begin;
+    load_rows(m, job, buf);
+    float amax = 0.0f;
+    if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
+      throw_not_finite(m, job.begin, *bad, buf.input.data());
+    }
+    ImprovedSteps improved;
+    observe(m, buf, buf.input.data(), n, &improved);
+    const std::lock_guard lock(m.improved_mutex);
+    m.improved.resize(std::max(m.improved.size(), improved.size()), 0);
+    for (std::size_t i = 0; i < improved.size(); ++i) m.improved[i] |= improved[i];
+    if (mse_cutoff_settled(m.observer, m.improved)) m.cutoff_settled = true;
   }
 
   // Loads a job's rows; an FP8 value that is not finite once dequantized is
@@ -467,6 +543,13 @@ class Executor {
       io.row_begin = band;
       io.weight = weight;
       io.tensor_amax = m.set_amax;
+      if (m.observer.mse) {
+        if (const auto bad = max_abs(io.dtype, weight, io.n_rows * io.n_cols, io.tensor_amax)) {
+          throw_not_finite(m, band, *bad, weight);
+        }
+        io.tensor_amax = m.set_amax;
+        io.ranges = observe(m, buf, weight, io.n_rows);
+      }
       for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
         const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
         io.out[i] = out.out[i].data() + (spec.bytes_before(band) - spec.bytes_before(job.begin));
@@ -528,6 +611,10 @@ class Executor {
         break;
       case Job::Kind::kAmax:
         run_amax_job(job, buf);
+        job_written(i);
+        break;
+      case Job::Kind::kObserve:
+        run_observe_job(job, buf);
         job_written(i);
         break;
       case Job::Kind::kQuantize:
@@ -780,6 +867,7 @@ class Executor {
 
   std::vector<std::unique_ptr<ModuleRun>> modules_;  // one per plan module
   std::vector<std::string> warnings_;                // collect_amax_warnings()
+  std::vector<Job> observe_jobs_;  // the MSE cutoff pre-pass
   std::vector<Job> amax_jobs_;  // the pre-pass: max |w| of modules that need it
   std::vector<Job> jobs_;       // everything else, in plan order
   const std::vector<Job>* current_jobs_ = &jobs_;

@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
-
+#include "ctquant/scheme/observer.hpp"
 #include "scheme/byte_code_simd.hpp"
 #include "scheme/row_support.hpp"
 
@@ -180,6 +180,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
       for (std::uint64_t r = 0; r < io.n_rows; ++r) {
         float amax = 0.0f;
         for (std::uint64_t c = 0; c < io.n_cols; ++c) amax = std::max(amax, std::fabs(w(r, c)));
+        if (io.ranges != nullptr) amax = range_amax(io.ranges, r);
         const float s = fp8_weight_scale(t, amax);
         for (std::uint64_t c = 0; c < io.n_cols; ++c) code(r, c, s);
         detail::store_as_dtype(t, s, io.out[1] + r * esize);
@@ -201,6 +202,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
           for (std::uint64_t r = r0; r < r1; ++r) {
             for (std::uint64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w(r, c)));
           }
+          if (io.ranges != nullptr) amax = range_amax(io.ranges, i * grid_cols + j);
           const float s = fp8_weight_scale(t, amax);
           for (std::uint64_t r = r0; r < r1; ++r) {
             for (std::uint64_t c = c0; c < c1; ++c) code(r, c, s);
@@ -223,6 +225,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
 // The vector kernel at the best level this CPU runs (byte_code_simd.cpp),
 // else the reference.
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (detail::ByteCodeKernel* kernel = detail::byte_code_kernel(detail::simd_best_level())) {
     return kernel(detail::ByteCode::kE4M3, args, io);
   }
@@ -307,7 +310,7 @@ const SchemeFamily kFloatQuantizedFamily{
                "weight's dtype, dynamic FP8 activations (vLLM W8A8 FP8)",
     .presets = kFloatQuantizedPresets,
     .writes = writes_float_quantized,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,
@@ -336,7 +339,7 @@ const SchemeFamily kNaiveQuantizedFamily{
     .summary = "FP8 E4M3 weights without activation quantization (vLLM W8A16 FP8, Marlin)",
     .presets = {},
     .writes = writes_naive_quantized,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/scheme/observer.hpp"
 #include "scheme/byte_code_simd.hpp"
 #include "scheme/row_support.hpp"
 
@@ -137,6 +138,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
     if (args.strategy == S::kChannel) {
       float amax = 0.0f;
       for (std::uint64_t c = 0; c < io.n_cols; ++c) amax = std::max(amax, std::fabs(w(r, c)));
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r);
       s = int8_weight_scale(t, amax);
       detail::store_as_dtype(t, s, io.out[1] + r * esize);
     }
@@ -151,6 +153,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
 // The vector kernel at the best level this CPU runs (byte_code_simd.cpp),
 // else the reference.
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (detail::ByteCodeKernel* kernel = detail::byte_code_kernel(detail::simd_best_level())) {
     return kernel(detail::ByteCode::kInt8, args, io);
   }
@@ -204,7 +207,7 @@ const SchemeFamily kIntQuantizedFamily{
                "dynamic per-token int8 activations (vLLM W8A8 int8)",
     .presets = kIntQuantizedPresets,
     .writes = writes,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,

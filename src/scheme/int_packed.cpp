@@ -16,7 +16,10 @@
 
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/pack.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "scheme/observer_steps.hpp"
+#include "scheme/simd.hpp"
 
 namespace ctquant {
 
@@ -117,7 +120,10 @@ std::uint64_t row_alignment(const QuantArgs& args) {
 
 bool needs_tensor_amax(const QuantArgs&) { return false; }
 
+// Zero points of asymmetric schemes; with an MSE observer, the zero points
+// and one unpacked code per weight (quantize_ranges_fast).
 std::uint64_t scratch_bytes(const QuantArgs& args, std::uint64_t n_rows, std::uint64_t n_cols) {
+  if (is_mse_observer(args.observer)) return n_rows * n_groups(args, n_cols) + n_rows * n_cols;
   return args.symmetric ? 0 : n_rows * n_groups(args, n_cols);
 }
 
@@ -132,6 +138,7 @@ std::optional<std::uint64_t> run(const QuantArgs& args, const KernelIo& io) {
   block.packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
   block.scale = io.out[1];
   block.zero_point = reinterpret_cast<std::int8_t*>(io.scratch.data());
+  block.ranges = io.ranges;
   const auto bad = Kernel(scheme, block);
   if (!bad && !args.symmetric) {
     const std::uint64_t groups = n_groups(args, io.n_cols);
@@ -147,7 +154,34 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
   return run<quantize_block_ref>(args, io);
 }
 
+// With observer ranges: the codes by the vector kernel of observer_simd.cpp
+// (unpacked, in scratch after the zero points), then packed row by row.
+std::optional<std::uint64_t> quantize_ranges_fast(const QuantArgs& args, const KernelIo& io) {
+  const std::uint64_t groups = n_groups(args, io.n_cols);
+  std::int8_t* zero_points = reinterpret_cast<std::int8_t*>(io.scratch.data());
+  std::int8_t* codes = zero_points + io.n_rows * groups;
+  if (io.scratch.size() < io.n_rows * groups + io.n_rows * io.n_cols ||
+      !detail::int_codes_from_ranges_at(detail::simd_best_level(), args, io.dtype, io.n_rows,
+                                        io.n_cols, args.scale_cols(io.n_cols), io.weight,
+                                        io.ranges, codes, io.out[1], zero_points)) {
+    return run<quantize_block_ref>(args, io);
+  }
+  const std::uint64_t words = packed_words_per_row(io.n_cols, args.num_bits);
+  auto* packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
+  for (std::uint64_t r = 0; r < io.n_rows; ++r) {
+    pack_codes(std::span<const std::int8_t>(codes + r * io.n_cols, io.n_cols), args.num_bits,
+               std::span<std::uint32_t>(packed + r * words, words));
+  }
+  if (!args.symmetric) {
+    pack_zero_points(std::span(zero_points, io.n_rows * groups), io.n_rows, groups, args.num_bits,
+                     std::span(reinterpret_cast<std::uint32_t*>(io.out[2]),
+                               packed_words_per_row(io.n_rows, args.num_bits) * groups));
+  }
+  return std::nullopt;
+}
+
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ranges_fast(args, io);
   return run<quantize_block>(args, io);
 }
 
@@ -245,7 +279,7 @@ const SchemeFamily kIntPackedFamily{
     .summary = "integer RTN codes packed into int32, scales in the weight's dtype (Marlin)",
     .presets = kPresets,
     .writes = writes,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/microscale.hpp"
 #include "scheme/microscale_simd.hpp"
@@ -60,6 +61,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
         if (!std::isfinite(w)) return r * io.n_cols + c;
         amax = std::max(amax, std::fabs(w));
       }
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r * groups + g);
       const microscale::MxScale scale = microscale::mx_scale(t, amax, microscale::kMxfp4Offset);
       scales[g] = std::byte{scale.byte};
       for (std::uint64_t c = c0; c < c0 + kGroup; c += 2) {
@@ -77,6 +79,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
 }
 
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (const auto kernel = microscale::best_kernel(microscale::Format::kMxfp4)) return kernel(io);
   return quantize_ref(args, io);
 }
@@ -130,7 +133,7 @@ const SchemeFamily kMxfp4Family{
     .summary = "FP4 E2M1 codes, E8M0 exponents per 32 columns (Marlin, FlashInfer on SM100)",
     .presets = kPresets,
     .writes = writes,
-    .supports = mx::supports,
+    .supports = supports_with_observer<mx::supports>,
     .refuse = mx::refuse,
     .outputs = outputs,
     .whole_tensor = mx::whole_tensor,

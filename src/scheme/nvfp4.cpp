@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/microscale.hpp"
 #include "scheme/microscale_simd.hpp"
@@ -163,6 +164,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
         if (!std::isfinite(w)) return r * io.n_cols + c;
         amax = std::max(amax, std::fabs(w));
       }
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r * groups + g);
       // Steps 3-6: the FP8 group scale (0x20 for a zero one).
       const std::uint8_t scale = microscale::nvfp4_group_scale(t, gs, amax);
       scales[g] = std::byte{scale};
@@ -183,6 +185,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
 }
 
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (const auto kernel = microscale::best_kernel(microscale::Format::kNvfp4)) return kernel(io);
   return quantize_ref(args, io);
 }
@@ -252,7 +255,7 @@ const SchemeFamily kNvfp4Family{
         "(Marlin FP4, Blackwell CUTLASS)",
     .presets = kPresets,
     .writes = writes,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,

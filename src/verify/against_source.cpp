@@ -21,6 +21,7 @@
 
 #include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/verify/loadability.hpp"
 #include "ctquant/util/error.hpp"
@@ -178,11 +179,79 @@ class AgainstSource {
               max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), chunk)) {
             ok = false;  // reported when the module itself is checked
           }
+          const SchemeGroup& g = plan_.group_of(plan_.modules[mi]);
+          if (ok && is_mse_observer(g.weights.observer)) {
+            // The global scale from the observer's ranges, as quantize does.
+            const float* ranges = observe(mi, source, rows.data(), r1 - r0);
+            chunk = 0.0f;
+            const std::uint64_t n = observed_groups(g.weights, r1 - r0, source.cols());
+            for (std::uint64_t k = 0; k < n; ++k) chunk = std::max(chunk, range_amax(ranges, k));
+          }
           amax = std::max(amax, chunk);
         }
       }
       for (const std::size_t mi : set) set_amax_[mi] = amax;
     }
+  }
+
+  // The MSE observer's ranges of rows [r0, r1) of module mi (already
+  // loaded), searched up to the module's cutoff (observer.hpp), in ranges_.
+  const float* observe(std::size_t mi, const WeightRows& source, const std::byte* rows,
+                       std::uint64_t n) {
+    const QuantArgs& args = plan_.group_of(plan_.modules[mi]).weights;
+    const ObserverParams params = observer_params(args.observer, args.observer_kwargs, "verify");
+    ranges_.resize(2 * observed_groups(args, n, source.cols()));
+    ObserveIo io;
+    io.dtype = source.dtype();
+    io.n_rows = n;
+    io.n_cols = source.cols();
+    io.weight = rows;
+    io.ranges = ranges_.data();
+    observe_ranges(args, params, mse_cutoff_of(mi), io, nullptr);
+    return ranges_.data();
+  }
+
+  // The last candidate the library searches for module mi: the candidates
+  // that improve some group, chunk by chunk until they settle it.
+  std::uint32_t mse_cutoff_of(std::size_t mi) {
+    if (const auto it = cutoffs_.find(mi); it != cutoffs_.end()) return it->second;
+    const PlannedModule& m = plan_.modules[mi];
+    const SchemeGroup& g = plan_.group_of(m);
+    const ObserverParams params =
+        observer_params(g.weights.observer, g.weights.observer_kwargs, "verify");
+    ImprovedSteps improved;
+    if (!mse_cutoff_settled(params, improved)) {
+      const WeightRows source(ckpt_, m.source);
+      const std::uint64_t step =
+          step_rows(source, std::max<std::uint64_t>(1, g.family()->row_alignment(g.weights)));
+      std::vector<std::byte> rows;
+      std::vector<std::byte> scales;
+      std::vector<float> ranges;
+      for (std::uint64_t r0 = 0; r0 < source.rows(); r0 += step) {
+        const std::uint64_t r1 = std::min(source.rows(), r0 + step);
+        rows.resize((r1 - r0) * source.row_bytes());
+        scales.resize(source.scale_bytes(r0, r1));
+        float amax = 0.0f;
+        if (source.load(r0, r1, rows, scales) ||
+            max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), amax)) {
+          break;  // reported when the module itself is checked
+        }
+        ranges.resize(2 * observed_groups(g.weights, r1 - r0, source.cols()));
+        ObserveIo io;
+        io.dtype = source.dtype();
+        io.n_rows = r1 - r0;
+        io.n_cols = source.cols();
+        io.weight = rows.data();
+        io.ranges = ranges.data();
+        observe_ranges(g.weights, params, params.steps(), io, &improved);
+        if (mse_cutoff_settled(params, improved)) break;
+      }
+    }
+    const std::uint32_t cutoff = mse_cutoff_settled(params, improved)
+                                     ? (params.steps() == 0 ? 0 : params.steps() - 1)
+                                     : mse_cutoff(params, improved);
+    cutoffs_[mi] = cutoff;
+    return cutoff;
   }
 
   std::uint64_t step_rows(const WeightRows& source, std::uint64_t align) const {
@@ -343,6 +412,12 @@ class AgainstSource {
       }
       scratch.resize(family.scratch_bytes(args, n, cols));
       io.scratch = scratch;
+      if (is_mse_observer(args.observer)) {
+        float finite = 0.0f;
+        if (!max_abs(source.dtype(), src_rows.data(), n * cols, finite)) {
+          io.ranges = observe(mi, source, src_rows.data(), n);
+        }
+      }
       if (const auto bad = family.quantize_ref(args, io)) {
         c_.diff("source", ckpt_.shards[m.source.tensor.shard].label(),
                 ckpt_.entry(m.source.tensor).name,
@@ -623,6 +698,8 @@ class AgainstSource {
   std::set<std::string> handled_;         // tensors already reported or checked as a module's
   std::set<std::size_t> handled_modules_;  // modules with a fate difference
   std::vector<float> set_amax_;
+  std::map<std::size_t, std::uint32_t> cutoffs_;  // mse_cutoff_of, per module
+  std::vector<float> ranges_;                     // observe()
 };
 
 }  // namespace

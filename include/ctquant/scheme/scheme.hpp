@@ -51,7 +51,11 @@ struct QuantArgs {
   // kF8_E4M3 (NVFP4) or kU8 (MX exponents); nullopt: scales in the weight's
   // dtype (every other format, schemes.md section 3.5).
   std::optional<DType> scale_dtype;
+  // The weight observer as config.json records it (scheme/observer.hpp:
+  // memoryless_minmax, static_minmax, memoryless_mse, nvfp4_expanded_mse)
+  // and its observer_kwargs object.
   std::string observer = "memoryless_minmax";
+  nlohmann::json observer_kwargs = nlohmann::json::object();
 
   // Columns one scale covers along in_features for a weight of n_cols
   // columns: the group size, the block width, or n_cols (tensor, channel).
@@ -112,6 +116,10 @@ struct KernelIo {
   // For families with needs_tensor_amax: max |w| over the module (or the
   // fused set it shares a global scale with), exactly as stored in dtype.
   float tensor_amax = 0.0f;
+  // The observer's range per scale group of the chunk (scheme/observer.hpp
+  // observe_ranges: lo, hi, values of dtype, groups row-major), or null:
+  // min-max, each group's own min and max. Kernels take the scale from it.
+  const float* ranges = nullptr;
   // One pointer per kRows output tensor, in the order outputs() lists them:
   // where the bytes for rows [row_begin, row_begin + n_rows) go.
   std::array<std::byte*, 4> out{};

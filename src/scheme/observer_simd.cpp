@@ -1,0 +1,393 @@
+// The vector kernel of the MSE observer's search (scheme/observer.hpp), one
+// Highway source compiled for every level of simd_levels()
+// (simd_dispatch.hpp says how). It computes exactly what
+// observe_ranges_ref() computes, lane by lane, with the same IEEE
+// operations, for BF16 and F16 weights whose scale groups are groups of
+// columns (strategy group or tensor_group); other inputs run the reference.
+//
+// Layout: one lane per scale group. A set of Lanes() groups is transposed
+// once (vector j holds element j of every group of the set), then for every
+// candidate:
+// - the candidate's scale and zero point per lane, as candidate() computes
+//   them (the divisions are vector divisions, correctly rounded like the
+//   scalar ones; MX exponents through the scalar mx_scale per lane);
+// - v = round_W(w / s) as round_W(w * float32(1 / s)): for W values w and s
+//   (8- or 11-bit significands) the quotient is exact or at least 2^-23
+//   relative away from every point where rounding to W changes, farther
+//   than the 2^-24 error of the product, so both round to the same value;
+//   scales below 2^-100 (whose reciprocal could overflow) take the division;
+// - the E4M3 and E2M1 roundings by adding and subtracting the constant whose
+//   float ulp is the grid step (nearest even, as the float addition rounds),
+//   the E4M3 normal range by rounding the float's bits to 3 mantissa bits;
+// - |Q - W|^norm from the same table as the reference (a gather), and the
+//   group's sum by the same additions in the same order
+//   (torch_sum_program), as vector additions of whole slots.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "scheme/observer_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "scheme/simd_dispatch.hpp"
+#include "scheme/simd_steps-inl.h"
+
+#ifndef CTQUANT_SCHEME_OBSERVER_SIMD_ONCE
+#define CTQUANT_SCHEME_OBSERVER_SIMD_ONCE
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <hwy/aligned_allocator.h>
+
+#include "ctquant/scheme/observer.hpp"
+#include "scheme/kernel_steps.hpp"
+#include "scheme/observer_steps.hpp"
+
+namespace ctquant::detail {
+
+// What one call of the vector search needs.
+struct MseSearch {
+  const QuantArgs* args = nullptr;
+  const ObserverParams* params = nullptr;
+  std::uint32_t cutoff = 0;
+  const GroupLayout* layout = nullptr;
+  DType w = DType::kBF16;
+  const std::byte* weight = nullptr;
+  float* ranges = nullptr;
+  ImprovedSteps* improved = nullptr;
+  const PowTable* table = nullptr;
+  const SumProgram* program = nullptr;
+};
+
+// What one call of the int codes kernel needs.
+struct IntCodes {
+  const QuantArgs* args = nullptr;
+  DType w = DType::kBF16;
+  std::uint64_t n_rows = 0;
+  std::uint64_t n_cols = 0;
+  std::uint64_t group = 0;
+  const std::byte* weight = nullptr;
+  const float* ranges = nullptr;
+  std::int8_t* codes = nullptr;   // n_rows * n_cols
+  std::byte* scale = nullptr;     // per group, W
+  std::int8_t* zero_point = nullptr;  // per group (asymmetric)
+};
+
+
+}  // namespace ctquant::detail
+
+#endif  // CTQUANT_SCHEME_OBSERVER_SIMD_ONCE
+
+HWY_BEFORE_NAMESPACE();
+namespace ctquant::detail::HWY_NAMESPACE {
+#if CTQUANT_SIMD_KERNEL_TARGET
+
+namespace hn = hwy::HWY_NAMESPACE;
+namespace ss = ctquant::simd_steps::HWY_NAMESPACE;
+
+template <DType T>
+void search_t(const MseSearch& m) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  using V = hn::Vec<decltype(df)>;
+  const std::size_t n_lanes = hn::Lanes(df);
+  const GroupLayout& layout = *m.layout;
+  const QuantArgs& args = *m.args;
+  const std::size_t g = layout.group;
+  const std::size_t esize = T == DType::kF32 ? 4 : 2;
+  const SumProgram& program = *m.program;
+
+  // The candidate's constants (candidate() in observer_steps.hpp).
+  const Candidate proto = candidate(args, T, 0.0f, 0.0f);
+  const bool mx = is_mx(args);
+  const bool asym = proto.asymmetric;
+  const float bit_range = proto.qmax - proto.qmin;
+  const V qmin = hn::Set(df, proto.qmin);
+  const V qmax = hn::Set(df, proto.qmax);
+  const V zero = hn::Zero(df);
+  const V eps = hn::Set(df, dtype_eps(T));
+  const V expand = hn::Set(df, static_cast<float>(m.params->expand));
+  const float start_error = T == DType::kBF16 ? 0x1.FEp127f : 65504.0f;
+
+  auto xt = hwy::AllocateAligned<float>(g * n_lanes);
+  auto slots = hwy::AllocateAligned<float>(std::size_t{program.slots} * n_lanes);
+  auto lane_buf = hwy::AllocateAligned<float>(n_lanes);
+  const std::uint32_t steps = m.params->steps();
+
+  for (std::uint64_t set = 0; set < layout.n_groups; set += n_lanes) {
+    const std::size_t valid = static_cast<std::size_t>(
+        std::min<std::uint64_t>(n_lanes, layout.n_groups - set));
+    // Transpose the set (a group's columns are contiguous); missing lanes
+    // hold zeros.
+    for (std::size_t lane = 0; lane < n_lanes; ++lane) {
+      if (lane >= valid) {
+        for (std::size_t j = 0; j < g; ++j) xt[j * n_lanes + lane] = 0.0f;
+        continue;
+      }
+      const std::uint64_t group = set + lane;
+      const std::byte* p =
+          m.weight + (group / layout.per_row * layout.n_cols + group % layout.per_row * g) * esize;
+      for (std::size_t j = 0; j < g; ++j) {
+        std::uint16_t b = 0;
+        std::memcpy(&b, p + j * esize, 2);
+        xt[j * n_lanes + lane] = T == DType::kBF16 ? bf16_to_float(b) : f16_to_float(b);
+      }
+    }
+    V lo = hn::Load(df, xt.get());
+    V hi = lo;
+    for (std::size_t j = 1; j < g; ++j) {
+      const V v = hn::Load(df, xt.get() + j * n_lanes);
+      lo = hn::Min(lo, v);
+      hi = hn::Max(hi, v);
+    }
+    const V lo0 = ss::round_to_t<T>(df, hn::Mul(lo, expand));
+    const V hi0 = ss::round_to_t<T>(df, hn::Mul(hi, expand));
+    V best = hn::Set(df, start_error);
+    V best_lo = lo0;
+    V best_hi = hi0;
+    const auto valid_mask = hn::FirstN(df, valid);
+
+    for (std::uint32_t i = 0; i <= m.cutoff && i < steps; ++i) {
+      const V p = hn::Set(df, static_cast<float>(1.0 - static_cast<double>(i) / m.params->grid));
+      const V clo = ss::round_to_t<T>(df, hn::Mul(lo0, p));
+      const V chi = ss::round_to_t<T>(df, hn::Mul(hi0, p));
+      const V lo_c = hn::Min(clo, zero);
+      const V hi_c = hn::Max(chi, zero);
+      V s;
+      V z = zero;
+      if (asym) {
+        s = ss::round_to_t<T>(
+            df, hn::Div(ss::round_to_t<T>(df, hn::Sub(hi_c, lo_c)), hn::Set(df, bit_range)));
+        const auto s_zero = hn::Eq(s, zero);
+        const V shifted =
+            ss::round_to_t<T>(df, hn::Sub(qmin, ss::round_to_t<T>(df, hn::Div(lo_c, s))));
+        z = hn::IfThenZeroElse(s_zero, hn::Round(hn::Min(hn::Max(shifted, qmin), qmax)));
+        s = hn::IfThenElse(s_zero, eps, s);
+      } else {
+        const V amax = hn::Max(hn::Neg(lo_c), hi_c);
+        if (mx) {
+          hn::Store(amax, df, lane_buf.get());
+          const int offset =
+              args.num_bits == 4 ? microscale::kMxfp4Offset : microscale::kMxfp8Offset;
+          for (std::size_t lane = 0; lane < n_lanes; ++lane) {
+            lane_buf[lane] = microscale::mx_scale(T, lane_buf[lane], offset).scale;
+          }
+          s = hn::Load(df, lane_buf.get());
+        } else {
+          s = ss::round_to_t<T>(df, hn::Div(amax, hn::Set(df, bit_range / 2.0f)));
+          s = hn::IfThenElse(hn::Eq(s, zero), eps, s);
+        }
+      }
+      const bool divide = !hn::AllTrue(df, hn::Ge(s, hn::Set(df, 0x1p-100f)));
+      const V inv = hn::Div(hn::Set(df, 1.0f), s);
+
+      for (std::size_t j = 0; j < g; ++j) {
+        const V xv = hn::Load(df, xt.get() + j * n_lanes);
+        V v = ss::round_to_t<T>(df, divide ? hn::Div(xv, s) : hn::Mul(xv, inv));
+        if (asym) v = ss::round_to_t<T>(df, hn::Add(v, z));
+        v = hn::Min(hn::Max(v, qmin), qmax);
+        V q;
+        switch (proto.kind) {
+          case Candidate::Kind::kInt:
+            q = hn::Round(v);
+            break;
+          case Candidate::Kind::kFp8: {
+            const V a = hn::Abs(v);
+            const auto u = hn::BitCast(du, a);
+            const auto lsb = hn::And(hn::ShiftRight<20>(u), hn::Set(du, 1u));
+            const V normal = hn::BitCast(
+                df, hn::And(hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFFu))),
+                            hn::Set(du, 0xFFF00000u)));
+            const V c = hn::Set(df, 0x1p14f);
+            const V sub = hn::Sub(hn::Add(a, c), c);
+            q = hn::CopySign(hn::IfThenElse(hn::Lt(a, hn::Set(df, 0x1p-6f)), sub, normal), v);
+            break;
+          }
+          case Candidate::Kind::kFp4: {
+            const V a = hn::Abs(v);
+            const V c = hn::IfThenElse(
+                hn::Lt(a, hn::Set(df, 2.0f)), hn::Set(df, 0x1p22f),
+                hn::IfThenElse(hn::Lt(a, hn::Set(df, 4.0f)), hn::Set(df, 0x1p23f),
+                               hn::Set(df, 0x1p24f)));
+            q = hn::CopySign(hn::Sub(hn::Add(a, c), c), v);
+            break;
+          }
+        }
+        const V dq = asym ? ss::round_to_t<T>(
+                                df, hn::Mul(ss::round_to_t<T>(df, hn::Sub(q, z)), s))
+                          : ss::round_to_t<T>(df, hn::Mul(q, s));
+        const V d = ss::round_to_t<T>(df, hn::Sub(dq, xv));
+        hn::Vec<decltype(du)> index;
+        if constexpr (T == DType::kBF16) {
+          index = hn::And(hn::ShiftRight<16>(hn::BitCast(du, d)), hn::Set(du, 0x7FFFu));
+        } else {
+          const hn::Rebind<hwy::float16_t, decltype(df)> df16;
+          const hn::Rebind<std::uint16_t, decltype(df)> du16;
+          index = hn::And(hn::PromoteTo(du, hn::BitCast(du16, hn::DemoteTo(df16, d))),
+                          hn::Set(du, 0x7FFFu));
+        }
+        const V pw = hn::GatherIndex(df, m.table->value.data(), hn::BitCast(di, index));
+        hn::Store(pw, df, slots.get() + j * n_lanes);
+      }
+      for (const SumStep& step : program.steps) {
+        hn::Store(hn::Add(hn::Load(df, slots.get() + std::size_t{step.a} * n_lanes),
+                          hn::Load(df, slots.get() + std::size_t{step.b} * n_lanes)),
+                  df, slots.get() + std::size_t{step.dst} * n_lanes);
+      }
+      const V err = program.result < 0
+                        ? zero
+                        : ss::round_to_t<T>(
+                              df, hn::Load(df, slots.get() +
+                                                   static_cast<std::size_t>(program.result) *
+                                                       n_lanes));
+      const auto improved = hn::And(hn::Lt(err, best), valid_mask);
+      if (!hn::AllFalse(df, improved)) {
+        best = hn::IfThenElse(improved, err, best);
+        best_lo = hn::IfThenElse(improved, clo, best_lo);
+        best_hi = hn::IfThenElse(improved, chi, best_hi);
+        if (m.improved != nullptr) (*m.improved)[i / 64] |= std::uint64_t{1} << (i % 64);
+      }
+    }
+    hn::Store(best_lo, df, lane_buf.get());
+    for (std::size_t lane = 0; lane < valid; ++lane) m.ranges[2 * (set + lane)] = lane_buf[lane];
+    hn::Store(best_hi, df, lane_buf.get());
+    for (std::size_t lane = 0; lane < valid; ++lane) {
+      m.ranges[2 * (set + lane) + 1] = lane_buf[lane];
+    }
+  }
+}
+
+// Integer codes and scales of rows whose ranges an observer chose
+// (int-packed with an MSE observer): per group the candidate's scale and
+// zero point (candidate(), the same as quantize_block_ref's from lo, hi),
+// then v = round_W(w * float32(1 / s)) for BF16 and F16 (as in search_t;
+// F32: w / s), + z, clamp, round half to even. Group sizes that are multiples of the lane count.
+template <DType T>
+void int_codes_t(const IntCodes& k) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<std::int8_t, decltype(df)> d8;
+  using V = hn::Vec<decltype(df)>;
+  const std::size_t n_lanes = hn::Lanes(df);
+  const std::size_t esize = T == DType::kF32 ? 4 : 2;
+  const Candidate proto = candidate(*k.args, T, 0.0f, 0.0f);
+  const V qmin = hn::Set(df, proto.qmin);
+  const V qmax = hn::Set(df, proto.qmax);
+  const std::uint64_t groups = k.n_cols / k.group;
+  for (std::uint64_t r = 0; r < k.n_rows; ++r) {
+    for (std::uint64_t gi = 0; gi < groups; ++gi) {
+      const std::uint64_t idx = r * groups + gi;
+      const Candidate c = candidate(*k.args, T, k.ranges[2 * idx], k.ranges[2 * idx + 1]);
+      store_scale(T, c.s, k.scale + idx * esize);
+      if (c.asymmetric) k.zero_point[idx] = static_cast<std::int8_t>(c.z);
+      const V s = hn::Set(df, c.s);
+      const V z = hn::Set(df, c.z);
+      // F32 weights: no W rounding to absorb the product's error, divide.
+      const bool divide = T == DType::kF32 || !(c.s >= 0x1p-100f);
+      const V inv = hn::Set(df, 1.0f / c.s);
+      const std::byte* row = k.weight + (r * k.n_cols + gi * k.group) * esize;
+      std::int8_t* out = k.codes + r * k.n_cols + gi * k.group;
+      for (std::uint64_t j = 0; j < k.group; j += n_lanes) {
+        const V x = ss::load_as_float<T>(df, row + j * esize);
+        V v = ss::round_to_t<T>(df, divide ? hn::Div(x, s) : hn::Mul(x, inv));
+        if (c.asymmetric) v = ss::round_to_t<T>(df, hn::Add(v, z));
+        const auto q = hn::ConvertTo(di, hn::Round(hn::Min(hn::Max(v, qmin), qmax)));
+        hn::StoreU(hn::DemoteTo(d8, q), d8, out + j);
+      }
+    }
+  }
+}
+
+void int_codes(const IntCodes& k) {
+  switch (k.w) {
+    case DType::kBF16:
+      int_codes_t<DType::kBF16>(k);
+      break;
+    case DType::kF16:
+      int_codes_t<DType::kF16>(k);
+      break;
+    default:
+      int_codes_t<DType::kF32>(k);
+  }
+}
+
+void mse_search(const MseSearch& m) {
+  if (m.w == DType::kBF16) {
+    search_t<DType::kBF16>(m);
+  } else {
+    search_t<DType::kF16>(m);
+  }
+}
+
+#endif  // CTQUANT_SIMD_KERNEL_TARGET
+}  // namespace ctquant::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace ctquant {
+namespace detail {
+namespace {
+using MseSearchFn = void(const MseSearch&);
+constexpr SimdEntry<MseSearchFn> kMseSearch[] = CTQUANT_SIMD_TABLE(mse_search);
+}  // namespace
+
+// The vector search at `level`; false when it does not cover these args
+// (the caller then runs the reference).
+bool observe_ranges_at(const SimdLevel& level, const QuantArgs& args,
+                       const ObserverParams& params, std::uint32_t cutoff, const ObserveIo& io,
+                       ImprovedSteps* improved) {
+  MseSearchFn* fn = simd_entry(kMseSearch, level);
+  if (fn == nullptr || !params.mse || io.dtype == DType::kF32 ||
+      (args.strategy != QuantArgs::Strategy::kGroup &&
+       args.strategy != QuantArgs::Strategy::kTensorGroup) ||
+      args.group_size > 4096) {
+    return false;
+  }
+  const GroupLayout layout = group_layout(args, io.n_rows, io.n_cols);
+  MseSearch m;
+  m.args = &args;
+  m.params = &params;
+  m.cutoff = cutoff;
+  m.layout = &layout;
+  m.w = io.dtype;
+  m.weight = io.weight;
+  m.ranges = io.ranges;
+  m.improved = improved;
+  if (improved != nullptr) improved->resize((params.steps() + 63) / 64, 0);
+  m.table = &pow_table(io.dtype, params.norm);
+  m.program = &torch_sum_program(io.dtype, layout.group);
+  fn(m);
+  return true;
+}
+
+namespace {
+using IntCodesFn = void(const IntCodes&);
+constexpr SimdEntry<IntCodesFn> kIntCodes[] = CTQUANT_SIMD_TABLE(int_codes);
+}  // namespace
+
+bool int_codes_from_ranges_at(const SimdLevel& level, const QuantArgs& args, DType w,
+                              std::uint64_t n_rows, std::uint64_t n_cols, std::uint64_t group,
+                              const std::byte* weight, const float* ranges, std::int8_t* codes,
+                              std::byte* scale, std::int8_t* zero_point) {
+  IntCodesFn* fn = simd_entry(kIntCodes, level);
+  if (fn == nullptr || args.type != QuantArgs::Type::kInt || group == 0 ||
+      group % 16 != 0 || n_cols % group != 0) {
+    return false;
+  }
+  fn(IntCodes{&args, w, n_rows, n_cols, group, weight, ranges, codes, scale, zero_point});
+  return true;
+}
+
+}  // namespace detail
+
+void observe_ranges(const QuantArgs& args, const ObserverParams& params, std::uint32_t cutoff,
+                    const ObserveIo& io, ImprovedSteps* improved) {
+  if (!detail::observe_ranges_at(detail::simd_best_level(), args, params, cutoff, io, improved)) {
+    observe_ranges_ref(args, params, cutoff, io, improved);
+  }
+}
+
+}  // namespace ctquant
+#endif  // HWY_ONCE
