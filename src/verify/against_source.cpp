@@ -172,13 +172,9 @@ class AgainstSource {
         const std::uint64_t step = step_rows(source, 1);
         for (std::uint64_t r0 = 0; r0 < source.rows() && ok; r0 += step) {
           const std::uint64_t r1 = std::min(source.rows(), r0 + step);
-          rows.resize((r1 - r0) * source.row_bytes());
-          scales.resize(source.scale_bytes(r0, r1));
           float chunk = 0.0f;
-          if (source.load(r0, r1, rows, scales) ||
-              max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), chunk)) {
-            ok = false;  // reported when the module itself is checked
-          }
+          // Rows that do not load finite are reported when the module itself is checked.
+          ok = load_finite(source, r0, r1, rows, scales, chunk);
           const SchemeGroup& g = plan_.group_of(plan_.modules[mi]);
           if (ok && is_mse_observer(g.weights.observer)) {
             // The global scale from the observer's ranges, as quantize does.
@@ -196,10 +192,14 @@ class AgainstSource {
 
   // The MSE observer's ranges of rows [r0, r1) of module mi (already
   // loaded), searched up to the module's cutoff (observer.hpp), in ranges_.
+  // With `improved`: searched to the last candidate, the candidates that
+  // improve some group ORed into it (the cutoff's own pass).
   const float* observe(std::size_t mi, const WeightRows& source, const std::byte* rows,
-                       std::uint64_t n) {
+                       std::uint64_t n, ImprovedSteps* improved = nullptr) {
     const QuantArgs& args = plan_.group_of(plan_.modules[mi]).weights;
     const ObserverParams params = observer_params(args.observer, args.observer_kwargs, "verify");
+    // Before ranges_ is sized: the cutoff's own pass uses it too.
+    const std::uint32_t cutoff = improved != nullptr ? params.steps() : mse_cutoff_of(mi);
     ranges_.resize(2 * observed_groups(args, n, source.cols()));
     ObserveIo io;
     io.dtype = source.dtype();
@@ -207,8 +207,19 @@ class AgainstSource {
     io.n_cols = source.cols();
     io.weight = rows;
     io.ranges = ranges_.data();
-    observe_ranges(args, params, mse_cutoff_of(mi), io, nullptr);
+    observe_ranges(args, params, cutoff, io, improved);
     return ranges_.data();
+  }
+
+  // Loads rows [r0, r1) of source and their max |w| into amax; false when
+  // a value is not finite.
+  static bool load_finite(const WeightRows& source, std::uint64_t r0, std::uint64_t r1,
+                          std::vector<std::byte>& rows, std::vector<std::byte>& scales,
+                          float& amax) {
+    rows.resize((r1 - r0) * source.row_bytes());
+    scales.resize(source.scale_bytes(r0, r1));
+    return !source.load(r0, r1, rows, scales) &&
+           !max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), amax);
   }
 
   // The last candidate the library searches for module mi: the candidates
@@ -226,24 +237,12 @@ class AgainstSource {
           step_rows(source, std::max<std::uint64_t>(1, g.family()->row_alignment(g.weights)));
       std::vector<std::byte> rows;
       std::vector<std::byte> scales;
-      std::vector<float> ranges;
       for (std::uint64_t r0 = 0; r0 < source.rows(); r0 += step) {
         const std::uint64_t r1 = std::min(source.rows(), r0 + step);
-        rows.resize((r1 - r0) * source.row_bytes());
-        scales.resize(source.scale_bytes(r0, r1));
         float amax = 0.0f;
-        if (source.load(r0, r1, rows, scales) ||
-            max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), amax)) {
-          break;  // reported when the module itself is checked
-        }
-        ranges.resize(2 * observed_groups(g.weights, r1 - r0, source.cols()));
-        ObserveIo io;
-        io.dtype = source.dtype();
-        io.n_rows = r1 - r0;
-        io.n_cols = source.cols();
-        io.weight = rows.data();
-        io.ranges = ranges.data();
-        observe_ranges(g.weights, params, params.steps(), io, &improved);
+        // Rows that do not load finite are reported when the module is checked.
+        if (!load_finite(source, r0, r1, rows, scales, amax)) break;
+        observe(mi, source, rows.data(), r1 - r0, &improved);
         if (mse_cutoff_settled(params, improved)) break;
       }
     }
