@@ -125,7 +125,7 @@ inline std::int64_t ceil_log2(std::int64_t x) {
 }
 
 // multi_row_sum with nrows = 4 accumulators of type A (a float or a vector
-// of 16 floats), load(i, k) giving item 4 i + k of the row.
+// of 8 floats), load(i, k) giving item 4 i + k of the row.
 template <typename A, typename Load>
 std::array<A, 4> multi_row_sum(std::int64_t size, const Load& load) {
   constexpr int kLevels = 4;
@@ -167,26 +167,36 @@ A row_sum(std::int64_t size, const Load& load) {
   return partial[0];
 }
 
+// The float lanes of PyTorch's vectors when it sums: 8. SumKernel.cpp
+// registers sum_stub with REGISTER_DISPATCH, which on x86-64 gives the
+// AVX-512 build no kernel (aten/src/ATen/native/DispatchStub.h: "dispatches
+// an AVX512 kernel to nullptr"), so an AVX-512 CPU runs the AVX2 kernel:
+// Vectorized<float> holds 8 floats, Vectorized<BFloat16> and <Half> 16
+// elements (the DEFAULT build has the same 32-byte vectors).
+inline constexpr std::size_t kSumLanes = 8;
+
 template <typename T>
 struct Lanes {
-  std::array<T, 16> v{};
+  std::array<T, kSumLanes> v{};
   Lanes& operator+=(const Lanes& o) {
-    for (int l = 0; l < 16; ++l) v[l] += o.v[l];
+    for (std::size_t l = 0; l < kSumLanes; ++l) v[l] += o.v[l];
     return *this;
   }
 };
 
 // The sum of n values of W, leaf(k) giving value k as a T (a float, or a
 // SumSymbol recording the additions), in the order `torch.sum` adds them
-// over the last, contiguous dimension on a CPU with AVX-512
-// (Vectorized<BFloat16> and <Half> hold 32 elements, <float> 16). n >= that
-// width: the row as vectors (BF16: lanes l and l + 16 of a load added; F16:
-// elements 2l and 2l + 1, after a 0; F32: one per lane) summed by row_sum,
-// then 0 plus the scalar tail, then the 16 lanes in order; shorter rows:
-// row_sum over the scalars. Not rounded to W.
+// over the last, contiguous dimension on an x86-64 CPU (vectorized_inner_sum
+// in SumKernel.cpp with the vector widths above). n >= the vector width
+// (16 elements for BF16 and F16, 8 for F32): the row as vectors summed by
+// row_sum, each vector loaded as 8 float lanes (BF16 and F16:
+// InnerSumCastLoadPolicy's load_to_float gives elements 0-7 and 8-15 as two
+// float vectors and adds them, so lane l is element l plus element l + 8;
+// F32: one element per lane), then 0 plus the scalar tail, then the 8 lanes
+// in order; shorter rows: row_sum over the scalars. Not rounded to W.
 template <typename T, typename Leaf>
 T torch_sum_order(DType w, std::size_t n, const Leaf& leaf) {
-  const std::int64_t width = w == DType::kF32 ? 16 : 32;
+  const std::int64_t width = w == DType::kF32 ? kSumLanes : 2 * kSumLanes;
   if (static_cast<std::int64_t>(n) < width) {
     return row_sum<T>(static_cast<std::int64_t>(n),
                       [&](std::int64_t item) { return leaf(static_cast<std::size_t>(item)); });
@@ -195,23 +205,15 @@ T torch_sum_order(DType w, std::size_t n, const Leaf& leaf) {
   const Lanes<T> lanes = row_sum<Lanes<T>>(vec_size, [&](std::int64_t item) {
     Lanes<T> out;
     const auto base = static_cast<std::size_t>(item * width);
-    for (std::size_t l = 0; l < 16; ++l) {
-      if (w == DType::kBF16) {
-        out.v[l] = leaf(base + l);
-        out.v[l] += leaf(base + 16 + l);
-      } else if (w == DType::kF16) {
-        out.v[l] = T{};
-        out.v[l] += leaf(base + 2 * l);
-        out.v[l] += leaf(base + 2 * l + 1);
-      } else {
-        out.v[l] = leaf(base + l);
-      }
+    for (std::size_t l = 0; l < kSumLanes; ++l) {
+      out.v[l] = leaf(base + l);
+      if (w != DType::kF32) out.v[l] += leaf(base + kSumLanes + l);
     }
     return out;
   });
   T acc{};
   for (auto k = static_cast<std::size_t>(vec_size * width); k < n; ++k) acc += leaf(k);
-  for (int l = 0; l < 16; ++l) acc += lanes.v[l];
+  for (std::size_t l = 0; l < kSumLanes; ++l) acc += lanes.v[l];
   return acc;
 }
 

@@ -12,7 +12,7 @@
 //   and `fake_quantize` do in the weight's dtype W, its error is
 //   sum |Q - W|^norm as PyTorch's CPU kernels compute it (`pow` with the
 //   exponent rounded to W, the sum accumulated in float32 in the order of
-//   PyTorch's AVX-512 cascade sum, rounded to W), and the first candidate
+//   PyTorch's x86-64 cascade sum, rounded to W), and the first candidate
 //   with the smallest error is kept. The search stops after `patience`
 //   consecutive candidates that improve no group of the whole tensor
 //   (`mse_cutoff`).
@@ -147,7 +147,8 @@ namespace mse_detail {
 // |d|^e as PyTorch's `pow` gives it in W (BF16 and F16 bits in, bits out).
 std::uint16_t pow_w(DType w, std::uint16_t magnitude_bits, double norm);
 // sum of n values of W (as float) in the order of PyTorch's CPU cascade sum
-// over a contiguous inner dimension with AVX-512 vectors, rounded to W.
+// over a contiguous inner dimension on x86-64 (256-bit vectors, which
+// PyTorch's sum runs on AVX-512 CPUs too), rounded to W.
 float torch_sum_w(DType w, std::span<const float> values);
 }  // namespace mse_detail
 
