@@ -181,6 +181,8 @@ std::vector<SearchCase> search_cases() {
       {"int4_kwargs", args_for(T::kInt, 4, true, S::kGroup, 64),
        mse("memoryless_mse", {{"maxshrink", 0.5}, {"grid", 40}, {"norm", 3.0}, {"expand", 1.2}}),
        128},
+      {"int4_norm2", args_for(T::kInt, 4, true, S::kGroup, 32),
+       mse("memoryless_mse", {{"norm", 2.0}}), 96},
   };
 }
 

