@@ -25,6 +25,13 @@ void QuantError::add(const RowError& row) {
   ++rows;
 }
 
+void QuantError::add(const QuantError& next) {
+  err2 += next.err2;
+  w2 += next.w2;
+  max_abs = detail::max_abs_step(max_abs, next.max_abs);
+  rows += next.rows;
+}
+
 double QuantError::rel_frobenius() const {
   if (w2 > 0.0 || std::isnan(err2)) return std::sqrt(err2 / w2);
   return err2 == 0.0 ? 0.0 : std::numeric_limits<double>::infinity();

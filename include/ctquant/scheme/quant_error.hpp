@@ -68,6 +68,9 @@ struct QuantError {
 
   // Adds the next row.
   void add(const RowError& row);
+  // Adds the next run of rows (the next module, for a figure over several
+  // modules summed in plan order).
+  void add(const QuantError& rows);
   // ||W - Q||_F / ||W||_F: sqrt(err2 / w2); 0 when both are 0, +inf when
   // only w2 is, NaN when err2 is.
   double rel_frobenius() const;
