@@ -481,6 +481,19 @@ TEST(ObserverCli, SchemeForTakesAnObserverPerGroup) {
   }
 }
 
+TEST(ObserverCli, ProgressCountsEachTensorOnceBesideTheCutoffPrePass) {
+  TempDir tmp;
+  QuantizeOptions options = test::test_options(test::golden_dir() / "llama-bf16" / "input",
+                                               tmp / "out");
+  for (SchemeGroup& g : options.plan.groups) g.weights.observer = "memoryless_mse";
+  Progress last;
+  options.on_progress = [&](const Progress& p) { last = p; };
+  const QuantizeSummary s = quantize(options);
+  EXPECT_EQ(s.execute.module_errors.size(), s.plan.n_quantized);
+  EXPECT_EQ(last.tensors_done, last.tensors_total);
+  EXPECT_EQ(last.bytes_done, last.bytes_total);
+}
+
 TEST(ObserverCli, RecipeWeightObserverAppliesToEveryGroup) {
   const RecipeSpec spec = parse_recipe_text(
       "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      scheme: NVFP4A16\n"

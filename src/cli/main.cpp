@@ -214,10 +214,13 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
       "--observer", [&args](const std::string& value) { args.observer = value; },
       "Weight observer of every group (default memoryless_minmax, model_free_ptq's): "
       "memoryless_mse (search of shrunk ranges for the lowest |Q - W|^2.4), nvfp4_expanded_mse "
-      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; docs/observers.md"));
+      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; auto: per module, min-max or "
+      "the MSE observer, whichever gives the lower weight error (reads the weights about four "
+      "times); docs/observers.md"));
   options.push_back(app->add_option("--observer-kwarg", args.observer_kwargs,
                                     "KEY=VALUE (repeatable): an observer_kwargs entry of "
-                                    "--observer: maxshrink, grid, norm, patience, expand")
+                                    "--observer (with auto: of its MSE observer): maxshrink, "
+                                    "grid, norm, patience, expand")
                         ->allow_extra_args(false));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
@@ -384,6 +387,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   check_side_file("--write-recipe", args.write_recipe, args.output);
   const ResolvedPlan resolved = resolve_plan(args.plan);
   options.plan = resolved.options;
+  options.auto_observer = resolved.effective.observer == std::string(ctquant::kAutoObserver);
+  options.auto_observer_kwargs = resolved.effective.observer_kwargs;
   options.tp = args.plan.tp;
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
@@ -489,6 +494,11 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
         ctquant::render_worst_errors(summary.plan, summary.execute.module_errors);
     if (!errors.empty()) {
       const std::string escaped = ctquant::escape_for_terminal("ctquant: " + errors);
+      std::fwrite(escaped.data(), 1, escaped.size(), stderr);
+    }
+    if (summary.observer_choice) {
+      const std::string escaped = ctquant::escape_for_terminal(
+          "ctquant: " + ctquant::render_observer_choice(summary.plan, *summary.observer_choice));
       std::fwrite(escaped.data(), 1, escaped.size(), stderr);
     }
   }

@@ -718,7 +718,10 @@ class Executor {
   void job_written(std::size_t job_index) {
     const Job& job = (*current_jobs_)[job_index];
     bytes_done_.fetch_add(job.input_bytes);
-    if (job.last_of_tensor && job.kind != Job::Kind::kAmax) tensors_done_.fetch_add(1);
+    // The pre-passes read a tensor without writing it.
+    if (job.last_of_tensor && job.kind != Job::Kind::kAmax && job.kind != Job::Kind::kObserve) {
+      tensors_done_.fetch_add(1);
+    }
   }
 
   void record_error(std::size_t job_index, std::exception_ptr error) {

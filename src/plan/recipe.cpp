@@ -692,6 +692,18 @@ void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
 void apply_observer(PlanOptions& options, const EffectiveRecipe& r) {
   if (!r.observer) return;
   const std::string where = origin_label(r.observer_origin, "observer", "--observer");
+  if (*r.observer == "auto") {
+    // Planned with min-max; quantize measures every module with both
+    // observers and splits the groups (exec/observer_choice.hpp).
+    for (SchemeGroup& g : options.groups) {
+      g.weights.observer = "memoryless_minmax";
+      g.weights.observer_kwargs = json::object();
+    }
+    if (!r.observer_kwargs.is_null()) {
+      observer_params("memoryless_mse", r.observer_kwargs, "--observer-kwarg");
+    }
+    return;
+  }
   const ObserverChoice choice = resolve_observer(*r.observer, where);
   if (!choice.note.empty()) add_observer_note(choice.note);
   for (SchemeGroup& g : options.groups) {
@@ -896,7 +908,9 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
       "# oneshot(model=..., recipe=FILE).\n",
       ctquant_version());
   text += "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n";
-  if (r.scheme && !r.group_size && r.scheme_for.empty()) {
+  // A preset alone when it says everything: no group size, no per-pattern
+  // schemes, no observer (config groups carry weights.observer).
+  if (r.scheme && !r.group_size && r.scheme_for.empty() && !r.observer) {
     text += fmt::format("      scheme: {}\n", yaml_string(upper(*r.scheme)));
     text += fmt::format("      targets: {}\n", yaml_list(r.targets));
   } else {

@@ -136,6 +136,7 @@ json quantize_report_json(const QuantizeReportInput& in) {
   report["seconds"] = json{{"open", s.phases.open},
                            {"plan", s.phases.plan},
                            {"lint", s.phases.lint},
+                           {"choose_observer", s.phases.choose_observer},
                            {"stream", s.phases.stream},
                            {"flush", s.phases.flush},
                            {"manifest", s.phases.manifest},
@@ -144,6 +145,8 @@ json quantize_report_json(const QuantizeReportInput& in) {
                            {"total", s.seconds + in.seconds_hash_inputs}};
   report["peak_rss_bytes"] = in.peak_rss_bytes;
   report["weight_error"] = weight_error_json(s.plan, s.execute.module_errors);
+  report["observer_choice"] =
+      s.observer_choice ? observer_choice_json(s.plan, *s.observer_choice) : json(nullptr);
   return report;
 }
 
@@ -219,6 +222,79 @@ std::string render_weight_error_table(const QuantizePlan& plan,
                         plan.group_of(m).name, scheme_width,
                         fmt::format("[{}, {}]", m.source.rows, m.source.cols),
                         figure(e.error.rel_frobenius()), figure(e.error.max_abs_error()));
+  }
+  return text;
+}
+
+namespace {
+
+// b / a - 1, or NaN when a is 0 or either is not finite.
+double change(double a, double b) {
+  return a > 0 && std::isfinite(a) && std::isfinite(b) ? b / a - 1.0 : std::nan("");
+}
+
+std::string percent(double v) { return fmt::format("{:+.1f}%", 100.0 * v); }
+
+}  // namespace
+
+json observer_choice_json(const QuantizePlan& plan, const ObserverChoices& choices) {
+  json modules = json::array();
+  for (const ModuleObserverChoice& c : choices.modules) {
+    const PlannedModule& m = plan.modules[c.module];
+    const bool measured = !c.mse_observer.empty();
+    const auto mse_figure = [&](double v) { return measured ? finite_or_null(v) : json(nullptr); };
+    modules.push_back(json{
+        {"module", m.name},
+        {"scheme", plan.group_of(m).name},
+        {"observer", plan.group_of(m).weights.observer},
+        {"mse_observer", measured ? json(c.mse_observer) : json(nullptr)},
+        {"not_measured", measured ? json(nullptr) : json(c.not_measured)},
+        {"rel_frobenius_minmax", finite_or_null(c.minmax.rel_frobenius())},
+        {"rel_frobenius_mse", mse_figure(c.mse.rel_frobenius())},
+        {"max_abs_error_minmax", finite_or_null(c.minmax.max_abs_error())},
+        {"max_abs_error_mse", mse_figure(c.mse.max_abs_error())},
+        {"change", mse_figure(change(c.minmax.rel_frobenius(), c.mse.rel_frobenius()))}});
+  }
+  const QuantError minmax = choices.total_minmax();
+  const QuantError chosen = choices.total_chosen();
+  const bool any = !choices.modules.empty();
+  return json{
+      {"modules", choices.modules.size()},
+      {"modules_using_mse", choices.modules_using_mse()},
+      {"rel_frobenius_minmax", any ? finite_or_null(minmax.rel_frobenius()) : json(nullptr)},
+      {"rel_frobenius_chosen", any ? finite_or_null(chosen.rel_frobenius()) : json(nullptr)},
+      {"change", any ? finite_or_null(change(minmax.rel_frobenius(), chosen.rel_frobenius()))
+                     : json(nullptr)},
+      {"per_module", modules}};
+}
+
+std::string render_observer_choice(const QuantizePlan& plan, const ObserverChoices& choices,
+                                   std::size_t count) {
+  if (choices.modules.empty()) return {};
+  const QuantError minmax = choices.total_minmax();
+  const QuantError chosen = choices.total_chosen();
+  std::string text = fmt::format(
+      "--observer auto: {} of {} quantized module(s) use their MSE observer's scales; weight "
+      "error ||W-Q||/||W|| {} with min-max, {} as chosen ({})\n",
+      choices.modules_using_mse(), choices.modules.size(), figure(minmax.rel_frobenius()),
+      figure(chosen.rel_frobenius()),
+      percent(change(minmax.rel_frobenius(), chosen.rel_frobenius())));
+  std::vector<const ModuleObserverChoice*> changed;
+  for (const ModuleObserverChoice& c : choices.modules) {
+    if (c.use_mse) changed.push_back(&c);
+  }
+  // The largest reductions first, then plan order.
+  std::stable_sort(changed.begin(), changed.end(), [](const auto* a, const auto* b) {
+    return change(a->minmax.rel_frobenius(), a->mse.rel_frobenius()) <
+           change(b->minmax.rel_frobenius(), b->mse.rel_frobenius());
+  });
+  if (changed.size() > count) changed.resize(count);
+  if (!changed.empty()) text += "  largest reductions (min-max -> MSE):\n";
+  for (const ModuleObserverChoice* c : changed) {
+    text += fmt::format("  {}  {} -> {}  {}  {}\n",
+                        percent(change(c->minmax.rel_frobenius(), c->mse.rel_frobenius())),
+                        figure(c->minmax.rel_frobenius()), figure(c->mse.rel_frobenius()),
+                        c->mse_observer, plan.modules[c->module].name);
   }
   return text;
 }

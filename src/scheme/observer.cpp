@@ -47,10 +47,16 @@ ObserverChoice resolve_observer(const std::string& name, const std::string& wher
         "nvfp4_expanded_mse and memoryless_minmax need none)",
         where));
   }
+  if (name == "auto") {
+    throw usage_error(fmt::format(
+        "{}: observer \"auto\" is ctquant's choice per module for the whole run: give it as "
+        "--observer auto (or a recipe's weight_observer), not per group",
+        where));
+  }
   throw usage_error(fmt::format(
       "{}: observer \"{}\" is not a weight observer ctquant knows (memoryless_minmax, "
       "static_minmax, minmax, memoryless_mse, mse, nvfp4_expanded_mse; imatrix_mse needs "
-      "calibration data)",
+      "calibration data; --observer auto chooses per module)",
       where, name));
 }
 
