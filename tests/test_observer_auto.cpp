@@ -244,6 +244,26 @@ TEST(ObserverAuto, ConfigGroupsNameTheirModulesAndReloadThroughVerify) {
   }
 }
 
+TEST(ObserverAuto, WrittenRecipeReproducesTheChoiceWithoutMeasuring) {
+  TempDir tmp;
+  std::vector<std::string> extra = {"--write-recipe", (tmp / "recipe.yaml").string()};
+  extra.insert(extra.end(), kKwargs.begin(), kKwargs.end());
+  const AutoRun run = run_auto(tmp, "llama-bf16", extra);
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  const std::string recipe = test::read_file(tmp / "recipe.yaml");
+  expect_message(recipe, {"W4A16_memoryless_mse", "\"observer\":\"memoryless_mse\"",
+                          "model.layers.1.self_attn.o_proj"});
+  const test::CommandResult again = test::run_ctquant(
+      {"quantize", (test::golden_dir() / "llama-bf16" / "input").string(),
+       (tmp / "again").string(), "--recipe", (tmp / "recipe.yaml").string(),
+       "--no-default-ignore"});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(test::read_file(tmp / "again" / "model.safetensors"),
+            test::read_file(tmp / "out" / "model.safetensors"));
+  EXPECT_EQ(test::read_json(tmp / "again" / "config.json"),
+            test::read_json(tmp / "out" / "config.json"));
+}
+
 TEST(ObserverAuto, ReportAndSummarySayWhichModulesChangedAndByHowMuch) {
   TempDir tmp;
   const AutoRun run = run_auto(tmp, "llama-bf16", kKwargs);
