@@ -225,6 +225,36 @@ TEST(MseObserver, VectorSearchEqualsTheReferenceBitForBitAtEveryLevel) {
   }
 }
 
+// At AVX-512 the search takes BF16 |x|^norm from tables in registers; the
+// path is used only after it gave pow_table's value for every finite BF16
+// magnitude it does not flag (pow_reg_check_at). For the usual norms it is
+// used, and it flags few magnitudes besides those whose power is not a
+// normal float.
+TEST(MseObserver, RegisterPowEqualsTheTableOnEveryBf16Magnitude) {
+  std::size_t levels = 0;
+  for (const detail::SimdLevel& level : detail::simd_levels()) {
+    if (std::string(level.name) != "avx512" || !level.supported) continue;
+    ++levels;
+    for (const double norm : {2.4, 2.2, 1.7, 1.5, 0.5, 4.0}) {
+      const detail::PowRegCheck c = detail::pow_reg_check_at(level, norm);
+      EXPECT_TRUE(c.used) << norm;
+      // Normal results: |x| in [2^-126/e, 2^128/e); the flags beyond those
+      // are the near-midpoint ones.
+      const float e = round_to_dtype(DType::kBF16, static_cast<float>(norm));
+      std::uint32_t out_of_range = 0;
+      for (std::uint32_t b = 0; b < 0x7F80u; ++b) {
+        const double x = bf16_to_float(static_cast<std::uint16_t>(b));
+        const double y = std::pow(x, static_cast<double>(e));
+        if (x != 0.0 && (x < 0x1p-126 || y < 0x1p-126 || y >= 0x1p127)) ++out_of_range;
+      }
+      EXPECT_LE(c.flagged, out_of_range + 64) << norm;
+    }
+    // A denominator of the exponent over 128 has no register tables.
+    EXPECT_FALSE(detail::pow_reg_check_at(level, 0.003).used);
+  }
+  if (levels == 0) GTEST_SKIP() << "no AVX-512 on this CPU";
+}
+
 // Every family's fast kernel with observer ranges gives the reference's
 // bytes (int-packed has a vector path of its own for them).
 TEST(MseObserver, FamiliesTakeObserverRangesInBothKernels) {

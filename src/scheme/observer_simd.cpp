@@ -21,9 +21,12 @@
 //   the E4M3 normal range by rounding the float's bits to 3 mantissa bits;
 // - |Q - W| of every element of the set is stored first, then raised to the
 //   norm in a loop of its own (pow_terms): from the same table as the
-//   reference (a gather), or for norms 2 and (BF16) 3 by the products PyTorch
-//   computes. The separate loop lets the CPU overlap the gathers, whose
-//   iterations are independent (about 20% less CPU time than one loop);
+//   reference (a gather); for BF16 at AVX-512 from two tables of at most 128
+//   floats held in registers (pow_reg: a few permutes, about a sixth of a
+//   gather's time), the rare lanes it flags from the table; for norms 2 and
+//   (BF16) 3 by the products PyTorch computes. The separate loop lets the
+//   CPU overlap the lookups, whose iterations are independent (about 20%
+//   less CPU time than one loop);
 // - the group's sum by the same additions in the same order as the reference
 //   (torch_sum_program), as vector additions of whole slots.
 #undef HWY_TARGET_INCLUDE
@@ -38,8 +41,13 @@
 #define CTQUANT_SCHEME_OBSERVER_SIMD_ONCE
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include <hwy/aligned_allocator.h>
@@ -65,8 +73,31 @@ struct MseSearch {
   // How |d|^norm is computed: from the table (a gather), or as PyTorch
   // computes exponents 2 (x * x) and 3 (BF16: x * x * x, rounded after each
   // product), as pow_w does.
-  enum class Pow : std::uint8_t { kTable, kSquare, kCube };
+  // kRegister: BF16 at AVX-512, from PowRegTables (pow_reg below) with the
+  // table for the lanes it flags.
+  enum class Pow : std::uint8_t { kTable, kSquare, kCube, kRegister };
   Pow pow = Pow::kTable;
+  const struct PowRegTables* reg = nullptr;
+};
+
+// x^e for BF16 magnitudes x = 2^E m (m = 1 + j / 128) and e = round_BF16(norm)
+// = num / 2^log2p: x^e = 2^I 2^(r / 2^log2p) m^e with num E = I 2^log2p + r,
+// 0 <= r < 2^log2p. pow_reg computes z = mant[j] * frac[r] (each correctly
+// rounded, so z is within 2 float ulps of 2^(r/P) m^e), adds I to z's
+// exponent and rounds to BF16: the value PyTorch gives (the correctly rounded
+// float, rounded to BF16) unless z lies within 8 float ulps of a BF16
+// rounding midpoint, or the result or x is not a normal float; those lanes
+// are flagged and take pow_table. Both tables (at most 128 floats each) sit
+// in vector registers, so a lookup is a few permutes instead of a gather.
+// Used only when pow_reg_check found, for every BF16 magnitude it does not
+// flag, the value of pow_table.
+struct PowRegTables {
+  alignas(64) float mant[128] = {};
+  alignas(64) float frac[128] = {};
+  std::int32_t num = 0;
+  int log2p = 0;
+  std::uint32_t flagged = 0;  // magnitudes pow_reg leaves to the table (of 32,640)
+  bool exact = false;         // every other magnitude gives pow_table's value
 };
 
 // What one call of the int codes kernel needs.
@@ -94,6 +125,89 @@ namespace ctquant::detail::HWY_NAMESPACE {
 
 namespace hn = hwy::HWY_NAMESPACE;
 namespace ss = ctquant::simd_steps::HWY_NAMESPACE;
+
+#if HWY_TARGET == HWY_AVX3
+// The 128-entry lookup of t (eight registers) at the low 7 bits of j.
+HWY_INLINE __m512 lookup128(const __m512* t, __m512i j) {
+  const __m512 a0 = _mm512_permutex2var_ps(t[0], j, t[1]);
+  const __m512 a1 = _mm512_permutex2var_ps(t[2], j, t[3]);
+  const __m512 a2 = _mm512_permutex2var_ps(t[4], j, t[5]);
+  const __m512 a3 = _mm512_permutex2var_ps(t[6], j, t[7]);
+  const __mmask16 b5 = _mm512_test_epi32_mask(j, _mm512_set1_epi32(32));
+  const __mmask16 b6 = _mm512_test_epi32_mask(j, _mm512_set1_epi32(64));
+  return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, a0, a1),
+                              _mm512_mask_blend_ps(b5, a2, a3));
+}
+
+// pow_reg (PowRegTables) for 16 magnitudes ad; bad gets the lanes that take
+// the table. mant and frac: the tables loaded into registers.
+HWY_INLINE __m512 pow_reg(const PowRegTables& t, const __m512* mant, const __m512* frac, __m512 ad,
+                          __mmask16& bad) {
+  const __m512i bits = _mm512_castps_si512(ad);
+  const __m512i ef = _mm512_srli_epi32(bits, 23);
+  const __m512i j = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(127));
+  const __m512i ne = _mm512_mullo_epi32(_mm512_sub_epi32(ef, _mm512_set1_epi32(127)),
+                                        _mm512_set1_epi32(t.num));
+  const __m512i i = _mm512_srai_epi32(ne, static_cast<unsigned>(t.log2p));
+  const __m512i r = _mm512_and_si512(ne, _mm512_set1_epi32((1 << t.log2p) - 1));
+  const __m512 b = t.log2p <= 5 ? _mm512_permutex2var_ps(frac[0], r, frac[1]) : lookup128(frac, r);
+  const __m512i z = _mm512_castps_si512(_mm512_mul_ps(lookup128(mant, j), b));
+  const __m512i exp_out = _mm512_add_epi32(_mm512_srli_epi32(z, 23), i);
+  const __m512i y = _mm512_add_epi32(z, _mm512_slli_epi32(i, 23));
+  // Within 8 float ulps of a BF16 midpoint (low half 0x8000).
+  const __m512i low = _mm512_sub_epi32(_mm512_and_si512(y, _mm512_set1_epi32(0xFFFF)),
+                                       _mm512_set1_epi32(0x8000 - 8));
+  const __mmask16 zero = _mm512_cmpeq_epi32_mask(bits, _mm512_setzero_si512());
+  bad = _mm512_cmple_epu32_mask(low, _mm512_set1_epi32(16)) |
+        _mm512_cmplt_epi32_mask(exp_out, _mm512_set1_epi32(1)) |
+        _mm512_cmpgt_epi32_mask(exp_out, _mm512_set1_epi32(254)) |
+        _mm512_cmpeq_epi32_mask(ef, _mm512_setzero_si512());
+  bad &= static_cast<__mmask16>(~zero);
+  // Round to BF16, nearest even.
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(y, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_and_si512(
+      _mm512_add_epi32(y, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
+      _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(static_cast<__mmask16>(~zero), rounded));
+}
+
+HWY_INLINE void load_reg_tables(const PowRegTables& t, __m512* mant, __m512* frac) {
+  for (int k = 0; k < 8; ++k) {
+    mant[k] = _mm512_load_ps(t.mant + 16 * k);
+    frac[k] = _mm512_load_ps(t.frac + 16 * k);
+  }
+}
+#endif
+
+// Sets t.exact and t.flagged: pow_reg against pow_table on every finite
+// BF16 magnitude (AVX-512 only; elsewhere t.exact stays false).
+void pow_reg_check(PowRegTables& t, const PowTable& table) {
+#if HWY_TARGET == HWY_AVX3
+  __m512 mant[8];
+  __m512 frac[8];
+  load_reg_tables(t, mant, frac);
+  alignas(64) float in[16];
+  alignas(64) float out[16];
+  t.exact = true;
+  t.flagged = 0;
+  for (std::uint32_t b0 = 0; b0 < 0x7F80u; b0 += 16) {
+    for (std::uint32_t l = 0; l < 16; ++l) in[l] = bf16_to_float(static_cast<std::uint16_t>(b0 + l));
+    __mmask16 bad = 0;
+    _mm512_store_ps(out, pow_reg(t, mant, frac, _mm512_load_ps(in), bad));
+    for (std::uint32_t l = 0; l < 16; ++l) {
+      if (((bad >> l) & 1u) != 0) {
+        ++t.flagged;
+      } else if (std::bit_cast<std::uint32_t>(out[l]) !=
+                 std::bit_cast<std::uint32_t>(table.value[b0 + l])) {
+        t.exact = false;
+      }
+    }
+  }
+#else
+  (void)table;
+  t.exact = false;
+#endif
+}
 
 // terms[j] = |d_j|^norm for the n vectors of |d| at terms, in place (the
 // value pow_table gives).
@@ -129,6 +243,28 @@ HWY_INLINE void pow_terms(DF df, const MseSearch& m, float* terms, std::size_t n
       }
       return;
     case MseSearch::Pow::kTable:
+      for (std::size_t j = 0; j < n; ++j) {
+        hn::Store(from_table(hn::Load(df, terms + j * n_lanes)), df, terms + j * n_lanes);
+      }
+      return;
+    case MseSearch::Pow::kRegister:
+#if HWY_TARGET == HWY_AVX3
+      if constexpr (T == DType::kBF16) {
+        __m512 mant[8];
+        __m512 frac[8];
+        load_reg_tables(*m.reg, mant, frac);
+        for (std::size_t j = 0; j < n; ++j) {
+          const __m512 ad = _mm512_load_ps(terms + j * n_lanes);
+          __mmask16 bad = 0;
+          __m512 pw = pow_reg(*m.reg, mant, frac, ad, bad);
+          if (HWY_UNLIKELY(bad != 0)) {
+            pw = _mm512_mask_mov_ps(pw, bad, from_table(V{ad}).raw);
+          }
+          _mm512_store_ps(terms + j * n_lanes, pw);
+        }
+        return;
+      }
+#endif
       for (std::size_t j = 0; j < n; ++j) {
         hn::Store(from_table(hn::Load(df, terms + j * n_lanes)), df, terms + j * n_lanes);
       }
@@ -372,7 +508,43 @@ namespace detail {
 namespace {
 using MseSearchFn = void(const MseSearch&);
 constexpr SimdEntry<MseSearchFn> kMseSearch[] = CTQUANT_SIMD_TABLE(mse_search);
+using PowRegCheckFn = void(PowRegTables&, const PowTable&);
+constexpr SimdEntry<PowRegCheckFn> kPowRegCheck[] = CTQUANT_SIMD_TABLE(pow_reg_check);
+
+// PowRegTables for BF16 and this norm at this level, or nullptr when the
+// level has no register path, the exponent's denominator is over 128 or
+// the exhaustive check failed. Built and checked once per (level, norm).
+const PowRegTables* pow_reg_tables(const SimdLevel& level, double norm) {
+  PowRegCheckFn* check = simd_entry(kPowRegCheck, level);
+  if (check == nullptr) return nullptr;
+  static std::mutex mutex;
+  static std::map<std::pair<std::int64_t, std::uint64_t>, std::unique_ptr<PowRegTables>> built;
+  const std::lock_guard lock(mutex);
+  auto& slot = built[{level.target, std::bit_cast<std::uint64_t>(norm)}];
+  if (!slot) {
+    slot = std::make_unique<PowRegTables>();
+    PowRegTables& t = *slot;
+    const double e = round_to_dtype(DType::kBF16, static_cast<float>(norm));
+    int log2p = 0;
+    while (log2p <= 7 && std::ldexp(e, log2p) != std::floor(std::ldexp(e, log2p))) ++log2p;
+    if (log2p <= 7 && e > 0.0 && std::ldexp(e, log2p) < 65536.0) {
+      t.log2p = log2p;
+      t.num = static_cast<std::int32_t>(std::ldexp(e, log2p));
+      for (int k = 0; k < 128; ++k) {
+        t.mant[k] = static_cast<float>(std::pow(1.0 + k / 128.0, e));
+        t.frac[k] = static_cast<float>(std::exp2(static_cast<double>(k) / std::ldexp(1.0, log2p)));
+      }
+      check(t, pow_table(DType::kBF16, norm));
+    }
+  }
+  return slot->exact ? slot.get() : nullptr;
+}
 }  // namespace
+
+PowRegCheck pow_reg_check_at(const SimdLevel& level, double norm) {
+  const PowRegTables* t = pow_reg_tables(level, norm);
+  return t == nullptr ? PowRegCheck{} : PowRegCheck{true, t->flagged};
+}
 
 // The vector search at `level`; false when it does not cover these args
 // (the caller then runs the reference).
@@ -404,6 +576,9 @@ bool observe_ranges_at(const SimdLevel& level, const QuantArgs& args,
     m.pow = MseSearch::Pow::kSquare;
   } else if (norm == 3.0f && io.dtype == DType::kBF16) {
     m.pow = MseSearch::Pow::kCube;
+  } else if (io.dtype == DType::kBF16) {
+    m.reg = pow_reg_tables(level, params.norm);
+    if (m.reg != nullptr) m.pow = MseSearch::Pow::kRegister;
   }
   fn(m);
   return true;

@@ -302,6 +302,18 @@ inline GroupLayout group_layout(const QuantArgs& args, std::uint64_t n_rows,
 }
 
 struct SimdLevel;
+
+// Whether the vector search at `level` computes BF16 |x|^norm from tables
+// in vector registers (observer_simd.cpp, PowRegTables) rather than a
+// gather from pow_table: `used` when the level has that path and, for every
+// finite BF16 magnitude it does not flag (`flagged` of them, which take
+// pow_table), it gives pow_table's value.
+struct PowRegCheck {
+  bool used = false;
+  std::uint32_t flagged = 0;
+};
+PowRegCheck pow_reg_check_at(const SimdLevel& level, double norm);
+
 // The vector search (observer_simd.cpp) at `level`; false when it does not
 // cover these args or this dtype (F32, channel and block strategies) or the
 // CPU lacks the level: the caller then runs observe_ranges_ref.
