@@ -11,7 +11,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 bool unloadable_in_vllm(const std::string& name) {
-  return name == "fp8-block" || name == "odd-bf16-fp8-block";
+  return name == "fp8-block" || name == "odd-bf16-fp8-block" || name == "odd-bf16-fp8-block-mse";
 }
 
 json load_cases() { return read_json(golden_dir() / "cases.json"); }

@@ -259,15 +259,20 @@ TEST(Recipe, BadRecipesAreUsageErrorsNamingFileLineAndKey) {
        {"r.yaml:6:", "second QuantizationModifier", "line 3"}},
       {"no_quantization_modifier", "quant_stage:\n  quant_modifiers: {}\n",
        {"r.yaml", "no QuantizationModifier"}},
-      {"weight_observer",
+      {"input_observer",
        "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      scheme: W4A16\n"
-       "      weight_observer: mse\n",
-       {"r.yaml:5:", "weight_observer", "memoryless_minmax"}},
-      {"mse_observer_in_weights",
+       "      input_observer: mse\n",
+       {"r.yaml:5:", "input_observer", "activations"}},
+      {"imatrix_observer_in_weights",
        "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      config_groups:\n"
        "        g:\n          targets: [Linear]\n          weights:\n            num_bits: 4\n"
-       "            observer: mse\n",
-       {"r.yaml:9:", "observer \"mse\""}},
+       "            observer: imatrix_mse\n",
+       {"r.yaml:9:", "imatrix_mse", "calibration data"}},
+      {"unknown_observer_kwarg",
+       "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      config_groups:\n"
+       "        g:\n          targets: [Linear]\n          weights:\n            num_bits: 4\n"
+       "            observer: memoryless_mse\n            observer_kwargs: {maxshrnk: 0.3}\n",
+       {"r.yaml:10:", "maxshrnk", "maxshrink"}},
       {"actorder",
        "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      config_groups:\n"
        "        g:\n          targets: [Linear]\n          weights: {num_bits: 4, actorder: group}\n",

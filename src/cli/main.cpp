@@ -36,10 +36,12 @@
 #include "ctquant/report/report.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/escape.hpp"
 #include "ctquant/source/hf_cache.hpp"
 #include "ctquant/util/version.hpp"
+#include "ctquant/verify/errors.hpp"
 #include "ctquant/verify/verify.hpp"
 
 namespace {
@@ -137,6 +139,8 @@ struct PlanArgs {
   bool quantize_vision = false;
   unsigned tp = 1;
   std::string recipe;  // --recipe FILE, or empty
+  std::optional<std::string> observer;        // --observer NAME
+  std::vector<std::string> observer_kwargs;  // --observer-kwarg KEY=VALUE
 };
 
 // Larger group sizes than any tensor's in_features are refused by the plan
@@ -195,7 +199,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                       "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
           ->allow_extra_args(false));
   options.push_back(app->add_option("--scheme-for", args.scheme_for,
-                                    "PATTERN=PRESET (repeatable): modules matching PATTERN (a "
+                                    "PATTERN=PRESET[@OBSERVER] (repeatable): modules matching PATTERN (a "
                                     "name or re:PATTERN) get PRESET; tried in the order given, "
                                     "before --scheme, which takes the rest")
                         ->allow_extra_args(false));
@@ -208,6 +212,18 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                                     "for the Marlin shape check (lint L5)")
                         ->check(CLI::Range(1u, 1024u))
                         ->capture_default_str());
+  options.push_back(app->add_option_function<std::string>(
+      "--observer", [&args](const std::string& value) { args.observer = value; },
+      "Weight observer of every group (default memoryless_minmax, model_free_ptq's): "
+      "memoryless_mse (search of shrunk ranges for the lowest |Q - W|^2.4), nvfp4_expanded_mse "
+      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; auto: per module, min-max or "
+      "the MSE observer, whichever gives the lower weight error (reads the weights about four "
+      "times); docs/observers.md"));
+  options.push_back(app->add_option("--observer-kwarg", args.observer_kwargs,
+                                    "KEY=VALUE (repeatable): an observer_kwargs entry of "
+                                    "--observer (with auto: of its MSE observer): maxshrink, "
+                                    "grid, norm, patience, expand")
+                        ->allow_extra_args(false));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
                                     "QuantizationModifier (scheme or config_groups, targets, "
@@ -235,6 +251,8 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   cli.targets = args.targets;
   cli.scheme_for = args.scheme_for;
   cli.quantization_config = args.quantization_config;
+  cli.observer = args.observer;
+  cli.observer_kwargs = args.observer_kwargs;
   plan.effective = ctquant::resolve_recipe(plan.recipe.get(), cli);
   plan.options = ctquant::plan_options_for(plan.effective);
   // The given entries add to the module roles' default list (plan.hpp).
@@ -352,6 +370,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   if (!args.write_recipe.empty()) options.recipe_file = args.write_recipe;
   const ResolvedPlan resolved = resolve_plan(args.plan);
   options.plan = resolved.options;
+  options.auto_observer = resolved.effective.observer == std::string(ctquant::kAutoObserver);
+  options.auto_observer_kwargs = resolved.effective.observer_kwargs;
   options.tp = args.plan.tp;
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
@@ -385,6 +405,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
     if (want_report) plan_report = ctquant::report_plan_json(checkpoint, plan);
   };
   options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
+  for (const std::string& note : ctquant::take_observer_notes()) options.logger->info("{}", note);
 
   using Clock = std::chrono::steady_clock;
   const auto clock_start = Clock::now();
@@ -481,6 +502,18 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
                  scheme_names(summary.plan).c_str(), summary.tensors_copied, fp8.c_str(),
                  ctquant::human_bytes(summary.bytes_in).c_str(),
                  ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
+    // The weight error of the modules with the largest one (quant_error.hpp).
+    const std::string errors =
+        ctquant::render_worst_errors(summary.plan, summary.execute.module_errors);
+    if (!errors.empty()) {
+      const std::string escaped = ctquant::escape_for_terminal("ctquant: " + errors);
+      std::fwrite(escaped.data(), 1, escaped.size(), stderr);
+    }
+    if (summary.observer_choice) {
+      const std::string escaped = ctquant::escape_for_terminal(
+          "ctquant: " + ctquant::render_observer_choice(summary.plan, *summary.observer_choice));
+      std::fwrite(escaped.data(), 1, escaped.size(), stderr);
+    }
   }
   return 0;
 }
@@ -515,10 +548,41 @@ struct InspectArgs {
   PlanArgs plan;
   bool show_plan = false;
   bool json = false;
+  bool errors = false;
+  std::optional<std::string> source;
 };
+
+// inspect --errors OUTPUT --source INPUT: the weight error of every
+// quantized module of OUTPUT (verify/errors.hpp).
+int run_inspect_errors(const InspectArgs& args, bool plan_requested,
+                       const std::vector<std::string>& argv) {
+  if (!args.source) {
+    throw ctquant::usage_error(
+        "--errors needs --source INPUT: the checkpoint OUTPUT was quantized from");
+  }
+  if (plan_requested) {
+    throw ctquant::usage_error(
+        "--errors takes the scheme groups and ignore list from OUTPUT's config.json: give no "
+        "--plan or quantize options");
+  }
+  const ctquant::CheckpointErrors errors = ctquant::checkpoint_errors(
+      ctquant::resolve_checkpoint_input(args.input, args.revision),
+      ctquant::resolve_checkpoint_input(*args.source, std::nullopt));
+  if (args.json) {
+    print_json_report(
+        ctquant::with_envelope(ctquant::checkpoint_errors_json(errors), "inspect", argv));
+  } else {
+    print_text_report(ctquant::render_checkpoint_errors_text(errors));
+  }
+  return 0;
+}
 
 int run_inspect(const InspectArgs& args, bool plan_requested,
                 const std::vector<std::string>& argv) {
+  if (args.errors) return run_inspect_errors(args, plan_requested || args.show_plan, argv);
+  if (args.source) {
+    throw ctquant::usage_error("--source is the INPUT of --errors: give --errors too");
+  }
   ctquant::InspectOptions options;
   options.plan = args.show_plan || plan_requested;
   std::optional<ResolvedPlan> resolved;
@@ -695,6 +759,12 @@ int main(int argc, char** argv) {
   inspect->add_flag("--plan", in.show_plan,
                     "Print the plan and lint findings for the default (or given) options");
   inspect->add_flag("--json", in.json, "Print a JSON report instead of text");
+  inspect->add_flag("--errors", in.errors,
+                    "With --source INPUT: the weight error ||W-Q||/||W|| and max |W-Q| of every "
+                    "quantized module of this checkpoint against the INPUT it was made from");
+  inspect->add_option_function<std::string>(
+      "--source", [&in](const std::string& value) { in.source = value; },
+      "The checkpoint INPUT was quantized from (for --errors)");
   add_verbosity_flags(inspect, verbosity);
 
   VerifyArgs ver;

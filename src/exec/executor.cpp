@@ -23,6 +23,8 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
+#include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
 #include "exec/write_queue.hpp"
@@ -59,6 +61,19 @@ struct ModuleRun {
   // order as their bits), then of its amax set.
   std::atomic<std::uint32_t> amax_bits{0};
   float set_amax = 0.0f;
+  // An MSE observer (scheme/observer.hpp): its parameters, the candidates
+  // that improved some group (the cutoff pre-pass), whether more rows can
+  // change the cutoff, and the last candidate searched.
+  ObserverParams observer;
+  std::mutex improved_mutex;
+  ImprovedSteps improved;
+  std::atomic<bool> cutoff_settled{false};
+  std::uint32_t cutoff = 0;
+  // kQuantize: the kWhole outputs' bytes (dequantize's `whole`), and the
+  // weight error of the rows quantized so far (quant_error.hpp).
+  std::vector<std::vector<std::byte>> whole;
+  std::mutex error_mutex;
+  RowOrderedError error;
 
   ModuleRun(const Checkpoint& checkpoint, const PlannedModule& m)
       : module(&m), shard(m.shard), rows(checkpoint, m.source) {}
@@ -68,6 +83,7 @@ struct Job {
   enum class Kind {
     kCopy,      // bytes [begin, end) of an output tensor copied from its input
     kAmax,      // rows [begin, end) of a module read for its max |w|
+    kObserve,   // rows [begin, end) of a module searched for its MSE cutoff
     kQuantize,  // rows [begin, end) of a module quantized
     kRows,      // rows [begin, end) of a module written as 16-bit rows (FP8 dequantized)
   };
@@ -104,6 +120,12 @@ class Executor {
     build_jobs();
     check_cancel();
     open_outputs();
+    if (!observe_jobs_.empty()) {
+      run_jobs(observe_jobs_);
+      for (const auto& m : modules_) {
+        if (m->observer.mse && !m->cutoff_settled) m->cutoff = mse_cutoff(m->observer, m->improved);
+      }
+    }
     if (!amax_jobs_.empty()) {
       run_jobs(amax_jobs_);
       reduce_amax_sets();
@@ -122,6 +144,7 @@ class Executor {
     stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
     stats.bytes_read = bytes_total_;
     stats.warnings = warnings_;
+    stats.module_errors = module_errors();
     for (const ShardPlan& shard : plan_.shards) {
       if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
     }
@@ -165,6 +188,7 @@ class Executor {
   // Grows the per-worker buffers for rows [r0, r1) of module m.
   void note_rows(const ModuleRun& m, std::uint64_t r0, std::uint64_t r1) {
     max_in_bytes_ = std::max(max_in_bytes_, (r1 - r0) * m.rows.row_bytes());
+    max_job_rows_ = std::max(max_job_rows_, r1 - r0);
     max_fp8_scale_bytes_ = std::max(max_fp8_scale_bytes_, m.rows.scale_bytes(r0, r1));
     if (m.family == nullptr) return;
     if (m.rows.is_fp8()) {
@@ -236,6 +260,14 @@ class Executor {
         for (std::size_t o = 0; o < run->specs.size(); ++o) {
           if (run->specs[o].fill == OutputTensorSpec::Fill::kRows) run->row_outputs.push_back(o);
         }
+        run->observer = observer_params(g.weights.observer, g.weights.observer_kwargs,
+                                        "config group " + g.name + ": weights");
+        if (run->observer.mse) {
+          const std::uint32_t steps = run->observer.steps();
+          run->cutoff = steps == 0 ? 0 : steps - 1;
+          // A patience longer than the search never stops it early.
+          run->cutoff_settled = run->observer.patience > static_cast<long long>(steps);
+        }
       } else {
         run->tensors.assign(1, nullptr);
       }
@@ -275,6 +307,9 @@ class Executor {
           case PlannedModule::Kind::kQuantize:
             // One set of jobs per module, made at its first output tensor.
             if (t.output != m.row_outputs.front()) break;
+            if (m.observer.mse && !m.cutoff_settled) {
+              add_row_jobs(observe_jobs_, Job::Kind::kObserve, s, nullptr, t.module);
+            }
             if (m.module->amax_set) {
               add_row_jobs(amax_jobs_, Job::Kind::kAmax, s, nullptr, t.module);
             }
@@ -293,9 +328,14 @@ class Executor {
         continue;
       }
       for (const std::size_t mi : set) {
-        if (!in_run(mi)) add_row_jobs(amax_jobs_, Job::Kind::kAmax, modules_[mi]->shard, nullptr, mi);
+        if (in_run(mi)) continue;
+        if (modules_[mi]->observer.mse && !modules_[mi]->cutoff_settled) {
+          add_row_jobs(observe_jobs_, Job::Kind::kObserve, modules_[mi]->shard, nullptr, mi);
+        }
+        add_row_jobs(amax_jobs_, Job::Kind::kAmax, modules_[mi]->shard, nullptr, mi);
       }
     }
+    for (const Job& j : observe_jobs_) bytes_total_ += j.input_bytes;
     for (const Job& j : amax_jobs_) bytes_total_ += j.input_bytes;
     for (const Job& j : jobs_) bytes_total_ += j.input_bytes;
   }
@@ -324,6 +364,17 @@ class Executor {
       }
       for (const std::size_t mi : set) modules_[mi]->set_amax = amax;
     }
+  }
+
+  // The weight error of every module this run quantized, in plan order.
+  std::vector<ModuleError> module_errors() const {
+    std::vector<ModuleError> out;
+    for (std::size_t mi = 0; mi < modules_.size(); ++mi) {
+      const ModuleRun& m = *modules_[mi];
+      if (m.family == nullptr || !shard_selected(m.shard)) continue;
+      out.push_back(ModuleError{mi, m.error.total()});
+    }
+    return out;
   }
 
   // The families' warnings on the amax of each set this run writes.
@@ -362,6 +413,7 @@ class Executor {
         const OutputFile* out = shard_file(m->shard);
         out->write_at(at, bytes);
         report_written(*out, at, bytes.size());
+        m->whole.push_back(bytes);
       }
     }
   }
@@ -381,6 +433,9 @@ class Executor {
     std::vector<std::byte> band;       // a band of an FP8 chunk's rows, dequantized to BF16
     std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
     std::vector<std::byte> scratch;    // the kernel's
+    std::vector<float> ranges;         // an MSE observer's ranges of a chunk
+    std::vector<RowError> row_errors;  // the weight error of a job's rows
+    std::vector<float> error_values;   // quant_error_rows' scratch
     std::array<OutputSet, 2> out;
     std::size_t next_out = 0;
     // Marks `input` as in flight while a kRows job's rows are written
@@ -396,10 +451,53 @@ class Executor {
     if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
       throw_not_finite(m, job.begin, *bad, buf.input.data());
     }
+    if (m.observer.mse) {
+      // The global scale comes from the chosen ranges (llm-compressor
+      // Observer.get_global_scale over the observers' min/max values).
+      const float* ranges = observe(m, buf, buf.input.data(), n);
+      amax = 0.0f;
+      const std::uint64_t groups = observed_groups(*m.args, n, m.rows.cols());
+      for (std::uint64_t g = 0; g < groups; ++g) amax = std::max(amax, range_amax(ranges, g));
+    }
     std::uint32_t seen = m.amax_bits.load();
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(amax);
     while (bits > seen && !m.amax_bits.compare_exchange_weak(seen, bits)) {
     }
+  }
+
+  // The observer's ranges of n rows of a module (its MSE search up to the
+  // module's cutoff), in the worker's buffer.
+  const float* observe(const ModuleRun& m, Buffers& buf, const std::byte* weight,
+                       std::uint64_t n, ImprovedSteps* improved = nullptr) const {
+    buf.ranges.resize(2 * observed_groups(*m.args, n, m.rows.cols()));
+    ObserveIo io;
+    io.dtype = m.rows.dtype();
+    io.n_rows = n;
+    io.n_cols = m.rows.cols();
+    io.weight = weight;
+    io.ranges = buf.ranges.data();
+    observe_ranges(*m.args, m.observer, improved != nullptr ? m.observer.steps() : m.cutoff, io,
+                   improved);
+    return buf.ranges.data();
+  }
+
+  // The cutoff pre-pass: the candidates that improve some group of this
+  // chunk, until they settle the module's cutoff.
+  void run_observe_job(const Job& job, Buffers& buf) {
+    ModuleRun& m = *modules_[job.module];
+    if (m.cutoff_settled) return;
+    const std::uint64_t n = job.end - job.begin;
+    load_rows(m, job, buf);
+    float amax = 0.0f;
+    if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
+      throw_not_finite(m, job.begin, *bad, buf.input.data());
+    }
+    ImprovedSteps improved;
+    observe(m, buf, buf.input.data(), n, &improved);
+    const std::lock_guard lock(m.improved_mutex);
+    m.improved.resize(std::max(m.improved.size(), improved.size()), 0);
+    for (std::size_t i = 0; i < improved.size(); ++i) m.improved[i] |= improved[i];
+    if (mse_cutoff_settled(m.observer, m.improved)) m.cutoff_settled = true;
   }
 
   // Loads a job's rows; an FP8 value that is not finite once dequantized is
@@ -467,6 +565,13 @@ class Executor {
       io.row_begin = band;
       io.weight = weight;
       io.tensor_amax = m.set_amax;
+      if (m.observer.mse) {
+        if (const auto bad = max_abs(io.dtype, weight, io.n_rows * io.n_cols, io.tensor_amax)) {
+          throw_not_finite(m, band, *bad, weight);
+        }
+        io.tensor_amax = m.set_amax;
+        io.ranges = observe(m, buf, weight, io.n_rows);
+      }
       for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
         const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
         io.out[i] = out.out[i].data() + (spec.bytes_before(band) - spec.bytes_before(job.begin));
@@ -475,6 +580,12 @@ class Executor {
       if (const auto bad = m.family->quantize(*m.args, io)) {
         throw_not_finite(m, band, *bad, weight);
       }
+      error_rows(m, io, band - job.begin, buf);
+    }
+    {
+      ModuleRun& run = *modules_[job.module];
+      const std::lock_guard lock(run.error_mutex);
+      run.error.add(job.begin, std::span<const RowError>(buf.row_errors.data(), n_rows));
     }
     const std::uint64_t base = plan_.shards[m.shard].data_start;
     WriteRequest request;
@@ -490,6 +601,24 @@ class Executor {
                                             std::span<const std::byte>(out.out[i].data(), bytes)};
     }
     queue_.submit(request);
+  }
+
+  // The weight error of the rows the kernel just quantized (quant_error.hpp),
+  // while they and their outputs are in cache: into buf.row_errors from
+  // index `first` (the band's first row within the job).
+  void error_rows(const ModuleRun& m, const KernelIo& io, std::uint64_t first, Buffers& buf) const {
+    QuantErrorIo e;
+    e.dtype = io.dtype;
+    e.n_rows = io.n_rows;
+    e.n_cols = io.n_cols;
+    e.row_begin = io.row_begin;
+    e.weight = io.weight;
+    for (std::size_t i = 0; i < e.outputs.size(); ++i) e.outputs[i] = io.out[i];
+    for (std::size_t k = 0; k < m.whole.size() && k < e.whole.size(); ++k) {
+      e.whole[k] = m.whole[k].data();
+    }
+    quant_error_rows(*m.family, *m.args, e, std::span(buf.row_errors).subspan(first, io.n_rows),
+                     buf.error_values);
   }
 
   // Writes a module's rows as 16-bit values (an FP8 weight not quantized,
@@ -530,6 +659,10 @@ class Executor {
         run_amax_job(job, buf);
         job_written(i);
         break;
+      case Job::Kind::kObserve:
+        run_observe_job(job, buf);
+        job_written(i);
+        break;
       case Job::Kind::kQuantize:
         run_quantize_job(i, job, buf);
         break;
@@ -547,6 +680,7 @@ class Executor {
     buf.fp8_scale.resize(max_fp8_scale_bytes_);
     buf.band.resize(max_band_bytes_);
     buf.scratch.resize(max_scratch_bytes_);
+    buf.row_errors.resize(max_job_rows_);
     for (OutputSet& out : buf.out) {
       for (std::size_t i = 0; i < out.out.size(); ++i) out.out[i].resize(max_out_bytes_[i]);
     }
@@ -584,7 +718,10 @@ class Executor {
   void job_written(std::size_t job_index) {
     const Job& job = (*current_jobs_)[job_index];
     bytes_done_.fetch_add(job.input_bytes);
-    if (job.last_of_tensor && job.kind != Job::Kind::kAmax) tensors_done_.fetch_add(1);
+    // The pre-passes read a tensor without writing it.
+    if (job.last_of_tensor && job.kind != Job::Kind::kAmax && job.kind != Job::Kind::kObserve) {
+      tensors_done_.fetch_add(1);
+    }
   }
 
   void record_error(std::size_t job_index, std::exception_ptr error) {
@@ -780,6 +917,7 @@ class Executor {
 
   std::vector<std::unique_ptr<ModuleRun>> modules_;  // one per plan module
   std::vector<std::string> warnings_;                // collect_amax_warnings()
+  std::vector<Job> observe_jobs_;  // the MSE cutoff pre-pass
   std::vector<Job> amax_jobs_;  // the pre-pass: max |w| of modules that need it
   std::vector<Job> jobs_;       // everything else, in plan order
   const std::vector<Job>* current_jobs_ = &jobs_;
@@ -793,6 +931,7 @@ class Executor {
   std::uint64_t max_fp8_scale_bytes_ = 0;
   std::uint64_t max_band_bytes_ = 0;
   std::uint64_t max_scratch_bytes_ = 0;
+  std::uint64_t max_job_rows_ = 0;
   std::array<std::uint64_t, 4> max_out_bytes_{};
   std::uint64_t bytes_total_ = 0;
   std::uint64_t tensors_total_ = 0;

@@ -14,6 +14,7 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/report/inspect.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/exec/observer_choice.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/path_policy.hpp"
 #include "ctquant/source/hf_cache.hpp"
@@ -132,6 +133,48 @@ void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs
   }
 }
 
+// --observer auto (observer_choice.hpp): before anything is written, every
+// module is measured with min-max and with its MSE observer, and the plan is
+// made again with the groups split by the observer each module keeps. The
+// first plan's blocking lint findings stop the run before the weights are
+// read. A dry run does not read the weights: its plan keeps min-max.
+template <class Lap>
+void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& options,
+                          const LintOptions& lint, QuantizeSummary& summary, Lap& lap) {
+  const auto& log = options.logger;
+  if (options.dry_run) {
+    if (log) {
+      log->info("--observer auto: a dry run does not read the weights, so its plan shows every "
+                "group with min-max; the run measures each module with both observers");
+    }
+    return;
+  }
+  const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
+  if (!blocking_findings(first, options.strict, options.allow_unloadable).empty()) {
+    enforce_lint(first, options);
+  }
+  summary.phases.lint = lap();
+  ObserverChoiceOptions choose;
+  choose.threads = options.threads;
+  choose.chunk_bytes = options.chunk_bytes;
+  choose.mse_kwargs = options.auto_observer_kwargs;
+  choose.on_progress = options.on_progress;
+  choose.cancel = options.cancel;
+  if (log) {
+    log->info("--observer auto: measuring the weight error of {} module(s) with min-max and with "
+              "an MSE observer (each module read about four times)",
+              summary.plan.n_quantized);
+  }
+  summary.observer_choice = choose_observers(checkpoint, summary.plan, choose);
+  summary.phases.choose_observer = lap();
+  summary.plan = make_plan(checkpoint,
+                           split_groups_by_observer(options.plan, summary.plan,
+                                                    *summary.observer_choice,
+                                                    options.auto_observer_kwargs));
+  summary.phases.plan += lap();
+  check_cancel(options.cancel);
+}
+
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
@@ -205,8 +248,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_cancel(options.cancel);
   LintOptions lint;
   lint.tp = options.tp;
+  if (options.auto_observer) choose_observers_for(checkpoint, options, lint, summary, lap);
   summary.findings = run_lint(checkpoint, summary.plan, lint);
-  summary.phases.lint = lap();
+  summary.phases.lint += lap();
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, options);
   summary.tensors_quantized = summary.plan.n_quantized;

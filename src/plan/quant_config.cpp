@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/scheme/refused_presets.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 #include "util/input_file.hpp"
@@ -111,8 +112,26 @@ SchemeGroup scheme_for_group(const std::string& spec) {
     throw usage_error(fmt::format(
         "--scheme-for '{}': expected PATTERN=PRESET, e.g. 're:.*self_attn.*=W8A16'", spec));
   }
-  SchemeGroup g = preset_group(spec.substr(eq + 1));
+  // PRESET@OBSERVER: the group's own weight observer; the group is then
+  // named PRESET_OBSERVER, so that groups of one preset with different
+  // observers stay apart.
+  std::string preset = spec.substr(eq + 1);
+  std::string observer;
+  if (const auto at = preset.find('@'); at != std::string::npos) {
+    observer = preset.substr(at + 1);
+    preset.resize(at);
+  }
+  SchemeGroup g = preset_group(preset);
   g.targets = {spec.substr(0, eq)};
+  if (!observer.empty()) {
+    const ObserverChoice choice = resolve_observer(observer, "--scheme-for '" + spec + "'");
+    if (!choice.note.empty()) add_observer_note(choice.note);
+    g.weights.observer = choice.written;
+    g.name += "_" + choice.written;
+    const SchemeFamily* family = g.family();
+    const std::string why = family != nullptr ? family->supports(g.weights) : std::string();
+    if (!why.empty()) throw usage_error(fmt::format("--scheme-for '{}': {}", spec, why));
+  }
   return g;
 }
 

@@ -1,6 +1,7 @@
 #include "ctquant/plan/recipe.hpp"
 
 #include "ctquant/plan/quant_config.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/registry.hpp"
 
 #include <algorithm>
@@ -314,11 +315,33 @@ class RecipeReader {
           "{}: key 'bypass_divisibility_checks': ctquant always checks that the group size "
           "divides in_features (section 2 of the format spec, docs/format.md)",
           at(key)));
-    } else if (name == "weight_observer" || name == "input_observer" ||
-               name == "output_observer" || name == "observer") {
+    } else if (name == "weight_observer") {
+      spec_.weight_observer =
+          RecipeValue<std::string>{scalar_string(value, key, name), line_of(key)};
+    } else if (name == "observer") {
+      // {weights: NAME, input: NAME, output: NAME} (QuantizationMixin).
+      const json obs = to_json(value, key, name);
+      if (!obs.is_object()) {
+        throw usage_error(fmt::format("{}: observer must map weights/input/output to observer names",
+                                      at(key)));
+      }
+      for (const auto& [k, v] : obs.items()) {
+        if (k == "weights" && v.is_string()) {
+          spec_.weight_observer = RecipeValue<std::string>{v.get<std::string>(), line_of(key)};
+        } else if (k == "input" || k == "output") {
+          throw usage_error(fmt::format(
+              "{}: observer.{}: an activation observer needs activations (calibration data); "
+              "ctquant quantizes weights only, with dynamic activations",
+              at(key), k));
+        } else {
+          throw usage_error(fmt::format("{}: observer.{}: expected weights, input or output",
+                                        at(key), k));
+        }
+      }
+    } else if (name == "input_observer" || name == "output_observer") {
       throw usage_error(fmt::format(
-          "{}: key '{}': ctquant computes scales with the memoryless_minmax observer only "
-          "(round-to-nearest from each group's min and max); remove the override",
+          "{}: key '{}': an activation observer needs activations (calibration data); ctquant "
+          "quantizes weights only, with dynamic activations",
           at(key), name));
     } else if (name == "requires_calibration_data") {
       // llm-compressor writes this field when it saves a recipe.
@@ -437,17 +460,17 @@ class RecipeReader {
   // other than memoryless_minmax, activation ordering (GPTQ), dynamic weights.
   void check_weight_args(const std::string& path, const json& args) {
     auto line = [&](const char* field) { return spec_.lines[path + "." + field]; };
-    if (args.contains("observer") && !args["observer"].is_null() &&
-        args["observer"] != "memoryless_minmax") {
-      throw usage_error(fmt::format(
-          "{}:{}: {}.observer {}: ctquant computes scales with memoryless_minmax only",
-          spec_.file, line("observer"), path, args["observer"].dump()));
-    }
-    if (args.contains("observer_kwargs") && !args["observer_kwargs"].is_null() &&
-        args["observer_kwargs"] != json::object()) {
-      throw usage_error(fmt::format("{}:{}: {}.observer_kwargs: the memoryless_minmax observer "
-                                    "takes no arguments",
-                                    spec_.file, line("observer_kwargs"), path));
+    if (args.contains("observer") && !args["observer"].is_null()) {
+      if (!args["observer"].is_string()) {
+        throw usage_error(fmt::format("{}:{}: {}.observer {} is not a string", spec_.file,
+                                      line("observer"), path, args["observer"].dump()));
+      }
+      const std::string where = fmt::format("{}:{}: {}", spec_.file, line("observer"), path);
+      const ObserverChoice choice = resolve_observer(args["observer"].get<std::string>(), where);
+      if (args.contains("observer_kwargs") && !args["observer_kwargs"].is_null()) {
+        observer_params(choice.written, args["observer_kwargs"],
+                        fmt::format("{}:{}: {}", spec_.file, line("observer_kwargs"), path));
+      }
     }
     if (args.contains("actorder") && !args["actorder"].is_null()) {
       throw usage_error(fmt::format(
@@ -632,6 +655,72 @@ RecipeSpec parse_recipe(const fs::path& path) {
   return parse_recipe_text(text, path.string());
 }
 
+namespace {
+
+// --observer over the recipe's weight_observer; --observer-kwarg KEY=VALUE
+// (VALUE a JSON number, as observer_kwargs hold them).
+void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
+                             const CommandLinePlan& cli) {
+  if (cli.observer) {
+    r.observer = *cli.observer;
+    r.observer_origin = command_line_origin();
+  } else if (recipe != nullptr && recipe->weight_observer) {
+    r.observer = recipe->weight_observer->value;
+    r.observer_origin = recipe_origin(*recipe, recipe->weight_observer->line);
+  }
+  if (cli.observer_kwargs.empty()) return;
+  if (!r.observer) {
+    throw usage_error(
+        "--observer-kwarg needs --observer (or the recipe's weight_observer): the kwargs are the "
+        "observer's");
+  }
+  r.observer_kwargs = json::object();
+  for (const std::string& kv : cli.observer_kwargs) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw usage_error(fmt::format("--observer-kwarg '{}': expected KEY=VALUE, e.g. norm=2.4", kv));
+    }
+    const json value = json::parse(kv.substr(eq + 1), nullptr, false);
+    if (value.is_discarded() || !value.is_number()) {
+      throw usage_error(fmt::format("--observer-kwarg '{}': VALUE must be a number", kv));
+    }
+    r.observer_kwargs[kv.substr(0, eq)] = value;
+  }
+}
+
+// Sets every group's weight observer to the one given for the run.
+void apply_observer(PlanOptions& options, const EffectiveRecipe& r) {
+  if (!r.observer) return;
+  const std::string where = origin_label(r.observer_origin, "observer", "--observer");
+  if (*r.observer == "auto") {
+    // Planned with min-max; quantize measures every module with both
+    // observers and splits the groups (exec/observer_choice.hpp).
+    for (SchemeGroup& g : options.groups) {
+      g.weights.observer = "memoryless_minmax";
+      g.weights.observer_kwargs = json::object();
+    }
+    if (!r.observer_kwargs.is_null()) {
+      observer_params("memoryless_mse", r.observer_kwargs, "--observer-kwarg");
+    }
+    return;
+  }
+  const ObserverChoice choice = resolve_observer(*r.observer, where);
+  if (!choice.note.empty()) add_observer_note(choice.note);
+  for (SchemeGroup& g : options.groups) {
+    g.weights.observer = choice.written;
+    g.weights.observer_kwargs = r.observer_kwargs.is_null() ? json::object() : r.observer_kwargs;
+    observer_params(g.weights.observer, g.weights.observer_kwargs,
+                    r.observer_kwargs.is_null() ? where : std::string("--observer-kwarg"));
+    const SchemeFamily* family = g.family();
+    const std::string why = family != nullptr ? family->supports(g.weights) : std::string();
+    if (!why.empty()) {
+      throw usage_error(fmt::format("{} {}: config group {}: {}", where, *r.observer, g.name, why));
+    }
+  }
+}
+
+}  // namespace
+
 EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& cli) {
   EffectiveRecipe r;
   r.recipe = recipe;
@@ -664,6 +753,7 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
     r.ignore.insert(r.ignore.end(), cli.ignore.begin(), cli.ignore.end());
     r.ignore_origin = r.scheme_origin;
     if (!cli.ignore.empty()) r.ignore_origin.note += " and --ignore";
+    resolve_observer_option(r, recipe, cli);
     return r;
   }
   if (!cli.scheme_for.empty()) {
@@ -736,6 +826,7 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
       r.targets = kDefaultTargets;
     }
   }
+  resolve_observer_option(r, recipe, cli);
   // Ignore list.
   if (!cli.ignore.empty()) {
     r.ignore = cli.ignore;
@@ -772,6 +863,7 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
     main.targets = r.targets;
     if (r.group_size) apply_group_size(main, *r.group_size);
     add_scheme_group(options, std::move(main));
+    apply_observer(options, r);
     return options;
   }
   // Config groups, one at a time so that each message names its place and
@@ -805,6 +897,7 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
     }
     options.groups.push_back(std::move(group));
   }
+  apply_observer(options, r);
   return options;
 }
 
@@ -815,7 +908,9 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
       "# oneshot(model=..., recipe=FILE).\n",
       ctquant_version());
   text += "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n";
-  if (r.scheme && !r.group_size && r.scheme_for.empty()) {
+  // A preset alone when it says everything: no group size, no per-pattern
+  // schemes, no observer (config groups carry weights.observer).
+  if (r.scheme && !r.group_size && r.scheme_for.empty() && !r.observer) {
     text += fmt::format("      scheme: {}\n", yaml_string(upper(*r.scheme)));
     text += fmt::format("      targets: {}\n", yaml_list(r.targets));
   } else {

@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
-
+#include "ctquant/scheme/observer.hpp"
 #include "scheme/byte_code_simd.hpp"
+#include "scheme/dequant_simd.hpp"
 #include "scheme/row_support.hpp"
 
 namespace ctquant {
@@ -180,6 +182,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
       for (std::uint64_t r = 0; r < io.n_rows; ++r) {
         float amax = 0.0f;
         for (std::uint64_t c = 0; c < io.n_cols; ++c) amax = std::max(amax, std::fabs(w(r, c)));
+        if (io.ranges != nullptr) amax = range_amax(io.ranges, r);
         const float s = fp8_weight_scale(t, amax);
         for (std::uint64_t c = 0; c < io.n_cols; ++c) code(r, c, s);
         detail::store_as_dtype(t, s, io.out[1] + r * esize);
@@ -201,6 +204,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
           for (std::uint64_t r = r0; r < r1; ++r) {
             for (std::uint64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(w(r, c)));
           }
+          if (io.ranges != nullptr) amax = range_amax(io.ranges, i * grid_cols + j);
           const float s = fp8_weight_scale(t, amax);
           for (std::uint64_t r = r0; r < r1; ++r) {
             for (std::uint64_t c = c0; c < c1; ++c) code(r, c, s);
@@ -223,6 +227,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
 // The vector kernel at the best level this CPU runs (byte_code_simd.cpp),
 // else the reference.
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (detail::ByteCodeKernel* kernel = detail::byte_code_kernel(detail::simd_best_level())) {
     return kernel(detail::ByteCode::kE4M3, args, io);
   }
@@ -254,6 +259,41 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
       io.values[r * io.n_cols + c] = round_to_dtype(t, q * load_as_float(t, scale));
     }
   }
+}
+
+// dequantize's values for rows [r0, r1): each scale read as dequantize
+// reads it, then code * scale rounded to the weight's dtype by the vector
+// decoder (dequant_simd.hpp).
+void dequantize_rows(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                     std::uint64_t r1, float* values) {
+  const DType t = io.dtype;
+  const std::size_t esize = element_bytes(t);
+  const std::uint64_t n = r1 - r0;
+  const std::uint64_t group = args.strategy == S::kBlock ? args.block[1] : io.n_cols;
+  const std::uint64_t groups = ceil_div(io.n_cols, group);
+  std::vector<float> scales(n * groups);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    for (std::uint64_t j = 0; j < groups; ++j) {
+      const std::byte* scale = io.whole[0];
+      if (args.strategy == S::kChannel) {
+        scale = io.in[1] + (r0 + r) * esize;
+      } else if (args.strategy == S::kBlock) {
+        scale = io.in[1] + (((r0 + r) / args.block[0]) * groups + j) * esize;
+      }
+      scales[r * groups + j] = load_as_float(t, scale);
+    }
+  }
+  detail::ExpandRows x;
+  x.kind = detail::CodeKind::kE4M3;
+  x.codes = io.in[0] + r0 * io.n_cols;
+  x.row_bytes = io.n_cols;
+  x.n_rows = n;
+  x.n_cols = io.n_cols;
+  x.group_cols = group;
+  x.multipliers = scales.data();
+  x.round_to = t;
+  x.values = values;
+  detail::expand_codes(x);
 }
 
 // Every args `supports` takes has a vLLM kernel: CompressedTensorsW8A8Fp8
@@ -307,7 +347,7 @@ const SchemeFamily kFloatQuantizedFamily{
                "weight's dtype, dynamic FP8 activations (vLLM W8A8 FP8)",
     .presets = kFloatQuantizedPresets,
     .writes = writes_float_quantized,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,
@@ -317,6 +357,7 @@ const SchemeFamily kFloatQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =
@@ -336,7 +377,7 @@ const SchemeFamily kNaiveQuantizedFamily{
     .summary = "FP8 E4M3 weights without activation quantization (vLLM W8A16 FP8, Marlin)",
     .presets = {},
     .writes = writes_naive_quantized,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,
@@ -346,6 +387,7 @@ const SchemeFamily kNaiveQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

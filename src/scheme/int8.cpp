@@ -14,10 +14,13 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "ctquant/scheme/observer.hpp"
 #include "scheme/byte_code_simd.hpp"
+#include "scheme/dequant_simd.hpp"
 #include "scheme/row_support.hpp"
 
 namespace ctquant {
@@ -137,6 +140,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
     if (args.strategy == S::kChannel) {
       float amax = 0.0f;
       for (std::uint64_t c = 0; c < io.n_cols; ++c) amax = std::max(amax, std::fabs(w(r, c)));
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r);
       s = int8_weight_scale(t, amax);
       detail::store_as_dtype(t, s, io.out[1] + r * esize);
     }
@@ -151,6 +155,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
 // The vector kernel at the best level this CPU runs (byte_code_simd.cpp),
 // else the reference.
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (detail::ByteCodeKernel* kernel = detail::byte_code_kernel(detail::simd_best_level())) {
     return kernel(detail::ByteCode::kInt8, args, io);
   }
@@ -171,6 +176,31 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
       io.values[r * io.n_cols + c] = round_to_dtype(t, static_cast<float>(q) * s);
     }
   }
+}
+
+// dequantize's values for rows [r0, r1): each row's scale read as
+// dequantize reads it, then code * scale rounded to the weight's dtype by
+// the vector decoder (dequant_simd.hpp).
+void dequantize_rows(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                     std::uint64_t r1, float* values) {
+  const DType t = io.dtype;
+  const std::size_t esize = element_bytes(t);
+  std::vector<float> scales(r1 - r0);
+  for (std::uint64_t r = r0; r < r1; ++r) {
+    scales[r - r0] =
+        load_as_float(t, args.strategy == S::kTensor ? io.whole[0] : io.in[1] + r * esize);
+  }
+  detail::ExpandRows x;
+  x.kind = detail::CodeKind::kInt8;
+  x.codes = io.in[0] + r0 * io.n_cols;
+  x.row_bytes = io.n_cols;
+  x.n_rows = r1 - r0;
+  x.n_cols = io.n_cols;
+  x.group_cols = std::max<std::uint64_t>(1, io.n_cols);
+  x.multipliers = scales.data();
+  x.round_to = t;
+  x.values = values;
+  detail::expand_codes(x);
 }
 
 // Every args `supports` takes (8-bit symmetric, channel or tensor) selects
@@ -204,7 +234,7 @@ const SchemeFamily kIntQuantizedFamily{
                "dynamic per-token int8 activations (vLLM W8A8 int8)",
     .presets = kIntQuantizedPresets,
     .writes = writes,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,
@@ -214,6 +244,7 @@ const SchemeFamily kIntQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

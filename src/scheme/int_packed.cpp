@@ -16,7 +16,11 @@
 
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/pack.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "scheme/dequant_simd.hpp"
+#include "scheme/observer_steps.hpp"
+#include "scheme/simd.hpp"
 
 namespace ctquant {
 
@@ -117,7 +121,10 @@ std::uint64_t row_alignment(const QuantArgs& args) {
 
 bool needs_tensor_amax(const QuantArgs&) { return false; }
 
+// Zero points of asymmetric schemes; with an MSE observer, the zero points
+// and one unpacked code per weight (quantize_ranges_fast).
 std::uint64_t scratch_bytes(const QuantArgs& args, std::uint64_t n_rows, std::uint64_t n_cols) {
+  if (is_mse_observer(args.observer)) return n_rows * n_groups(args, n_cols) + n_rows * n_cols;
   return args.symmetric ? 0 : n_rows * n_groups(args, n_cols);
 }
 
@@ -132,6 +139,7 @@ std::optional<std::uint64_t> run(const QuantArgs& args, const KernelIo& io) {
   block.packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
   block.scale = io.out[1];
   block.zero_point = reinterpret_cast<std::int8_t*>(io.scratch.data());
+  block.ranges = io.ranges;
   const auto bad = Kernel(scheme, block);
   if (!bad && !args.symmetric) {
     const std::uint64_t groups = n_groups(args, io.n_cols);
@@ -147,7 +155,34 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
   return run<quantize_block_ref>(args, io);
 }
 
+// With observer ranges: the codes by the vector kernel of observer_simd.cpp
+// (unpacked, in scratch after the zero points), then packed row by row.
+std::optional<std::uint64_t> quantize_ranges_fast(const QuantArgs& args, const KernelIo& io) {
+  const std::uint64_t groups = n_groups(args, io.n_cols);
+  std::int8_t* zero_points = reinterpret_cast<std::int8_t*>(io.scratch.data());
+  std::int8_t* codes = zero_points + io.n_rows * groups;
+  if (io.scratch.size() < io.n_rows * groups + io.n_rows * io.n_cols ||
+      !detail::int_codes_from_ranges_at(detail::simd_best_level(), args, io.dtype, io.n_rows,
+                                        io.n_cols, args.scale_cols(io.n_cols), io.weight,
+                                        io.ranges, codes, io.out[1], zero_points)) {
+    return run<quantize_block_ref>(args, io);
+  }
+  const std::uint64_t words = packed_words_per_row(io.n_cols, args.num_bits);
+  auto* packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
+  for (std::uint64_t r = 0; r < io.n_rows; ++r) {
+    pack_codes(std::span<const std::int8_t>(codes + r * io.n_cols, io.n_cols), args.num_bits,
+               std::span<std::uint32_t>(packed + r * words, words));
+  }
+  if (!args.symmetric) {
+    pack_zero_points(std::span(zero_points, io.n_rows * groups), io.n_rows, groups, args.num_bits,
+                     std::span(reinterpret_cast<std::uint32_t*>(io.out[2]),
+                               packed_words_per_row(io.n_rows, args.num_bits) * groups));
+  }
+  return std::nullopt;
+}
+
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ranges_fast(args, io);
   return run<quantize_block>(args, io);
 }
 
@@ -185,6 +220,69 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
       const float s = load_as_float(io.dtype, io.in[1] + (r * groups + j) * esize);
       const float z = args.symmetric ? 0.0f : static_cast<float>(zero_points[r * groups + j]);
       io.values[r * io.n_cols + c] = (static_cast<float>(codes[c]) - z) * s;
+    }
+  }
+}
+
+// Zero point of chunk row r and group j from the word rows of the chunk
+// (dim-0 packing: column j's bit stream runs down the rows), as dequantize
+// unpacks it.
+float zero_point_at(const std::byte* words, std::uint64_t r, std::uint64_t j,
+                    std::uint64_t groups, int bits) {
+  std::uint32_t value = 0;
+  for (int k = 0; k < bits; ++k) {
+    const std::uint64_t at = r * static_cast<std::uint64_t>(bits) + static_cast<std::uint64_t>(k);
+    std::uint32_t word = 0;
+    std::memcpy(&word, words + ((at / 32) * groups + j) * 4, 4);
+    value |= ((word >> (at % 32)) & 1u) << k;
+  }
+  return static_cast<float>(static_cast<int>(value) - (1 << (bits - 1)));
+}
+
+// dequantize's values for rows [r0, r1): each group's scale and zero point
+// read as dequantize reads them, then (q - z) * s by the vector decoder for
+// 4- and 8-bit codes (dequant_simd.hpp), element by element for the others.
+void dequantize_rows(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                     std::uint64_t r1, float* values) {
+  const std::uint64_t n = r1 - r0;
+  const std::uint64_t words = packed_words_per_row(io.n_cols, args.num_bits);
+  const std::uint64_t groups = n_groups(args, io.n_cols);
+  const std::uint64_t g = args.scale_cols(io.n_cols);
+  const std::size_t esize = static_cast<std::size_t>(dtype_bits(io.dtype) / 8);
+  std::vector<float> scales(n * groups);
+  std::vector<float> zeros(args.symmetric ? 0 : n * groups);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    for (std::uint64_t j = 0; j < groups; ++j) {
+      scales[r * groups + j] = load_as_float(io.dtype, io.in[1] + ((r0 + r) * groups + j) * esize);
+      if (!args.symmetric) {
+        zeros[r * groups + j] = zero_point_at(io.in[2], r0 + r, j, groups, args.num_bits);
+      }
+    }
+  }
+  const std::byte* codes = io.in[0] + r0 * words * 4;
+  if (args.num_bits == 4 || args.num_bits == 8) {
+    detail::ExpandRows x;
+    x.kind = args.num_bits == 4 ? detail::CodeKind::kInt4Offset : detail::CodeKind::kInt8Offset;
+    x.codes = codes;
+    x.row_bytes = words * 4;
+    x.n_rows = n;
+    x.n_cols = io.n_cols;
+    x.group_cols = g;
+    x.multipliers = scales.data();
+    x.zero_points = args.symmetric ? nullptr : zeros.data();
+    x.values = values;
+    detail::expand_codes(x);
+    return;
+  }
+  std::vector<std::uint32_t> row(words);
+  std::vector<std::int8_t> q(io.n_cols);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    std::memcpy(row.data(), codes + r * words * 4, words * 4);
+    unpack_codes(row, args.num_bits, q);
+    for (std::uint64_t c = 0; c < io.n_cols; ++c) {
+      const std::uint64_t k = r * groups + c / g;
+      const float z = args.symmetric ? 0.0f : zeros[k];
+      values[r * io.n_cols + c] = (static_cast<float>(q[c]) - z) * scales[k];
     }
   }
 }
@@ -245,7 +343,7 @@ const SchemeFamily kIntPackedFamily{
     .summary = "integer RTN codes packed into int32, scales in the weight's dtype (Marlin)",
     .presets = kPresets,
     .writes = writes,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,
@@ -255,6 +353,7 @@ const SchemeFamily kIntPackedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -60,6 +60,10 @@ std::optional<std::uint64_t> quantize_block_ref(const QuantScheme& scheme,
         lo = std::min(lo, w);
         hi = std::max(hi, w);
       }
+      if (block.ranges != nullptr) {
+        lo = std::min(block.ranges[2 * (r * n_groups + g)], 0.0f);
+        hi = std::max(block.ranges[2 * (r * n_groups + g) + 1], 0.0f);
+      }
       float s = 0.0f;
       float z = 0.0f;
       if (scheme.symmetric) {
@@ -94,7 +98,7 @@ std::optional<std::uint64_t> quantize_block_ref(const QuantScheme& scheme,
 }
 
 std::optional<std::uint64_t> quantize_block(const QuantScheme& scheme, const KernelBlock& block) {
-  if (detail::simd_supports(scheme, block)) return detail::quantize_block_simd(scheme, block);
+  if (block.ranges == nullptr && detail::simd_supports(scheme, block)) return detail::quantize_block_simd(scheme, block);
   return quantize_block_ref(scheme, block);
 }
 

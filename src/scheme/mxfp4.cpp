@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/microscale.hpp"
 #include "scheme/microscale_simd.hpp"
@@ -60,6 +61,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
         if (!std::isfinite(w)) return r * io.n_cols + c;
         amax = std::max(amax, std::fabs(w));
       }
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r * groups + g);
       const microscale::MxScale scale = microscale::mx_scale(t, amax, microscale::kMxfp4Offset);
       scales[g] = std::byte{scale.byte};
       for (std::uint64_t c = c0; c < c0 + kGroup; c += 2) {
@@ -77,6 +79,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
 }
 
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (const auto kernel = microscale::best_kernel(microscale::Format::kMxfp4)) return kernel(io);
   return quantize_ref(args, io);
 }
@@ -110,6 +113,11 @@ std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs& args, std::uint64_t r
   return out;
 }
 
+void dequantize_rows(const QuantArgs&, const DequantIo& io, std::uint64_t r0, std::uint64_t r1,
+                     float* values) {
+  mx::dequantize_rows_e8m0(detail::CodeKind::kE2M1, io, r0, r1, values);
+}
+
 std::vector<OutputTensorSpec> outputs(const QuantArgs&, DType, std::uint64_t rows,
                                       std::uint64_t cols) {
   using F = OutputTensorSpec::Fill;
@@ -130,7 +138,7 @@ const SchemeFamily kMxfp4Family{
     .summary = "FP4 E2M1 codes, E8M0 exponents per 32 columns (Marlin, FlashInfer on SM100)",
     .presets = kPresets,
     .writes = writes,
-    .supports = mx::supports,
+    .supports = supports_with_observer<mx::supports>,
     .refuse = mx::refuse,
     .outputs = outputs,
     .whole_tensor = mx::whole_tensor,
@@ -140,6 +148,7 @@ const SchemeFamily kMxfp4Family{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = mx::vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/microscale.hpp"
 #include "scheme/microscale_simd.hpp"
@@ -58,6 +59,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
         if (!std::isfinite(w)) return r * io.n_cols + c;
         amax = std::max(amax, std::fabs(w));
       }
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r * groups + g);
       const microscale::MxScale scale = microscale::mx_scale(t, amax, microscale::kMxfp8Offset);
       scales[g] = std::byte{scale.byte};
       for (std::uint64_t c = c0; c < c0 + kGroup; ++c) {
@@ -70,6 +72,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
 }
 
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (const auto kernel = microscale::best_kernel(microscale::Format::kMxfp8)) return kernel(io);
   return quantize_ref(args, io);
 }
@@ -84,6 +87,11 @@ void dequantize(const QuantArgs&, const DequantIo& io) {
       io.values[r * io.n_cols + c] = f8_e4m3_to_float(code) * e8m0_to_float(e);
     }
   }
+}
+
+void dequantize_rows(const QuantArgs&, const DequantIo& io, std::uint64_t r0, std::uint64_t r1,
+                     float* values) {
+  mx::dequantize_rows_e8m0(detail::CodeKind::kE4M3, io, r0, r1, values);
 }
 
 std::vector<OutputTensorSpec> outputs(const QuantArgs&, DType, std::uint64_t rows,
@@ -106,7 +114,7 @@ const SchemeFamily kMxfp8Family{
     .summary = "FP8 E4M3 codes, E8M0 exponents per 32 columns (FlashInfer, Marlin)",
     .presets = kPresets,
     .writes = writes,
-    .supports = mx::supports,
+    .supports = supports_with_observer<mx::supports>,
     .refuse = mx::refuse,
     .outputs = outputs,
     .whole_tensor = mx::whole_tensor,
@@ -116,6 +124,7 @@ const SchemeFamily kMxfp8Family{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = mx::vllm_args_rule,
     .vllm_shape_rule = mx::vllm_shape_rule,
     .vllm_source =

@@ -22,11 +22,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "scheme/dequant_simd.hpp"
 #include "scheme/microscale.hpp"
 #include "scheme/microscale_simd.hpp"
 
@@ -163,6 +166,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
         if (!std::isfinite(w)) return r * io.n_cols + c;
         amax = std::max(amax, std::fabs(w));
       }
+      if (io.ranges != nullptr) amax = range_amax(io.ranges, r * groups + g);
       // Steps 3-6: the FP8 group scale (0x20 for a zero one).
       const std::uint8_t scale = microscale::nvfp4_group_scale(t, gs, amax);
       scales[g] = std::byte{scale};
@@ -183,6 +187,7 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs&, const KernelIo& io) 
 }
 
 std::optional<std::uint64_t> quantize_fast(const QuantArgs& args, const KernelIo& io) {
+  if (io.ranges != nullptr) return quantize_ref(args, io);  // observer ranges
   if (const auto kernel = microscale::best_kernel(microscale::Format::kNvfp4)) return kernel(io);
   return quantize_ref(args, io);
 }
@@ -201,6 +206,31 @@ void dequantize(const QuantArgs&, const DequantIo& io) {
       io.values[r * io.n_cols + c] = e2m1_to_float(code) * microscale::nvfp4_divisor(scale, gs);
     }
   }
+}
+
+// dequantize's values for rows [r0, r1): each group's divisor computed as
+// dequantize computes it, then fp4 * divisor by the vector decoder
+// (dequant_simd.hpp).
+void dequantize_rows(const QuantArgs&, const DequantIo& io, std::uint64_t r0, std::uint64_t r1,
+                     float* values) {
+  float gs = 0.0f;
+  std::memcpy(&gs, io.whole[0], 4);
+  const std::uint64_t groups = io.n_cols / kGroup;
+  std::vector<float> divisors((r1 - r0) * groups);
+  for (std::uint64_t k = 0; k < divisors.size(); ++k) {
+    divisors[k] =
+        microscale::nvfp4_divisor(std::to_integer<std::uint8_t>(io.in[1][r0 * groups + k]), gs);
+  }
+  detail::ExpandRows x;
+  x.kind = detail::CodeKind::kE2M1;
+  x.codes = io.in[0] + r0 * (io.n_cols / 2);
+  x.row_bytes = io.n_cols / 2;
+  x.n_rows = r1 - r0;
+  x.n_cols = io.n_cols;
+  x.group_cols = kGroup;
+  x.multipliers = divisors.data();
+  x.values = values;
+  detail::expand_codes(x);
 }
 
 // vLLM: compressed_tensors.py `_is_nvfp4_format` (tensor_group, group 16,
@@ -252,7 +282,7 @@ const SchemeFamily kNvfp4Family{
         "(Marlin FP4, Blackwell CUTLASS)",
     .presets = kPresets,
     .writes = writes,
-    .supports = supports,
+    .supports = supports_with_observer<supports>,
     .refuse = refuse,
     .outputs = outputs,
     .whole_tensor = whole_tensor,
@@ -263,6 +293,7 @@ const SchemeFamily kNvfp4Family{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {
@@ -166,7 +167,7 @@ json quant_args_json(const QuantArgs& args) {
       {"group_size", grouped ? json(args.group_size) : json(nullptr)},
       {"num_bits", args.num_bits},
       {"observer", args.observer},
-      {"observer_kwargs", json::object()},
+      {"observer_kwargs", args.observer_kwargs},
       {"scale_dtype", torch_dtype_json(args.scale_dtype)},
       {"strategy", strategy_name(args.strategy)},
       {"symmetric", args.symmetric},
@@ -303,25 +304,15 @@ QuantArgs quant_args_from_json(const json& weights, const std::string& where) {
   }
   if (const json* v = get("observer")) {
     if (!v->is_string()) throw fail(fmt::format("observer {} is not a string", v->dump()));
-    const std::string observer = v->get<std::string>();
-    // model_free_ptq rewrites "minmax" to "static_minmax" (same result for
-    // one observation, schemes.md 11); the MSE observers are searches
-    // ctquant does not implement.
-    if (observer == "memoryless_minmax" || observer == "static_minmax") {
-      args.observer = observer;
-    } else if (observer == "minmax") {
-      args.observer = "static_minmax";
-    } else {
-      throw fail(fmt::format(
-          "observer \"{}\": ctquant computes min-max round-to-nearest scales "
-          "(\"memoryless_minmax\", \"minmax\", \"static_minmax\")",
-          observer));
-    }
+    // model_free_ptq's names (schemes.md 11, docs/observers.md): "minmax"
+    // is written "static_minmax", "mse" runs memoryless_mse.
+    const ObserverChoice choice = resolve_observer(v->get<std::string>(), where + ".observer");
+    args.observer = choice.written;
+    if (!choice.note.empty()) add_observer_note(choice.note);
   }
   if (const json* v = get("observer_kwargs")) {
-    if (!v->is_object() || !v->empty()) {
-      throw fail(fmt::format("observer_kwargs {} must be empty", v->dump()));
-    }
+    observer_params(args.observer, *v, where + ".observer_kwargs");
+    args.observer_kwargs = *v;
   }
   return args;
 }

@@ -19,8 +19,9 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
+#include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/verify/loadability.hpp"
 #include "ctquant/util/error.hpp"
@@ -33,25 +34,6 @@ using nlohmann::json;
 using namespace detail;
 
 namespace {
-
-// The scheme groups and ignore list OUTPUT's config.json describes.
-PlanOptions plan_options_of(const Side& output) {
-  const auto fail = [&](const std::string& what) {
-    return bad_input(
-        fmt::format("{} config.json: {}; --against-source needs the quantization_config "
-                    "quantize writes (section 5 of the format spec, docs/format.md)",
-                    output.label, what));
-  };
-  if (!output.config_error.empty()) throw fail(output.config_error);
-  if (!output.config || !output.config->is_object()) throw fail("missing");
-  const auto qc = output.config->find("quantization_config");
-  if (qc == output.config->end() || !qc->is_object()) throw fail("no quantization_config");
-  try {
-    return plan_options_from_config(*qc, "quantization_config");
-  } catch (const Error& e) {
-    throw fail(e.what());
-  }
-}
 
 // Bits [bit, bit + width) of a little-endian byte stream (width <= 8).
 unsigned bits_at(const std::byte* data, std::uint64_t bit, int width) {
@@ -171,18 +153,85 @@ class AgainstSource {
         const std::uint64_t step = step_rows(source, 1);
         for (std::uint64_t r0 = 0; r0 < source.rows() && ok; r0 += step) {
           const std::uint64_t r1 = std::min(source.rows(), r0 + step);
-          rows.resize((r1 - r0) * source.row_bytes());
-          scales.resize(source.scale_bytes(r0, r1));
           float chunk = 0.0f;
-          if (source.load(r0, r1, rows, scales) ||
-              max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), chunk)) {
-            ok = false;  // reported when the module itself is checked
+          // Rows that do not load finite are reported when the module itself is checked.
+          ok = load_finite(source, r0, r1, rows, scales, chunk);
+          const SchemeGroup& g = plan_.group_of(plan_.modules[mi]);
+          if (ok && is_mse_observer(g.weights.observer)) {
+            // The global scale from the observer's ranges, as quantize does.
+            const float* ranges = observe(mi, source, rows.data(), r1 - r0);
+            chunk = 0.0f;
+            const std::uint64_t n = observed_groups(g.weights, r1 - r0, source.cols());
+            for (std::uint64_t k = 0; k < n; ++k) chunk = std::max(chunk, range_amax(ranges, k));
           }
           amax = std::max(amax, chunk);
         }
       }
       for (const std::size_t mi : set) set_amax_[mi] = amax;
     }
+  }
+
+  // The MSE observer's ranges of rows [r0, r1) of module mi (already
+  // loaded), searched up to the module's cutoff (observer.hpp), in ranges_.
+  // With `improved`: searched to the last candidate, the candidates that
+  // improve some group ORed into it (the cutoff's own pass).
+  const float* observe(std::size_t mi, const WeightRows& source, const std::byte* rows,
+                       std::uint64_t n, ImprovedSteps* improved = nullptr) {
+    const QuantArgs& args = plan_.group_of(plan_.modules[mi]).weights;
+    const ObserverParams params = observer_params(args.observer, args.observer_kwargs, "verify");
+    // Before ranges_ is sized: the cutoff's own pass uses it too.
+    const std::uint32_t cutoff = improved != nullptr ? params.steps() : mse_cutoff_of(mi);
+    ranges_.resize(2 * observed_groups(args, n, source.cols()));
+    ObserveIo io;
+    io.dtype = source.dtype();
+    io.n_rows = n;
+    io.n_cols = source.cols();
+    io.weight = rows;
+    io.ranges = ranges_.data();
+    observe_ranges(args, params, cutoff, io, improved);
+    return ranges_.data();
+  }
+
+  // Loads rows [r0, r1) of source and their max |w| into amax; false when
+  // a value is not finite.
+  static bool load_finite(const WeightRows& source, std::uint64_t r0, std::uint64_t r1,
+                          std::vector<std::byte>& rows, std::vector<std::byte>& scales,
+                          float& amax) {
+    rows.resize((r1 - r0) * source.row_bytes());
+    scales.resize(source.scale_bytes(r0, r1));
+    return !source.load(r0, r1, rows, scales) &&
+           !max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), amax);
+  }
+
+  // The last candidate the library searches for module mi: the candidates
+  // that improve some group, chunk by chunk until they settle it.
+  std::uint32_t mse_cutoff_of(std::size_t mi) {
+    if (const auto it = cutoffs_.find(mi); it != cutoffs_.end()) return it->second;
+    const PlannedModule& m = plan_.modules[mi];
+    const SchemeGroup& g = plan_.group_of(m);
+    const ObserverParams params =
+        observer_params(g.weights.observer, g.weights.observer_kwargs, "verify");
+    ImprovedSteps improved;
+    if (!mse_cutoff_settled(params, improved)) {
+      const WeightRows source(ckpt_, m.source);
+      const std::uint64_t step =
+          step_rows(source, std::max<std::uint64_t>(1, g.family()->row_alignment(g.weights)));
+      std::vector<std::byte> rows;
+      std::vector<std::byte> scales;
+      for (std::uint64_t r0 = 0; r0 < source.rows(); r0 += step) {
+        const std::uint64_t r1 = std::min(source.rows(), r0 + step);
+        float amax = 0.0f;
+        // Rows that do not load finite are reported when the module is checked.
+        if (!load_finite(source, r0, r1, rows, scales, amax)) break;
+        observe(mi, source, rows.data(), r1 - r0, &improved);
+        if (mse_cutoff_settled(params, improved)) break;
+      }
+    }
+    const std::uint32_t cutoff = mse_cutoff_settled(params, improved)
+                                     ? (params.steps() == 0 ? 0 : params.steps() - 1)
+                                     : mse_cutoff(params, improved);
+    cutoffs_[mi] = cutoff;
+    return cutoff;
   }
 
   std::uint64_t step_rows(const WeightRows& source, std::uint64_t align) const {
@@ -308,8 +357,8 @@ class AgainstSource {
     std::vector<std::vector<std::byte>> stored(row_outputs.size());
     std::vector<std::byte> scratch;
     std::vector<float> values;
-    double sum_err2 = 0;
-    double sum_w2 = 0;
+    std::vector<RowError> row_errors;
+    QuantError error;
     std::uint64_t accepted_scales = 0;
     std::uint64_t max_scale_ulp = 0;
     for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
@@ -343,6 +392,12 @@ class AgainstSource {
       }
       scratch.resize(family.scratch_bytes(args, n, cols));
       io.scratch = scratch;
+      if (is_mse_observer(args.observer)) {
+        float finite = 0.0f;
+        if (!max_abs(source.dtype(), src_rows.data(), n * cols, finite)) {
+          io.ranges = observe(mi, source, src_rows.data(), n);
+        }
+      }
       if (const auto bad = family.quantize_ref(args, io)) {
         c_.diff("source", ckpt_.shards[m.source.tensor.shard].label(),
                 ckpt_.entry(m.source.tensor).name,
@@ -407,23 +462,23 @@ class AgainstSource {
             break;
         }
       }
-      // The error of the stored values against the source rows.
-      values.resize(n * cols);
-      dq.values = values.data();
-      family.dequantize(args, dq);
-      const std::size_t esize = static_cast<std::size_t>(dtype_bits(source.dtype()) / 8);
-      for (std::uint64_t k = 0; k < n * cols; ++k) {
-        const double w = load_as_float(source.dtype(), src_rows.data() + k * esize);
-        const double err = w - static_cast<double>(values[k]);
-        sum_err2 += err * err;
-        sum_w2 += w * w;
-        check.max_abs_error = std::max(check.max_abs_error, std::fabs(err));
-      }
+      // The error of the stored values against the source rows, as
+      // quantize reports it (quant_error.hpp).
+      QuantErrorIo e;
+      e.dtype = source.dtype();
+      e.n_rows = n;
+      e.n_cols = cols;
+      e.row_begin = r0;
+      e.weight = src_rows.data();
+      e.outputs = dq.in;
+      e.whole = dq.whole;
+      row_errors.resize(n);
+      quant_error_rows(family, args, e, row_errors, values);
+      for (const RowError& r : row_errors) error.add(r);
     }
     check.groups_mismatched = mismatched.size();
-    check.rel_frobenius = sum_w2 > 0 ? std::sqrt(sum_err2 / sum_w2)
-                                     : (sum_err2 > 0 ? std::numeric_limits<double>::infinity()
-                                                     : 0.0);
+    check.rel_frobenius = error.rel_frobenius();
+    check.max_abs_error = error.max_abs_error();
     if (check.groups_mismatched > 0) {
       json details = {{"groups_mismatched", check.groups_mismatched},
                       {"groups", check.groups},
@@ -623,6 +678,8 @@ class AgainstSource {
   std::set<std::string> handled_;         // tensors already reported or checked as a module's
   std::set<std::size_t> handled_modules_;  // modules with a fate difference
   std::vector<float> set_amax_;
+  std::map<std::size_t, std::uint32_t> cutoffs_;  // mse_cutoff_of, per module
+  std::vector<float> ranges_;                     // observe()
 };
 
 }  // namespace
@@ -644,7 +701,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
     throw Error(e.kind(), fmt::format("--against-source: INPUT {}", e.what()));
   }
   report.input_quantization = q.describe();
-  PlanOptions plan_options = plan_options_of(out);
+  PlanOptions plan_options = plan_options_of_output(out, "--against-source");
   plan_options.default_ignore = false;  // the written list is the whole list
   report.tensors_output = out.n_tensors();
   report.tensors_reference = src.n_tensors();

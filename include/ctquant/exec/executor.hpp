@@ -29,6 +29,7 @@
 
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/scheme/quant_error.hpp"
 
 namespace ctquant {
 
@@ -72,6 +73,14 @@ struct ExecuteOptions {
       on_written;
 };
 
+// The weight error of one quantized module (quant_error.hpp), computed
+// chunk by chunk right after its kernel: the same figures for every thread
+// count and chunk size.
+struct ModuleError {
+  std::size_t module = 0;  // index into QuantizePlan::modules
+  QuantError error;
+};
+
 // Where the time of execute_plan() went, for logs and benchmarks.
 struct ExecuteStats {
   double seconds_stream = 0;        // jobs: reading, quantizing, writing (page cache)
@@ -83,6 +92,9 @@ struct ExecuteStats {
   // tensor_amax_warning): the output is what the reference writes, but
   // loses most of the weights' precision.
   std::vector<std::string> warnings;
+  // The weight error of every module quantized into the files written, in
+  // plan order.
+  std::vector<ModuleError> module_errors;
 };
 
 // Writes every file of the plan (or the ones options.files names) into

@@ -21,6 +21,7 @@
 #include <spdlog/logger.h>
 
 #include "ctquant/exec/executor.hpp"
+#include "ctquant/exec/observer_choice.hpp"
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
@@ -49,6 +50,12 @@ struct QuantizeOptions {
   bool manifest = true;
   std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job
   std::uint64_t fp8_band_bytes = 256u << 10;  // ExecuteOptions::fp8_band_bytes
+  // --observer auto (observer_choice.hpp): every module measured with
+  // min-max and with its MSE observer (observer_kwargs auto_observer_kwargs,
+  // an object or null) before anything is written; each keeps the scales
+  // with the lower weight error. The plan's groups must use min-max.
+  bool auto_observer = false;
+  nlohmann::json auto_observer_kwargs;
   // Lint (lint.hpp): which findings stop the run, and the TP degree L5 checks.
   bool allow_unloadable = false;  // lint errors do not stop the run
   bool strict = false;            // lint warnings stop the run too
@@ -94,7 +101,8 @@ QuantizeOptions default_quantize_options();
 // Wall time of each phase of quantize(), in seconds.
 struct PhaseTimes {
   double open = 0;      // list the input, read and validate every header
-  double plan = 0;      // make_plan
+  double plan = 0;      // make_plan (twice with --observer auto)
+  double choose_observer = 0;  // --observer auto: measuring every module with both observers
   double lint = 0;      // run_lint
   double stream = 0;    // execute_plan's jobs: read, quantize, write (page cache)
   double flush = 0;     // execute_plan's fsync of every file (0 with fsync off)
@@ -119,6 +127,10 @@ struct QuantizeSummary {
   QuantizePlan plan;
   std::vector<Finding> findings;  // every lint finding, blocking or not
   std::optional<PartSummary> part;  // a part's or a --resume run's files (kept, written)
+  // --observer auto (not for a dry run): each module's errors and choice,
+  // for the plan before the groups were split (the modules are the same, in
+  // the same order, as plan's).
+  std::optional<ObserverChoices> observer_choice;
 };
 
 // Runs the job. OUTPUT gets a manifest (report/manifest.hpp) of its files,

@@ -75,6 +75,9 @@ struct RecipeSpec {
   std::optional<RecipeValue<nlohmann::json>> config_groups;
   std::optional<RecipeValue<std::vector<std::string>>> targets;
   std::optional<RecipeValue<std::vector<std::string>>> ignore;
+  // `weight_observer: NAME` or `observer: {weights: NAME}`: the weights'
+  // observer of every group (llm-compressor QuantizationMixin).
+  std::optional<RecipeValue<std::string>> weight_observer;
   // The line of every value under config_groups, by dotted path
   // ("config_groups.group_0.weights.num_bits"), for messages.
   std::map<std::string, int> lines;
@@ -104,6 +107,8 @@ struct CommandLinePlan {
   std::vector<std::string> targets;     // empty: not given
   std::vector<std::string> scheme_for;  // PATTERN=PRESET, tried before the scheme
   std::string quantization_config;      // a QuantizationConfig JSON file, or empty
+  std::optional<std::string> observer;  // --observer: every group's weight observer
+  std::vector<std::string> observer_kwargs;  // --observer-kwarg KEY=VALUE
 };
 
 // What a run quantizes with, in recipe terms, and where each value came from.
@@ -118,6 +123,11 @@ struct EffectiveRecipe {
   std::vector<std::string> targets;     // with scheme (config groups carry their own)
   std::vector<std::string> scheme_for;  // with scheme: PATTERN=PRESET groups tried first
   std::vector<std::string> ignore;
+  // The weights' observer of every group, when given (--observer, the
+  // recipe's weight_observer), and --observer-kwarg's observer_kwargs.
+  std::optional<std::string> observer;
+  nlohmann::json observer_kwargs;  // null: not given
+  ValueOrigin observer_origin;
   ValueOrigin scheme_origin;  // of scheme or config_groups
   ValueOrigin group_size_origin;
   ValueOrigin targets_origin;

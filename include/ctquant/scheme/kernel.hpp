@@ -55,6 +55,9 @@ struct KernelBlock {
   std::uint32_t* packed = nullptr;
   std::byte* scale = nullptr;
   std::int8_t* zero_point = nullptr;
+  // Per group (n_rows * n_groups): the observer's lo, hi (values of dtype)
+  // the scale is computed from, or null: the group's min and max.
+  const float* ranges = nullptr;
 };
 
 // 32-bit words per packed row of n_cols codes of num_bits: ceil(n_cols*b/32).

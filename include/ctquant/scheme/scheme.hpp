@@ -51,7 +51,11 @@ struct QuantArgs {
   // kF8_E4M3 (NVFP4) or kU8 (MX exponents); nullopt: scales in the weight's
   // dtype (every other format, schemes.md section 3.5).
   std::optional<DType> scale_dtype;
+  // The weight observer as config.json records it (scheme/observer.hpp:
+  // memoryless_minmax, static_minmax, memoryless_mse, nvfp4_expanded_mse)
+  // and its observer_kwargs object.
   std::string observer = "memoryless_minmax";
+  nlohmann::json observer_kwargs = nlohmann::json::object();
 
   // Columns one scale covers along in_features for a weight of n_cols
   // columns: the group size, the block width, or n_cols (tensor, channel).
@@ -112,6 +116,10 @@ struct KernelIo {
   // For families with needs_tensor_amax: max |w| over the module (or the
   // fused set it shares a global scale with), exactly as stored in dtype.
   float tensor_amax = 0.0f;
+  // The observer's range per scale group of the chunk (scheme/observer.hpp
+  // observe_ranges: lo, hi, values of dtype, groups row-major), or null:
+  // min-max, each group's own min and max. Kernels take the scale from it.
+  const float* ranges = nullptr;
   // One pointer per kRows output tensor, in the order outputs() lists them:
   // where the bytes for rows [row_begin, row_begin + n_rows) go.
   std::array<std::byte*, 4> out{};
@@ -139,6 +147,13 @@ struct DequantIo {
   float* values = nullptr;  // n_rows * n_cols
 };
 using DequantFn = void (*)(const QuantArgs& args, const DequantIo& io);
+// The same for rows [r0, r1) of the chunk io describes (0 <= r0 < r1 <=
+// io.n_rows; io.values is not used): (r1 - r0) * n_cols floats into values,
+// equal to what dequantize gives for those rows (a NaN where it gives a
+// NaN), by vector code. The weight error of every module is computed from
+// it band by band, right after the kernel (quant_error.hpp).
+using DequantRowsFn = void (*)(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                               std::uint64_t r1, float* values);
 
 // A compressed-tensors preset scheme (`quantization/quant_scheme.py`): its
 // name as `--scheme` takes it, the weights' args and the input activations
@@ -213,6 +228,7 @@ struct SchemeFamily {
   KernelFn quantize_ref;  // the scalar reference: reads like the spec
   KernelFn quantize;      // the fast path: same bytes for every input
   DequantFn dequantize;
+  DequantRowsFn dequantize_rows = nullptr;  // null: quant_error.hpp runs dequantize
   // Whether vLLM has a kernel for these args at all (bit width, group size,
   // symmetry): "" when it has, otherwise why not. Lint reports it as a
   // finding that stops the run.

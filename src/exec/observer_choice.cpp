@@ -1,0 +1,454 @@
+#include "ctquant/exec/observer_choice.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
+#include "ctquant/source/weight_rows.hpp"
+#include "ctquant/util/error.hpp"
+
+namespace ctquant {
+
+std::size_t ObserverChoices::modules_using_mse() const {
+  return static_cast<std::size_t>(
+      std::count_if(modules.begin(), modules.end(), [](const auto& m) { return m.use_mse; }));
+}
+
+QuantError ObserverChoices::total_minmax() const {
+  QuantError all;
+  for (const ModuleObserverChoice& m : modules) all.add(m.minmax);
+  return all;
+}
+
+QuantError ObserverChoices::total_chosen() const {
+  QuantError all;
+  for (const ModuleObserverChoice& m : modules) all.add(m.use_mse ? m.mse : m.minmax);
+  return all;
+}
+
+std::string auto_mse_observer(const QuantArgs& weights) {
+  return weights.strategy == QuantArgs::Strategy::kTensorGroup ? "nvfp4_expanded_mse"
+                                                                : "memoryless_mse";
+}
+
+namespace {
+
+[[noreturn]] void throw_interrupted() {
+  throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+}
+
+// One observer's run over a set of modules that share a global scale (or
+// one module): each module's weight error with that observer.
+class SetMeasure {
+ public:
+  SetMeasure(const Checkpoint& checkpoint, const QuantizePlan& plan,
+             const std::vector<std::size_t>& set, const QuantArgs& args,
+             const ObserverChoiceOptions& options, std::atomic<std::uint64_t>& bytes_done)
+      : ckpt_(checkpoint),
+        plan_(plan),
+        set_(set),
+        args_(args),
+        options_(options),
+        bytes_done_(bytes_done),
+        family_(plan.group_of(plan.modules[set.front()]).family()),
+        params_(observer_params(args.observer, args.observer_kwargs,
+                                "--observer auto: " + args.observer)) {}
+
+  std::vector<QuantError> run() {
+    std::vector<std::uint32_t> cutoffs;
+    for (const std::size_t mi : set_) cutoffs.push_back(cutoff(mi));
+    float set_amax = 0.0f;
+    if (family_->needs_tensor_amax(args_)) {
+      for (std::size_t k = 0; k < set_.size(); ++k) {
+        set_amax = std::max(set_amax, amax(set_[k], cutoffs[k]));
+      }
+    }
+    std::vector<QuantError> errors;
+    for (std::size_t k = 0; k < set_.size(); ++k) {
+      errors.push_back(measure(set_[k], cutoffs[k], set_amax));
+    }
+    return errors;
+  }
+
+ private:
+  const PlannedModule& module(std::size_t mi) const { return plan_.modules[mi]; }
+
+  std::uint64_t step_rows(const WeightRows& rows) const {
+    const std::uint64_t align = std::max<std::uint64_t>(1, family_->row_alignment(args_));
+    const std::uint64_t n = std::max<std::uint64_t>(
+        1, options_.chunk_bytes / std::max<std::uint64_t>(1, rows.row_bytes()));
+    return std::max(align, n / align * align);
+  }
+
+  // Rows [r0, r1) into input_, checked finite (as the run checks them).
+  void load(const WeightRows& rows, std::uint64_t r0, std::uint64_t r1) {
+    if (options_.cancel != nullptr && options_.cancel->load()) throw_interrupted();
+    input_.resize((r1 - r0) * rows.row_bytes());
+    scales_.resize(rows.scale_bytes(r0, r1));
+    if (const auto bad = rows.load(r0, r1, input_, scales_)) {
+      const std::uint64_t row = r0 + *bad / rows.cols();
+      const std::uint64_t col = *bad % rows.cols();
+      throw bad_input(fmt::format(
+          "{} {} (a dequantized weight must be finite; section 6 of the format spec, "
+          "docs/format.md)",
+          rows.element(row, col), rows.describe_fp8(row, col)));
+    }
+    float amax = 0.0f;
+    if (const auto bad = max_abs(rows.dtype(), input_.data(), (r1 - r0) * rows.cols(), amax)) {
+      const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(rows.dtype()) / 8);
+      throw bad_input(fmt::format(
+          "{} is {} (a weight to be quantized must be finite; section 3 of the format spec, "
+          "docs/format.md)",
+          rows.element(r0 + *bad / rows.cols(), *bad % rows.cols()),
+          load_as_float(rows.dtype(), input_.data() + *bad * esize)));
+    }
+    last_amax_ = amax;
+    bytes_done_ += (r1 - r0) * rows.row_bytes();
+  }
+
+  // The MSE observer's ranges of the rows in input_, searched up to cutoff
+  // (improved: to the last candidate, ORing in the candidates that improve).
+  const float* observe(const WeightRows& rows, std::uint64_t n, std::uint32_t cutoff,
+                       ImprovedSteps* improved = nullptr) {
+    ranges_.resize(2 * observed_groups(args_, n, rows.cols()));
+    ObserveIo io;
+    io.dtype = rows.dtype();
+    io.n_rows = n;
+    io.n_cols = rows.cols();
+    io.weight = input_.data();
+    io.ranges = ranges_.data();
+    observe_ranges(args_, params_, cutoff, io, improved);
+    return ranges_.data();
+  }
+
+  // The last candidate the library searches for the module (the executor's
+  // cutoff pre-pass: chunk by chunk until the improvements settle it).
+  std::uint32_t cutoff(std::size_t mi) {
+    if (!params_.mse) return 0;
+    const std::uint32_t steps = params_.steps();
+    if (params_.patience > static_cast<long long>(steps)) return steps == 0 ? 0 : steps - 1;
+    const WeightRows rows(ckpt_, module(mi).source);
+    const std::uint64_t step = step_rows(rows);
+    ImprovedSteps improved;
+    for (std::uint64_t r0 = 0; r0 < rows.rows(); r0 += step) {
+      const std::uint64_t r1 = std::min(rows.rows(), r0 + step);
+      load(rows, r0, r1);
+      observe(rows, r1 - r0, steps, &improved);
+      if (mse_cutoff_settled(params_, improved)) return steps == 0 ? 0 : steps - 1;
+    }
+    return mse_cutoff(params_, improved);
+  }
+
+  // max |w| of the module, or with an MSE observer the largest |range| of
+  // its chosen ranges (Observer.get_global_scale).
+  float amax(std::size_t mi, std::uint32_t cutoff) {
+    const WeightRows rows(ckpt_, module(mi).source);
+    const std::uint64_t step = step_rows(rows);
+    float amax = 0.0f;
+    for (std::uint64_t r0 = 0; r0 < rows.rows(); r0 += step) {
+      const std::uint64_t r1 = std::min(rows.rows(), r0 + step);
+      load(rows, r0, r1);
+      float chunk = last_amax_;
+      if (params_.mse) {
+        const float* ranges = observe(rows, r1 - r0, cutoff);
+        chunk = 0.0f;
+        const std::uint64_t groups = observed_groups(args_, r1 - r0, rows.cols());
+        for (std::uint64_t g = 0; g < groups; ++g) chunk = std::max(chunk, range_amax(ranges, g));
+      }
+      amax = std::max(amax, chunk);
+    }
+    return amax;
+  }
+
+  // The module quantized chunk by chunk into memory, and its weight error.
+  QuantError measure(std::size_t mi, std::uint32_t cutoff, float set_amax) {
+    const PlannedModule& m = module(mi);
+    const WeightRows rows(ckpt_, m.source);
+    const std::vector<OutputTensorSpec> specs =
+        family_->outputs(args_, m.dtype, m.source.rows, m.source.cols);
+    std::vector<std::vector<std::byte>> whole;
+    std::vector<const OutputTensorSpec*> row_specs;
+    for (const OutputTensorSpec& s : specs) {
+      if (s.fill == OutputTensorSpec::Fill::kRows) {
+        row_specs.push_back(&s);
+      } else {
+        whole.push_back(family_->whole_tensor(args_, m.dtype, m.source.rows, m.source.cols,
+                                              set_amax, whole.size()));
+      }
+    }
+    const std::uint64_t step = step_rows(rows);
+    QuantError error;
+    for (std::uint64_t r0 = 0; r0 < rows.rows(); r0 += step) {
+      const std::uint64_t r1 = std::min(rows.rows(), r0 + step);
+      load(rows, r0, r1);
+      KernelIo io;
+      io.dtype = rows.dtype();
+      io.n_rows = r1 - r0;
+      io.n_cols = rows.cols();
+      io.row_begin = r0;
+      io.weight = input_.data();
+      io.tensor_amax = set_amax;
+      if (params_.mse) io.ranges = observe(rows, io.n_rows, cutoff);
+      outputs_.resize(row_specs.size());
+      for (std::size_t o = 0; o < row_specs.size(); ++o) {
+        outputs_[o].resize(row_specs[o]->bytes_before(r1) - row_specs[o]->bytes_before(r0));
+        io.out[o] = outputs_[o].data();
+      }
+      scratch_.resize(family_->scratch_bytes(args_, io.n_rows, io.n_cols));
+      io.scratch = std::span<std::byte>(scratch_);
+      if (family_->quantize(args_, io)) {
+        // load() found every element finite; a kernel reports nothing else.
+        throw Error(ErrorKind::kBadInput,
+                    fmt::format("{}: not finite when quantized", rows.element(r0, 0)));
+      }
+      QuantErrorIo e;
+      e.dtype = io.dtype;
+      e.n_rows = io.n_rows;
+      e.n_cols = io.n_cols;
+      e.row_begin = r0;
+      e.weight = io.weight;
+      for (std::size_t o = 0; o < row_specs.size() && o < e.outputs.size(); ++o) {
+        e.outputs[o] = outputs_[o].data();
+      }
+      for (std::size_t k = 0; k < whole.size() && k < e.whole.size(); ++k) {
+        e.whole[k] = whole[k].data();
+      }
+      row_errors_.resize(io.n_rows);
+      quant_error_rows(*family_, args_, e, row_errors_, error_values_);
+      for (const RowError& r : row_errors_) error.add(r);
+    }
+    return error;
+  }
+
+  const Checkpoint& ckpt_;
+  const QuantizePlan& plan_;
+  const std::vector<std::size_t>& set_;
+  const QuantArgs& args_;
+  const ObserverChoiceOptions& options_;
+  std::atomic<std::uint64_t>& bytes_done_;
+  const SchemeFamily* family_;
+  ObserverParams params_;
+  std::vector<std::byte> input_;
+  std::vector<std::byte> scales_;
+  std::vector<float> ranges_;
+  std::vector<std::vector<std::byte>> outputs_;
+  std::vector<std::byte> scratch_;
+  std::vector<RowError> row_errors_;
+  std::vector<float> error_values_;
+  float last_amax_ = 0.0f;
+};
+
+// A set of modules measured together (a fused set sharing a global scale,
+// or one module), with both observers' arguments.
+struct MeasureSet {
+  std::vector<std::size_t> modules;
+  QuantArgs minmax;
+  QuantArgs mse;
+  std::uint64_t bytes = 0;  // input bytes read in all, about
+};
+
+// Union-find over plan modules: the modules that keep one observer together.
+struct Units {
+  std::map<std::size_t, std::size_t> parent;
+  std::size_t find(std::size_t m) {
+    auto it = parent.try_emplace(m, m).first;
+    if (it->second == m) return m;
+    return it->second = find(it->second);
+  }
+  void join(std::size_t a, std::size_t b) { parent[find(a)] = find(b); }
+};
+
+}  // namespace
+
+ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                                 const ObserverChoiceOptions& options) {
+  ObserverChoices choices;
+  std::map<std::size_t, std::size_t> slot;  // plan module -> index into choices.modules
+  std::vector<MeasureSet> sets;
+  std::set<std::size_t> in_set;
+  Units units;
+  std::map<std::string, std::size_t> by_layer;  // vLLM layer -> a module of it
+  for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+    const PlannedModule& m = plan.modules[mi];
+    if (m.kind != PlannedModule::Kind::kQuantize) continue;
+    slot[mi] = choices.modules.size();
+    ModuleObserverChoice& c = choices.modules.emplace_back();
+    c.module = mi;
+    // The shards of a layer vLLM builds fused (q/k/v, gate/up, a MoE
+    // layer's experts) keep one observer: vLLM reads the layer with one
+    // config group.
+    const ModuleInfo* info = plan.roles.find(m.name);
+    const std::string layer = info != nullptr && !info->vllm_layer.empty() ? info->vllm_layer
+                                                                            : m.name;
+    if (const auto [it, fresh] = by_layer.try_emplace(layer, mi); !fresh) units.join(mi, it->second);
+    if (m.amax_set) {
+      for (const std::size_t k : plan.amax_sets[*m.amax_set]) units.join(mi, k);
+    }
+    const SchemeGroup& g = plan.group_of(m);
+    QuantArgs mse = g.weights;
+    mse.observer = auto_mse_observer(g.weights);
+    mse.observer_kwargs = options.mse_kwargs.is_null() ? nlohmann::json::object()
+                                                       : options.mse_kwargs;
+    const std::string why = g.family()->supports(mse);
+    if (!why.empty()) {
+      c.not_measured = why;
+      continue;
+    }
+    c.mse_observer = mse.observer;
+    if (in_set.contains(mi)) continue;
+    MeasureSet u;
+    u.modules = m.amax_set ? plan.amax_sets[*m.amax_set] : std::vector<std::size_t>{mi};
+    u.minmax = g.weights;
+    u.minmax.observer = "memoryless_minmax";
+    u.minmax.observer_kwargs = nlohmann::json::object();
+    u.mse = mse;
+    // Each observer reads a module once, the MSE one up to twice more (its
+    // cutoff and a set's global scale): the estimate only drives progress.
+    for (const std::size_t k : u.modules) {
+      in_set.insert(k);
+      const WeightRows rows(checkpoint, plan.modules[k].source);
+      u.bytes += (m.amax_set ? 4 : 2) * rows.rows() * rows.row_bytes();
+    }
+    sets.push_back(std::move(u));
+  }
+  // The kwargs are checked once, before any weight is read.
+  if (!sets.empty()) {
+    observer_params(sets.front().mse.observer, sets.front().mse.observer_kwargs,
+                    "--observer-kwarg");
+  }
+
+  std::uint64_t bytes_total = 0;
+  for (const MeasureSet& u : sets) bytes_total += u.bytes;
+  std::atomic<std::uint64_t> bytes_done{0};
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  std::size_t running = 0;
+  std::exception_ptr failure;
+  std::vector<std::vector<QuantError>> minmax(sets.size());
+  std::vector<std::vector<QuantError>> mse(sets.size());
+  const auto worker = [&] {
+    for (;;) {
+      {
+        const std::lock_guard lock(mutex);
+        if (failure) break;
+      }
+      const std::size_t u = next++;
+      if (u >= sets.size()) break;
+      try {
+        minmax[u] =
+            SetMeasure(checkpoint, plan, sets[u].modules, sets[u].minmax, options, bytes_done)
+                .run();
+        mse[u] = SetMeasure(checkpoint, plan, sets[u].modules, sets[u].mse, options, bytes_done)
+                     .run();
+      } catch (...) {
+        const std::lock_guard lock(mutex);
+        if (!failure) failure = std::current_exception();
+        break;
+      }
+    }
+    const std::lock_guard lock(mutex);
+    --running;
+    done_cv.notify_all();
+  };
+  const unsigned threads = static_cast<unsigned>(
+      std::max<std::size_t>(1, std::min<std::size_t>(options.threads, sets.size())));
+  std::vector<std::thread> pool;
+  running = threads;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
+  {
+    std::unique_lock lock(mutex);
+    while (running > 0) {
+      done_cv.wait_for(lock, std::chrono::milliseconds(200));
+      if (options.on_progress) {
+        lock.unlock();
+        options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total, 0, 0});
+        lock.lock();
+      }
+    }
+  }
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+  if (options.on_progress) options.on_progress(Progress{bytes_total, bytes_total, 0, 0});
+
+  for (std::size_t u = 0; u < sets.size(); ++u) {
+    for (std::size_t k = 0; k < sets[u].modules.size(); ++k) {
+      ModuleObserverChoice& c = choices.modules[slot.at(sets[u].modules[k])];
+      c.minmax = minmax[u][k];
+      c.mse = mse[u][k];
+    }
+  }
+  // A unit keeps the MSE scales when all its modules were measured and
+  // their ||W - Q|| together is strictly lower (a tie keeps the default).
+  struct Sum {
+    QuantError minmax;
+    QuantError mse;
+    bool measured = true;
+  };
+  std::map<std::size_t, Sum> sums;
+  for (const ModuleObserverChoice& c : choices.modules) {
+    Sum& s = sums[units.find(c.module)];
+    s.minmax.add(c.minmax);
+    s.mse.add(c.mse);
+    s.measured = s.measured && !c.mse_observer.empty();
+  }
+  for (ModuleObserverChoice& c : choices.modules) {
+    const Sum& s = sums.at(units.find(c.module));
+    c.use_mse = s.measured && s.mse.err2 < s.minmax.err2;
+  }
+  return choices;
+}
+
+PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePlan& plan,
+                                     const ObserverChoices& choices,
+                                     const nlohmann::json& mse_kwargs) {
+  std::vector<std::vector<std::string>> keep(plan.options.groups.size());
+  std::vector<std::vector<std::string>> use_mse(plan.options.groups.size());
+  for (const ModuleObserverChoice& c : choices.modules) {
+    const PlannedModule& m = plan.modules[c.module];
+    (c.use_mse ? use_mse : keep)[m.group].push_back(m.name);
+  }
+  std::set<std::string> names;
+  for (const SchemeGroup& g : plan.options.groups) names.insert(g.name);
+  PlanOptions out = given;
+  out.groups.clear();
+  for (std::size_t gi = 0; gi < plan.options.groups.size(); ++gi) {
+    const SchemeGroup& g = plan.options.groups[gi];
+    if (use_mse[gi].empty()) {
+      out.groups.push_back(g);
+      continue;
+    }
+    SchemeGroup mse = g;
+    mse.weights.observer = auto_mse_observer(g.weights);
+    mse.weights.observer_kwargs =
+        mse_kwargs.is_null() ? nlohmann::json::object() : mse_kwargs;
+    if (keep[gi].empty()) {
+      out.groups.push_back(std::move(mse));
+      continue;
+    }
+    SchemeGroup minmax = g;
+    minmax.targets = keep[gi];
+    mse.targets = use_mse[gi];
+    mse.name = g.name + "_" + mse.weights.observer;
+    for (int n = 2; names.contains(mse.name); ++n) {
+      mse.name = fmt::format("{}_{}_{}", g.name, mse.weights.observer, n);
+    }
+    names.insert(mse.name);
+    out.groups.push_back(std::move(minmax));
+    out.groups.push_back(std::move(mse));
+  }
+  return out;
+}
+
+}  // namespace ctquant
