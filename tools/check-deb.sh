@@ -63,7 +63,9 @@ cleanup() {
 }
 trap cleanup EXIT
 echo "check-deb: mmdebstrap --variant=minbase bookworm, with $(basename "$deb")" >&2
-mmdebstrap --quiet --variant=minbase --include="$deb" bookworm "$root" \
+# The hook makes the .deb visible to dpkg inside the root at the same path.
+mmdebstrap --quiet --variant=minbase --include="$deb" \
+  --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount bookworm "$root" \
   "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
   "deb $SECURITY_MIRROR bookworm-security main" >"$root.log" 2>&1 \
   || { tail -30 "$root.log" >&2; rm -f "$root.log"; die "mmdebstrap failed"; }
