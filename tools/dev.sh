@@ -9,8 +9,11 @@
 #   tools/dev.sh fuzz [S] fuzz the reader for S seconds (tools/fuzz.sh)
 #   tools/dev.sh build    only install and build
 #   tools/dev.sh deps     only install the packages the build needs
-#   tools/dev.sh cross-arm64  cross-compile for AArch64 (in build-arm64/) and
-#                         run the test suite under qemu-user (README)
+#   tools/dev.sh cross-arm64  cross-compile for AArch64 (in build-arm64/,
+#                         against an arm64 sysroot: the host's packages are
+#                         not touched) and run the kernel tests and the
+#                         golden cases under qemu-user (README)
+# Each command prints how long its steps took; docs/build.md lists them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ccache (when installed) keys objects on paths relative to the checkout, so
@@ -18,7 +21,7 @@ cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 
 PACKAGES=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   googletest libgtest-dev libpcre2-dev libbenchmark-dev libhwy-dev
   libyaml-cpp-dev libssl-dev help2man
@@ -30,22 +33,25 @@ SANITIZE_BUILD_DIR=${CTQUANT_SANITIZE_BUILD_DIR:-build-asan}
 SANITIZE_OPTIONS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTQUANT_SANITIZE=ON -DCTQUANT_BUILD_FUZZERS=ON)
 
 # The AArch64 cross build (tools/dev.sh cross-arm64): Debian's cross
-# compiler and qemu-user on the host, the arm64 -dev packages beside the
-# native ones (multiarch; nlohmann-json and CLI11 are header-only, arch all).
-CROSS_PACKAGES=(g++-aarch64-linux-gnu qemu-user-static cmake pkg-config nlohmann-json3-dev libcli11-dev)
-CROSS_ARM64_PACKAGES=(libspdlog-dev:arm64 libfmt-dev:arm64 libpcre2-dev:arm64 libgtest-dev:arm64
-  libyaml-cpp-dev:arm64 libssl-dev:arm64
-  libhwy-dev:arm64)
+# compiler and qemu-user on the host; the arm64 -dev packages (and the
+# libraries the tests run with under qemu) unpacked into a sysroot of their
+# own by tools/arm64-sysroot.sh, not installed beside the native ones: some
+# (libyaml-cpp-dev) cannot be installed for two architectures at once.
+CROSS_PACKAGES=(g++-aarch64-linux-gnu qemu-user-static cmake ninja-build pkg-config
+  debian-archive-keyring)
+CROSS_ARM64_PACKAGES=(libspdlog-dev libfmt-dev libpcre2-dev libgtest-dev libyaml-cpp-dev libssl-dev
+  libhwy-dev nlohmann-json3-dev libcli11-dev libc6 libstdc++6)
 CROSS_BUILD_DIR=${CTQUANT_CROSS_BUILD_DIR:-build-arm64}
+CROSS_SYSROOT=${CTQUANT_ARM64_SYSROOT:-$CROSS_BUILD_DIR/sysroot}
 
 as_root() {
   if [ "$(id -u)" -ne 0 ]; then sudo "$@"; else "$@"; fi
 }
 
 # A package counts as installed in the architecture it is asked for: PKG
-# (no :ARCH) in the native one or "all". Some -dev packages (yaml-cpp) cannot
-# be installed for two architectures at once, so the cross build's arm64 one
-# replaces the native one, and the native build must notice.
+# (no :ARCH) in the native one or "all". (A host where an arm64 -dev package
+# was installed by multiarch, and replaced the native one, gets the native
+# one back.)
 install_packages() {
   local missing=() native
   native=$(dpkg --print-architecture)
@@ -66,33 +72,48 @@ install_packages() {
 # Seconds since $1 (from date +%s).
 since() { echo $(($(date +%s) - $1)); }
 
+# cmake -S . -B DIR with Ninja for a new build directory (an existing one
+# keeps the generator it was made with), and the options given.
+configure() {
+  local dir=$1; shift
+  local generator=()
+  [ -f "$dir/CMakeCache.txt" ] || generator=(-G Ninja)
+  cmake -S . -B "$dir" "${generator[@]}" "$@" >/dev/null
+}
+
 cross_arm64() {
   install_packages "${CROSS_PACKAGES[@]}"
-  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    as_root dpkg --add-architecture arm64
-  fi
-  install_packages "${CROSS_ARM64_PACKAGES[@]}"
   local start
   start=$(date +%s)
-  cmake -S . -B "$CROSS_BUILD_DIR" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
-    -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON >/dev/null
-  # The tool, the tools and the test binary (its tests are listed by running
-  # it under qemu right after the link).
+  bash tools/arm64-sysroot.sh "$CROSS_SYSROOT" "${CROSS_ARM64_PACKAGES[@]}"
+  echo "dev.sh: arm64 sysroot $CROSS_SYSROOT ready in $(since "$start") s"
+  start=$(date +%s)
+  # A build directory configured against the host's multiarch packages
+  # (before the sysroot) is configured again from scratch.
+  local cache=$CROSS_BUILD_DIR/CMakeCache.txt toolchain=()
+  if [ -f "$cache" ] && ! grep -q '^CTQUANT_ARM64_SYSROOT:' "$cache"; then rm -f "$cache"; fi
+  [ -f "$cache" ] || toolchain=(-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake)
+  configure "$CROSS_BUILD_DIR" "${toolchain[@]}" -DCTQUANT_ARM64_SYSROOT="$(realpath "$CROSS_SYSROOT")" \
+    -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON
+  # The tool, the tools and the emulated subset of the tests
+  # (tests/CMakeLists.txt, CTQUANT_EMULATED_TESTS); its tests are listed by
+  # running it under qemu right after the link.
   cmake --build "$CROSS_BUILD_DIR" -j "$(nproc)"
   echo "dev.sh: cross-compiled for AArch64 in $(since "$start") s"
-  # The whole suite under qemu-user (the emulator comes from the toolchain
-  # file, CMAKE_CROSSCOMPILING_EMULATOR). qemu's default CPU has SVE2 with
-  # 512-bit vectors, so the kernel runs at sve2, sve and neon there; the
-  # kernel tests run again with 128- and 256-bit vectors for the sve2_128
-  # (the Grace CPU's) and sve_256 levels.
+  # Under qemu-user (the emulator comes from the toolchain file,
+  # CMAKE_CROSSCOMPILING_EMULATOR): the kernel and number-format tests and
+  # every golden case through the CLI at --threads 1. qemu's default CPU has
+  # SVE2 with 512-bit vectors, so the kernels run at sve2, sve and neon
+  # there; the kernel tests run again with 128- and 256-bit vectors for the
+  # sve2_128 (the Grace CPU's) and sve_256 levels.
   start=$(date +%s)
   ctest --test-dir "$CROSS_BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900
-  echo "dev.sh: test suite under qemu-aarch64 in $(since "$start") s"
+  echo "dev.sh: kernel tests and golden cases under qemu-aarch64 in $(since "$start") s"
   local bits
   for bits in 128 256; do
     start=$(date +%s)
     QEMU_CPU="max,sve-default-vector-length=$((bits / 8))" \
-      ctest --test-dir "$CROSS_BUILD_DIR" --output-on-failure -j "$(nproc)" -R 'KernelSimd'
+      ctest --test-dir "$CROSS_BUILD_DIR" --output-on-failure -j "$(nproc)" --timeout 900 -L kernel
     echo "dev.sh: kernel tests under qemu-aarch64 with $bits-bit SVE vectors in $(since "$start") s"
   done
 }
@@ -101,8 +122,19 @@ cross_arm64() {
 BUILD_TARGET=
 build() {
   install_packages "${PACKAGES[@]}"
-  cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON -DCTQUANT_BUILD_BENCHMARKS=ON "$@" >/dev/null
+  local start
+  start=$(date +%s)
+  configure "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON -DCTQUANT_BUILD_BENCHMARKS=ON "$@"
   cmake --build "$BUILD_DIR" -j "$(nproc)" ${BUILD_TARGET:+--target "$BUILD_TARGET"}
+  echo "dev.sh: built ${BUILD_TARGET:-everything} in $BUILD_DIR in $(since "$start") s" >&2
+}
+
+# run_suite [CTEST OPTIONS]: the test suite of $BUILD_DIR, timed.
+run_suite() {
+  local start
+  start=$(date +%s)
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
+  echo "dev.sh: test suite of $BUILD_DIR in $(since "$start") s" >&2
 }
 
 case "${1:-}" in
@@ -122,7 +154,7 @@ case "${1:-}" in
     ;;
   test)
     build
-    ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+    run_suite
     ;;
   sanitize)
     # clang, so that the same build also holds the libFuzzer targets
@@ -130,8 +162,7 @@ case "${1:-}" in
     install_packages "${SANITIZE_PACKAGES[@]}"
     BUILD_DIR=$SANITIZE_BUILD_DIR
     CC=clang CXX=clang++ build "${SANITIZE_OPTIONS[@]}"
-    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-      ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_suite
     ;;
   fuzz)
     bash tools/fuzz.sh "${2:-60}"
@@ -142,8 +173,7 @@ case "${1:-}" in
   sanitize-build)
     # Used by tools/fuzz.sh: configure and build one target of the sanitizer build.
     install_packages "${PACKAGES[@]}" "${SANITIZE_PACKAGES[@]}"
-    CC=clang CXX=clang++ cmake -S . -B "$SANITIZE_BUILD_DIR" -DCTQUANT_WERROR=ON \
-      "${SANITIZE_OPTIONS[@]}" >/dev/null
+    CC=clang CXX=clang++ configure "$SANITIZE_BUILD_DIR" -DCTQUANT_WERROR=ON "${SANITIZE_OPTIONS[@]}"
     cmake --build "$SANITIZE_BUILD_DIR" -j "$(nproc)" --target "${2:?target}"
     ;;
   *)

@@ -46,8 +46,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 fi
+# The build of tools/dev.sh (reused as it is when it exists, as in .ci/run).
 BUILD_DIR=${CTQUANT_BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCTQUANT_WERROR=ON \
+    -DCTQUANT_BUILD_BENCHMARKS=ON >/dev/null
+fi
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target ctquant ctquant_make_checkpoint >/dev/null
 CTQUANT=$(realpath "$BUILD_DIR/ctquant")
 GENERATE=$(realpath "$BUILD_DIR/tools/ctquant_make_checkpoint")
