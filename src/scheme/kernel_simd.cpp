@@ -3,9 +3,9 @@
 // Google Highway and compiled for every level of simd_levels() (SVE2, SVE and
 // NEON on AArch64; AVX-512 and AVX2 on x86-64), chosen at run time
 // (simd_dispatch.hpp). On x86-64, quantize_block() runs the hand-written
-// symmetric kernels of kernel_x86.cpp instead, which are faster there; this
-// one is still compiled, tested and benchmarked at those levels
-// (quantize_block_hwy_at), and runs the asymmetric schemes everywhere.
+// kernels of kernel_x86.cpp instead, which are faster there; this one is
+// still compiled, tested and benchmarked at those levels
+// (quantize_block_hwy_at).
 //
 // It follows section 3 of the format spec step for step with the same IEEE
 // operations as quantize_block_ref(), one vector of float lanes at a time,
@@ -301,17 +301,24 @@ using QuantizeSymmetric = std::optional<std::uint64_t>(const QuantScheme&, const
 // The Highway kernel at every level.
 constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetricHwy[] = CTQUANT_SIMD_TABLE(quantize_int);
 
-// What quantize_block() runs at each level for symmetric schemes: on x86-64
-// the hand-written kernels of kernel_x86.cpp (the Highway kernel is 1.2x slower there,
-// docs/performance.md), elsewhere the Highway kernel.
+// What quantize_block() runs at each level for symmetric and asymmetric
+// schemes: on x86-64 the hand-written kernels of kernel_x86.cpp (the Highway
+// kernel is 1.2x slower there, docs/performance.md), elsewhere the Highway
+// kernel.
 #if HWY_ARCH_X86_64
 constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetric[] = {
     {HWY_AVX3, &x86::quantize_symmetric_avx512},
     {HWY_AVX2, &x86::quantize_symmetric_avx2},
     {0, nullptr},
 };
+constexpr SimdEntry<QuantizeSymmetric> kQuantizeAsymmetric[] = {
+    {HWY_AVX3, &x86::quantize_asymmetric_avx512},
+    {HWY_AVX2, &x86::quantize_asymmetric_avx2},
+    {0, nullptr},
+};
 #else
 constexpr const auto& kQuantizeSymmetric = kQuantizeSymmetricHwy;
+constexpr const auto& kQuantizeAsymmetric = kQuantizeSymmetricHwy;
 #endif
 
 std::optional<std::uint64_t> run_at(QuantizeSymmetric* fn, const QuantScheme& scheme,
@@ -342,9 +349,7 @@ std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
 std::optional<std::uint64_t> quantize_block_simd_at(const SimdLevel& level,
                                                     const QuantScheme& scheme,
                                                     const KernelBlock& block) {
-  // The hand-written kernels are symmetric only; asymmetric schemes run the
-  // Highway kernel at every level.
-  if (!scheme.symmetric) return run_at(simd_entry(kQuantizeSymmetricHwy, level), scheme, block);
+  if (!scheme.symmetric) return run_at(simd_entry(kQuantizeAsymmetric, level), scheme, block);
   return run_at(simd_entry(kQuantizeSymmetric, level), scheme, block);
 }
 
