@@ -38,6 +38,7 @@
 #include "ctquant/util/escape.hpp"
 #include "ctquant/source/hf_cache.hpp"
 #include "ctquant/util/version.hpp"
+#include "ctquant/verify/errors.hpp"
 #include "ctquant/verify/verify.hpp"
 
 namespace {
@@ -468,6 +469,13 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
                  scheme_names(summary.plan).c_str(), summary.tensors_copied, fp8.c_str(),
                  ctquant::human_bytes(summary.bytes_in).c_str(),
                  ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
+    // The weight error of the modules with the largest one (quant_error.hpp).
+    const std::string errors =
+        ctquant::render_worst_errors(summary.plan, summary.execute.module_errors);
+    if (!errors.empty()) {
+      const std::string escaped = ctquant::escape_for_terminal("ctquant: " + errors);
+      std::fwrite(escaped.data(), 1, escaped.size(), stderr);
+    }
   }
   return 0;
 }
@@ -502,10 +510,41 @@ struct InspectArgs {
   PlanArgs plan;
   bool show_plan = false;
   bool json = false;
+  bool errors = false;
+  std::optional<std::string> source;
 };
+
+// inspect --errors OUTPUT --source INPUT: the weight error of every
+// quantized module of OUTPUT (verify/errors.hpp).
+int run_inspect_errors(const InspectArgs& args, bool plan_requested,
+                       const std::vector<std::string>& argv) {
+  if (!args.source) {
+    throw ctquant::usage_error(
+        "--errors needs --source INPUT: the checkpoint OUTPUT was quantized from");
+  }
+  if (plan_requested) {
+    throw ctquant::usage_error(
+        "--errors takes the scheme groups and ignore list from OUTPUT's config.json: give no "
+        "--plan or quantize options");
+  }
+  const ctquant::CheckpointErrors errors = ctquant::checkpoint_errors(
+      ctquant::resolve_checkpoint_input(args.input, args.revision),
+      ctquant::resolve_checkpoint_input(*args.source, std::nullopt));
+  if (args.json) {
+    print_json_report(
+        ctquant::with_envelope(ctquant::checkpoint_errors_json(errors), "inspect", argv));
+  } else {
+    print_text_report(ctquant::render_checkpoint_errors_text(errors));
+  }
+  return 0;
+}
 
 int run_inspect(const InspectArgs& args, bool plan_requested,
                 const std::vector<std::string>& argv) {
+  if (args.errors) return run_inspect_errors(args, plan_requested || args.show_plan, argv);
+  if (args.source) {
+    throw ctquant::usage_error("--source is the INPUT of --errors: give --errors too");
+  }
   ctquant::InspectOptions options;
   options.plan = args.show_plan || plan_requested;
   std::optional<ResolvedPlan> resolved;
@@ -677,6 +716,12 @@ int main(int argc, char** argv) {
   inspect->add_flag("--plan", in.show_plan,
                     "Print the plan and lint findings for the default (or given) options");
   inspect->add_flag("--json", in.json, "Print a JSON report instead of text");
+  inspect->add_flag("--errors", in.errors,
+                    "With --source INPUT: the weight error ||W-Q||/||W|| and max |W-Q| of every "
+                    "quantized module of this checkpoint against the INPUT it was made from");
+  inspect->add_option_function<std::string>(
+      "--source", [&in](const std::string& value) { in.source = value; },
+      "The checkpoint INPUT was quantized from (for --errors)");
   add_verbosity_flags(inspect, verbosity);
 
   VerifyArgs ver;

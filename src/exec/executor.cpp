@@ -26,6 +26,7 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
 #include "exec/phase_times.hpp"
@@ -91,6 +92,11 @@ struct ModuleRun {
   // order as their bits), then of its amax set.
   std::atomic<std::uint32_t> amax_bits{0};
   float set_amax = 0.0f;
+  // kQuantize: the kWhole outputs' bytes (dequantize's `whole`), and the
+  // weight error of the rows quantized so far (quant_error.hpp).
+  std::vector<std::vector<std::byte>> whole;
+  std::mutex error_mutex;
+  RowOrderedError error;
 
   ModuleRun(const Checkpoint& checkpoint, const PlannedModule& m)
       : module(&m), shard(m.shard), rows(checkpoint, m.source) {}
@@ -158,9 +164,11 @@ class Executor {
     stats.cpu.decode = times_.seconds(Phase::kDecode);
     stats.cpu.amax = times_.seconds(Phase::kAmax);
     stats.cpu.quantize = times_.seconds(Phase::kQuantize);
+    stats.cpu.error = times_.seconds(Phase::kError);
     stats.cpu.write = times_.seconds(Phase::kWrite);
     stats.cpu.on_written = times_.seconds(Phase::kReport);
     stats.cpu.waiting = times_.waiting_seconds();
+    stats.module_errors = module_errors();
     for (const ShardPlan& shard : plan_.shards) {
       if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
     }
@@ -204,6 +212,7 @@ class Executor {
   // Grows the per-worker buffers for rows [r0, r1) of module m.
   void note_rows(const ModuleRun& m, std::uint64_t r0, std::uint64_t r1) {
     max_in_bytes_ = std::max(max_in_bytes_, (r1 - r0) * m.rows.row_bytes());
+    max_job_rows_ = std::max(max_job_rows_, r1 - r0);
     max_fp8_scale_bytes_ = std::max(max_fp8_scale_bytes_, m.rows.scale_bytes(r0, r1));
     if (m.family == nullptr) return;
     if (m.rows.is_fp8()) {
@@ -366,6 +375,17 @@ class Executor {
     }
   }
 
+  // The weight error of every module this run quantized, in plan order.
+  std::vector<ModuleError> module_errors() const {
+    std::vector<ModuleError> out;
+    for (std::size_t mi = 0; mi < modules_.size(); ++mi) {
+      const ModuleRun& m = *modules_[mi];
+      if (m.family == nullptr || !shard_selected(m.shard)) continue;
+      out.push_back(ModuleError{mi, m.error.total()});
+    }
+    return out;
+  }
+
   // The families' warnings on the amax of each set this run writes.
   void collect_amax_warnings() {
     for (const std::vector<std::size_t>& set : plan_.amax_sets) {
@@ -402,6 +422,7 @@ class Executor {
         const OutputFile* out = shard_file(m->shard);
         out->write_at(at, bytes);
         report_written(*out, at, bytes.size(), bytes);
+        m->whole.push_back(bytes);
       }
     }
   }
@@ -421,6 +442,8 @@ class Executor {
     std::vector<std::byte> band;       // a band of an FP8 chunk's rows, dequantized to BF16
     std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
     std::vector<std::byte> scratch;    // the kernel's
+    std::vector<RowError> row_errors;  // the weight error of a job's rows
+    std::vector<float> error_values;   // quant_error_rows' scratch
     std::array<OutputSet, 2> out;
     std::size_t next_out = 0;
     // Marks `input` as in flight while a kRows job's rows are written
@@ -523,6 +546,13 @@ class Executor {
         throw_not_finite(m, band, *bad, weight);
       }
       lap.lap(Phase::kQuantize);
+      error_rows(m, io, band - job.begin, buf);
+      lap.lap(Phase::kError);
+    }
+    {
+      ModuleRun& run = *modules_[job.module];
+      const std::lock_guard lock(run.error_mutex);
+      run.error.add(job.begin, std::span<const RowError>(buf.row_errors.data(), n_rows));
     }
     const std::uint64_t base = plan_.shards[m.shard].data_start;
     WriteRequest request;
@@ -538,6 +568,24 @@ class Executor {
                                             std::span<const std::byte>(out.out[i].data(), bytes)};
     }
     queue_.submit(request);
+  }
+
+  // The weight error of the rows the kernel just quantized (quant_error.hpp),
+  // while they and their outputs are in cache: into buf.row_errors from
+  // index `first` (the band's first row within the job).
+  void error_rows(const ModuleRun& m, const KernelIo& io, std::uint64_t first, Buffers& buf) const {
+    QuantErrorIo e;
+    e.dtype = io.dtype;
+    e.n_rows = io.n_rows;
+    e.n_cols = io.n_cols;
+    e.row_begin = io.row_begin;
+    e.weight = io.weight;
+    for (std::size_t i = 0; i < e.outputs.size(); ++i) e.outputs[i] = io.out[i];
+    for (std::size_t k = 0; k < m.whole.size() && k < e.whole.size(); ++k) {
+      e.whole[k] = m.whole[k].data();
+    }
+    quant_error_rows(*m.family, *m.args, e, std::span(buf.row_errors).subspan(first, io.n_rows),
+                     buf.error_values);
   }
 
   // Writes a module's rows as 16-bit values (an FP8 weight not quantized,
@@ -597,6 +645,7 @@ class Executor {
     buf.fp8_scale.resize(max_fp8_scale_bytes_);
     buf.band.resize(max_band_bytes_);
     buf.scratch.resize(max_scratch_bytes_);
+    buf.row_errors.resize(max_job_rows_);
     for (OutputSet& out : buf.out) {
       for (std::size_t i = 0; i < out.out.size(); ++i) out.out[i].resize(max_out_bytes_[i]);
     }
@@ -857,6 +906,7 @@ class Executor {
   std::uint64_t max_fp8_scale_bytes_ = 0;
   std::uint64_t max_band_bytes_ = 0;
   std::uint64_t max_scratch_bytes_ = 0;
+  std::uint64_t max_job_rows_ = 0;
   std::array<std::uint64_t, 4> max_out_bytes_{};
   std::uint64_t bytes_total_ = 0;
   std::uint64_t tensors_total_ = 0;

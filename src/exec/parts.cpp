@@ -715,6 +715,8 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
     summary.execute.seconds_flush += stats.seconds_flush;
     summary.execute.bytes_read += stats.bytes_read;
     summary.execute.bytes_written += stats.bytes_written;
+    summary.execute.module_errors.insert(summary.execute.module_errors.end(),
+                                         stats.module_errors.begin(), stats.module_errors.end());
     for (const std::string& w : stats.warnings) {
       if (std::find(summary.execute.warnings.begin(), summary.execute.warnings.end(), w) ==
           summary.execute.warnings.end()) {
@@ -745,6 +747,8 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
   if (log) {
     for (const std::string& w : summary.execute.warnings) log->warn("{}: {}", who, w);
   }
+  std::sort(summary.execute.module_errors.begin(), summary.execute.module_errors.end(),
+            [](const ModuleError& a, const ModuleError& b) { return a.module < b.module; });
 
   // Complete: the record in plan order, the log and work directory gone.
   std::map<std::string, FileEntry> by_name;

@@ -22,6 +22,7 @@ enum class Phase {
   kDecode,    // FP8 codes dequantized to BF16
   kAmax,      // max |w| of the pre-pass
   kQuantize,  // the families' kernels
+  kError,     // the weight error of each module (scheme/quant_error.hpp)
   kWrite,     // output writes and copies (pwrite, copy_file_range), with the write token
   kReport,    // ExecuteOptions::on_written: hashing the written bytes for the manifest
   kCount

@@ -263,9 +263,10 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         options.threads, kernel_path_name(), st.seconds_flush);
     log->debug(
         "CPU by phase, all threads: read {:.3f} s, FP8 decode {:.3f} s, max|w| {:.3f} s, "
-        "quantize {:.3f} s, write {:.3f} s, hash {:.3f} s; workers blocked {:.3f} s",
-        st.cpu.read, st.cpu.decode, st.cpu.amax, st.cpu.quantize, st.cpu.write, st.cpu.on_written,
-        st.cpu.waiting);
+        "quantize {:.3f} s, weight error {:.3f} s, write {:.3f} s, hash {:.3f} s; workers "
+        "blocked {:.3f} s",
+        st.cpu.read, st.cpu.decode, st.cpu.amax, st.cpu.quantize, st.cpu.error, st.cpu.write,
+        st.cpu.on_written, st.cpu.waiting);
   }
   summary.bytes_out = directory_bytes(staged.dir());
   // The last moment a signal can stop the run: after the rename OUTPUT is

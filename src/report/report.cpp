@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <exception>
 #include <mutex>
+#include <string_view>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "ctquant/report/inspect.hpp"
 #include "ctquant/source/checkpoint.hpp"
@@ -139,7 +143,84 @@ json quantize_report_json(const QuantizeReportInput& in) {
                            {"hash_inputs", in.seconds_hash_inputs},
                            {"total", s.seconds + in.seconds_hash_inputs}};
   report["peak_rss_bytes"] = in.peak_rss_bytes;
+  report["weight_error"] = weight_error_json(s.plan, s.execute.module_errors);
   return report;
+}
+
+namespace {
+
+json finite_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+QuantError overall(const std::vector<ModuleError>& errors) {
+  QuantError all;
+  for (const ModuleError& e : errors) all.add(e.error);
+  return all;
+}
+
+std::string figure(double v) { return fmt::format("{:.4e}", v); }
+
+}  // namespace
+
+json weight_error_json(const QuantizePlan& plan, const std::vector<ModuleError>& errors) {
+  json modules = json::array();
+  for (const ModuleError& e : errors) {
+    const PlannedModule& m = plan.modules[e.module];
+    modules.push_back(json{{"module", m.name},
+                           {"scheme", plan.group_of(m).name},
+                           {"shape", {m.source.rows, m.source.cols}},
+                           {"rel_frobenius", finite_or_null(e.error.rel_frobenius())},
+                           {"max_abs_error", finite_or_null(e.error.max_abs_error())}});
+  }
+  const QuantError all = overall(errors);
+  return json{
+      {"rel_frobenius", errors.empty() ? json(nullptr) : finite_or_null(all.rel_frobenius())},
+      {"max_abs_error", errors.empty() ? json(nullptr) : finite_or_null(all.max_abs_error())},
+      {"modules", modules}};
+}
+
+std::string render_worst_errors(const QuantizePlan& plan, const std::vector<ModuleError>& errors,
+                                std::size_t count) {
+  if (errors.empty()) return {};
+  std::vector<const ModuleError*> order;
+  for (const ModuleError& e : errors) order.push_back(&e);
+  // Largest relative error first (NaN before everything), then plan order.
+  std::stable_sort(order.begin(), order.end(), [](const ModuleError* a, const ModuleError* b) {
+    const double ra = a->error.rel_frobenius();
+    const double rb = b->error.rel_frobenius();
+    if (std::isnan(ra) || std::isnan(rb)) return std::isnan(ra) && !std::isnan(rb);
+    return ra > rb;
+  });
+  order.resize(std::min(count, order.size()));
+  const QuantError all = overall(errors);
+  std::string text = fmt::format(
+      "weight error ||W-Q||/||W|| {} over {} quantized module(s) (max |W-Q| {}); largest:\n",
+      figure(all.rel_frobenius()), errors.size(), figure(all.max_abs_error()));
+  for (const ModuleError* e : order) {
+    text += fmt::format("  {}  max |W-Q| {}  {}\n", figure(e->error.rel_frobenius()),
+                        figure(e->error.max_abs_error()), plan.modules[e->module].name);
+  }
+  return text;
+}
+
+std::string render_weight_error_table(const QuantizePlan& plan,
+                                      const std::vector<ModuleError>& errors) {
+  std::size_t width = std::string_view("MODULE").size();
+  std::size_t scheme_width = std::string_view("SCHEME").size();
+  for (const ModuleError& e : errors) {
+    const PlannedModule& m = plan.modules[e.module];
+    width = std::max(width, m.name.size());
+    scheme_width = std::max(scheme_width, plan.group_of(m).name.size());
+  }
+  std::string text = fmt::format("  {:<{}}  {:<{}}  {:>14}  {:>13}  {:>13}\n", "MODULE", width,
+                                 "SCHEME", scheme_width, "SHAPE", "||W-Q||/||W||", "max |W-Q|");
+  for (const ModuleError& e : errors) {
+    const PlannedModule& m = plan.modules[e.module];
+    text += fmt::format("  {:<{}}  {:<{}}  {:>14}  {:>13}  {:>13}\n", m.name, width,
+                        plan.group_of(m).name, scheme_width,
+                        fmt::format("[{}, {}]", m.source.rows, m.source.cols),
+                        figure(e.error.rel_frobenius()), figure(e.error.max_abs_error()));
+  }
+  return text;
 }
 
 }  // namespace ctquant

@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
 
 #include "scheme/byte_code_simd.hpp"
+#include "scheme/dequant_simd.hpp"
 #include "scheme/row_support.hpp"
 
 namespace ctquant {
@@ -256,6 +258,41 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
   }
 }
 
+// dequantize's values for rows [r0, r1): each scale read as dequantize
+// reads it, then code * scale rounded to the weight's dtype by the vector
+// decoder (dequant_simd.hpp).
+void dequantize_rows(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                     std::uint64_t r1, float* values) {
+  const DType t = io.dtype;
+  const std::size_t esize = element_bytes(t);
+  const std::uint64_t n = r1 - r0;
+  const std::uint64_t group = args.strategy == S::kBlock ? args.block[1] : io.n_cols;
+  const std::uint64_t groups = ceil_div(io.n_cols, group);
+  std::vector<float> scales(n * groups);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    for (std::uint64_t j = 0; j < groups; ++j) {
+      const std::byte* scale = io.whole[0];
+      if (args.strategy == S::kChannel) {
+        scale = io.in[1] + (r0 + r) * esize;
+      } else if (args.strategy == S::kBlock) {
+        scale = io.in[1] + (((r0 + r) / args.block[0]) * groups + j) * esize;
+      }
+      scales[r * groups + j] = load_as_float(t, scale);
+    }
+  }
+  detail::ExpandRows x;
+  x.kind = detail::CodeKind::kE4M3;
+  x.codes = io.in[0] + r0 * io.n_cols;
+  x.row_bytes = io.n_cols;
+  x.n_rows = n;
+  x.n_cols = io.n_cols;
+  x.group_cols = group;
+  x.multipliers = scales.data();
+  x.round_to = t;
+  x.values = values;
+  detail::expand_codes(x);
+}
+
 // Every args `supports` takes has a vLLM kernel: CompressedTensorsW8A8Fp8
 // (SM89+; W8A16 Marlin FP8 below) with input activations,
 // CompressedTensorsW8A16Fp8 without (compressed_tensors.py, _is_fp8_w8a8,
@@ -317,6 +354,7 @@ const SchemeFamily kFloatQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =
@@ -346,6 +384,7 @@ const SchemeFamily kNaiveQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -14,10 +14,12 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "scheme/byte_code_simd.hpp"
+#include "scheme/dequant_simd.hpp"
 #include "scheme/row_support.hpp"
 
 namespace ctquant {
@@ -173,6 +175,31 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
   }
 }
 
+// dequantize's values for rows [r0, r1): each row's scale read as
+// dequantize reads it, then code * scale rounded to the weight's dtype by
+// the vector decoder (dequant_simd.hpp).
+void dequantize_rows(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                     std::uint64_t r1, float* values) {
+  const DType t = io.dtype;
+  const std::size_t esize = element_bytes(t);
+  std::vector<float> scales(r1 - r0);
+  for (std::uint64_t r = r0; r < r1; ++r) {
+    scales[r - r0] =
+        load_as_float(t, args.strategy == S::kTensor ? io.whole[0] : io.in[1] + r * esize);
+  }
+  detail::ExpandRows x;
+  x.kind = detail::CodeKind::kInt8;
+  x.codes = io.in[0] + r0 * io.n_cols;
+  x.row_bytes = io.n_cols;
+  x.n_rows = r1 - r0;
+  x.n_cols = io.n_cols;
+  x.group_cols = std::max<std::uint64_t>(1, io.n_cols);
+  x.multipliers = scales.data();
+  x.round_to = t;
+  x.values = values;
+  detail::expand_codes(x);
+}
+
 // Every args `supports` takes (8-bit symmetric, channel or tensor) selects
 // CompressedTensorsW8A8Int8 (SM75+) with dynamic per-token inputs
 // (compressed_tensors.py, _is_dynamic_token_w8a8).
@@ -214,6 +241,7 @@ const SchemeFamily kIntQuantizedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

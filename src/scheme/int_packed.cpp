@@ -17,6 +17,7 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/pack.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "scheme/dequant_simd.hpp"
 
 namespace ctquant {
 
@@ -189,6 +190,69 @@ void dequantize(const QuantArgs& args, const DequantIo& io) {
   }
 }
 
+// Zero point of chunk row r and group j from the word rows of the chunk
+// (dim-0 packing: column j's bit stream runs down the rows), as dequantize
+// unpacks it.
+float zero_point_at(const std::byte* words, std::uint64_t r, std::uint64_t j,
+                    std::uint64_t groups, int bits) {
+  std::uint32_t value = 0;
+  for (int k = 0; k < bits; ++k) {
+    const std::uint64_t at = r * static_cast<std::uint64_t>(bits) + static_cast<std::uint64_t>(k);
+    std::uint32_t word = 0;
+    std::memcpy(&word, words + ((at / 32) * groups + j) * 4, 4);
+    value |= ((word >> (at % 32)) & 1u) << k;
+  }
+  return static_cast<float>(static_cast<int>(value) - (1 << (bits - 1)));
+}
+
+// dequantize's values for rows [r0, r1): each group's scale and zero point
+// read as dequantize reads them, then (q - z) * s by the vector decoder for
+// 4- and 8-bit codes (dequant_simd.hpp), element by element for the others.
+void dequantize_rows(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                     std::uint64_t r1, float* values) {
+  const std::uint64_t n = r1 - r0;
+  const std::uint64_t words = packed_words_per_row(io.n_cols, args.num_bits);
+  const std::uint64_t groups = n_groups(args, io.n_cols);
+  const std::uint64_t g = args.scale_cols(io.n_cols);
+  const std::size_t esize = static_cast<std::size_t>(dtype_bits(io.dtype) / 8);
+  std::vector<float> scales(n * groups);
+  std::vector<float> zeros(args.symmetric ? 0 : n * groups);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    for (std::uint64_t j = 0; j < groups; ++j) {
+      scales[r * groups + j] = load_as_float(io.dtype, io.in[1] + ((r0 + r) * groups + j) * esize);
+      if (!args.symmetric) {
+        zeros[r * groups + j] = zero_point_at(io.in[2], r0 + r, j, groups, args.num_bits);
+      }
+    }
+  }
+  const std::byte* codes = io.in[0] + r0 * words * 4;
+  if (args.num_bits == 4 || args.num_bits == 8) {
+    detail::ExpandRows x;
+    x.kind = args.num_bits == 4 ? detail::CodeKind::kInt4Offset : detail::CodeKind::kInt8Offset;
+    x.codes = codes;
+    x.row_bytes = words * 4;
+    x.n_rows = n;
+    x.n_cols = io.n_cols;
+    x.group_cols = g;
+    x.multipliers = scales.data();
+    x.zero_points = args.symmetric ? nullptr : zeros.data();
+    x.values = values;
+    detail::expand_codes(x);
+    return;
+  }
+  std::vector<std::uint32_t> row(words);
+  std::vector<std::int8_t> q(io.n_cols);
+  for (std::uint64_t r = 0; r < n; ++r) {
+    std::memcpy(row.data(), codes + r * words * 4, words * 4);
+    unpack_codes(row, args.num_bits, q);
+    for (std::uint64_t c = 0; c < io.n_cols; ++c) {
+      const std::uint64_t k = r * groups + c / g;
+      const float z = args.symmetric ? 0.0f : zeros[k];
+      values[r * io.n_cols + c] = (static_cast<float>(q[c]) - z) * scales[k];
+    }
+  }
+}
+
 // vLLM's weight-only int kernels (compressed_tensors_wNa16.py choosing a
 // mixed-precision kernel; Marlin in quantization/utils/marlin_utils.py:
 // MARLIN_SUPPORTED_GROUP_SIZES, GPTQ_MARLIN_MIN_THREAD_N/K): 4- and 8-bit
@@ -255,6 +319,7 @@ const SchemeFamily kIntPackedFamily{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -12,7 +12,9 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/format/minifloat.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "scheme/dequant_simd.hpp"
 
 namespace ctquant::mx {
 
@@ -77,6 +79,30 @@ inline std::vector<std::byte> whole_tensor(const QuantArgs&, DType, std::uint64_
                                            float, std::size_t) {
   return {};  // MX formats have no whole tensors
 }
+// The decompressors' fp * 2^(e - 127) for rows [r0, r1) of a chunk whose
+// codes are of `kind` (E2M1 nibbles or E4M3 bytes), e the group's E8M0
+// byte: the dequantize_rows of both rows (scheme.hpp), by the vector
+// decoder (dequant_simd.hpp).
+inline void dequantize_rows_e8m0(detail::CodeKind kind, const DequantIo& io, std::uint64_t r0,
+                                 std::uint64_t r1, float* values) {
+  const std::uint64_t groups = io.n_cols / kGroup;
+  const std::uint64_t row_bytes = kind == detail::CodeKind::kE2M1 ? io.n_cols / 2 : io.n_cols;
+  std::vector<float> scales((r1 - r0) * groups);
+  for (std::uint64_t k = 0; k < scales.size(); ++k) {
+    scales[k] = e8m0_to_float(std::to_integer<std::uint8_t>(io.in[1][r0 * groups + k]));
+  }
+  detail::ExpandRows x;
+  x.kind = kind;
+  x.codes = io.in[0] + r0 * row_bytes;
+  x.row_bytes = row_bytes;
+  x.n_rows = r1 - r0;
+  x.n_cols = io.n_cols;
+  x.group_cols = kGroup;
+  x.multipliers = scales.data();
+  x.values = values;
+  detail::expand_codes(x);
+}
+
 inline std::uint64_t row_alignment(const QuantArgs&) { return 1; }
 inline bool needs_tensor_amax(const QuantArgs&) { return false; }
 inline std::uint64_t scratch_bytes(const QuantArgs&, std::uint64_t, std::uint64_t) { return 0; }

@@ -110,6 +110,11 @@ std::vector<ShapeProblem> vllm_shape_rule(const QuantArgs& args, std::uint64_t r
   return out;
 }
 
+void dequantize_rows(const QuantArgs&, const DequantIo& io, std::uint64_t r0, std::uint64_t r1,
+                     float* values) {
+  mx::dequantize_rows_e8m0(detail::CodeKind::kE2M1, io, r0, r1, values);
+}
+
 std::vector<OutputTensorSpec> outputs(const QuantArgs&, DType, std::uint64_t rows,
                                       std::uint64_t cols) {
   using F = OutputTensorSpec::Fill;
@@ -140,6 +145,7 @@ const SchemeFamily kMxfp4Family{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = mx::vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -86,6 +86,11 @@ void dequantize(const QuantArgs&, const DequantIo& io) {
   }
 }
 
+void dequantize_rows(const QuantArgs&, const DequantIo& io, std::uint64_t r0, std::uint64_t r1,
+                     float* values) {
+  mx::dequantize_rows_e8m0(detail::CodeKind::kE4M3, io, r0, r1, values);
+}
+
 std::vector<OutputTensorSpec> outputs(const QuantArgs&, DType, std::uint64_t rows,
                                       std::uint64_t cols) {
   using F = OutputTensorSpec::Fill;
@@ -116,6 +121,7 @@ const SchemeFamily kMxfp8Family{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = mx::vllm_args_rule,
     .vllm_shape_rule = mx::vllm_shape_rule,
     .vllm_source =

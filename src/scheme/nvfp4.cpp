@@ -22,11 +22,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "scheme/dequant_simd.hpp"
 #include "scheme/microscale.hpp"
 #include "scheme/microscale_simd.hpp"
 
@@ -203,6 +205,31 @@ void dequantize(const QuantArgs&, const DequantIo& io) {
   }
 }
 
+// dequantize's values for rows [r0, r1): each group's divisor computed as
+// dequantize computes it, then fp4 * divisor by the vector decoder
+// (dequant_simd.hpp).
+void dequantize_rows(const QuantArgs&, const DequantIo& io, std::uint64_t r0, std::uint64_t r1,
+                     float* values) {
+  float gs = 0.0f;
+  std::memcpy(&gs, io.whole[0], 4);
+  const std::uint64_t groups = io.n_cols / kGroup;
+  std::vector<float> divisors((r1 - r0) * groups);
+  for (std::uint64_t k = 0; k < divisors.size(); ++k) {
+    divisors[k] =
+        microscale::nvfp4_divisor(std::to_integer<std::uint8_t>(io.in[1][r0 * groups + k]), gs);
+  }
+  detail::ExpandRows x;
+  x.kind = detail::CodeKind::kE2M1;
+  x.codes = io.in[0] + r0 * (io.n_cols / 2);
+  x.row_bytes = io.n_cols / 2;
+  x.n_rows = r1 - r0;
+  x.n_cols = io.n_cols;
+  x.group_cols = kGroup;
+  x.multipliers = divisors.data();
+  x.values = values;
+  detail::expand_codes(x);
+}
+
 // vLLM: compressed_tensors.py `_is_nvfp4_format` (tensor_group, group 16,
 // float, 4 bits, symmetric) selects CompressedTensorsW4A4Fp4 with use_a16
 // when the input activations are absent; it runs on Marlin FP4 (SM >= 75)
@@ -263,6 +290,7 @@ const SchemeFamily kNvfp4Family{
     .quantize_ref = quantize_ref,
     .quantize = quantize_fast,
     .dequantize = dequantize,
+    .dequantize_rows = dequantize_rows,
     .vllm_args_rule = vllm_args_rule,
     .vllm_shape_rule = vllm_shape_rule,
     .vllm_source =

@@ -98,6 +98,25 @@ HWY_INLINE hn::Vec<DF> round_to_t(DF df, hn::Vec<DF> v) {
   }
 }
 
+// f8_e4m3_to_float of the codes in the low byte of each lane of `codes`
+// (the other bits zero): the 7 magnitude bits shifted into a float's
+// exponent and mantissa fields, rebiased (exponent + 120) for the normal
+// codes, k * 2^-9 for the subnormal ones (magnitude < 8), the NaN bits
+// 0x7FC00000 for magnitude 0x7F, the sign bit or'ed back (code 0x80 is -0.0).
+template <class DF>
+HWY_INLINE hn::Vec<DF> e4m3_to_float(DF df, hn::Vec<hn::RebindToUnsigned<DF>> codes) {
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto magnitude = hn::And(codes, hn::Set(du, 0x7Fu));
+  const auto sign = hn::ShiftLeft<24>(hn::And(codes, hn::Set(du, 0x80u)));
+  const auto normal = hn::Add(hn::ShiftLeft<20>(magnitude), hn::Set(du, 120u << 23));
+  const auto subnormal = hn::BitCast(
+      du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, magnitude)), hn::Set(df, 0x1p-9f)));
+  auto bits = hn::IfThenElse(hn::Lt(magnitude, hn::Set(du, 8u)), subnormal, normal);
+  bits = hn::IfThenElse(hn::Eq(magnitude, hn::Set(du, 0x7Fu)), hn::Set(du, 0x7FC00000u), bits);
+  return hn::BitCast(df, hn::Or(bits, sign));
+}
+
 }  // namespace ctquant::simd_steps::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -19,8 +19,8 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/verify/loadability.hpp"
 #include "ctquant/util/error.hpp"
@@ -33,25 +33,6 @@ using nlohmann::json;
 using namespace detail;
 
 namespace {
-
-// The scheme groups and ignore list OUTPUT's config.json describes.
-PlanOptions plan_options_of(const Side& output) {
-  const auto fail = [&](const std::string& what) {
-    return bad_input(
-        fmt::format("{} config.json: {}; --against-source needs the quantization_config "
-                    "quantize writes (section 5 of the format spec, docs/format.md)",
-                    output.label, what));
-  };
-  if (!output.config_error.empty()) throw fail(output.config_error);
-  if (!output.config || !output.config->is_object()) throw fail("missing");
-  const auto qc = output.config->find("quantization_config");
-  if (qc == output.config->end() || !qc->is_object()) throw fail("no quantization_config");
-  try {
-    return plan_options_from_config(*qc, "quantization_config");
-  } catch (const Error& e) {
-    throw fail(e.what());
-  }
-}
 
 // Bits [bit, bit + width) of a little-endian byte stream (width <= 8).
 unsigned bits_at(const std::byte* data, std::uint64_t bit, int width) {
@@ -308,8 +289,8 @@ class AgainstSource {
     std::vector<std::vector<std::byte>> stored(row_outputs.size());
     std::vector<std::byte> scratch;
     std::vector<float> values;
-    double sum_err2 = 0;
-    double sum_w2 = 0;
+    std::vector<RowError> row_errors;
+    QuantError error;
     std::uint64_t accepted_scales = 0;
     std::uint64_t max_scale_ulp = 0;
     for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
@@ -407,23 +388,23 @@ class AgainstSource {
             break;
         }
       }
-      // The error of the stored values against the source rows.
-      values.resize(n * cols);
-      dq.values = values.data();
-      family.dequantize(args, dq);
-      const std::size_t esize = static_cast<std::size_t>(dtype_bits(source.dtype()) / 8);
-      for (std::uint64_t k = 0; k < n * cols; ++k) {
-        const double w = load_as_float(source.dtype(), src_rows.data() + k * esize);
-        const double err = w - static_cast<double>(values[k]);
-        sum_err2 += err * err;
-        sum_w2 += w * w;
-        check.max_abs_error = std::max(check.max_abs_error, std::fabs(err));
-      }
+      // The error of the stored values against the source rows, as
+      // quantize reports it (quant_error.hpp).
+      QuantErrorIo e;
+      e.dtype = source.dtype();
+      e.n_rows = n;
+      e.n_cols = cols;
+      e.row_begin = r0;
+      e.weight = src_rows.data();
+      e.outputs = dq.in;
+      e.whole = dq.whole;
+      row_errors.resize(n);
+      quant_error_rows(family, args, e, row_errors, values);
+      for (const RowError& r : row_errors) error.add(r);
     }
     check.groups_mismatched = mismatched.size();
-    check.rel_frobenius = sum_w2 > 0 ? std::sqrt(sum_err2 / sum_w2)
-                                     : (sum_err2 > 0 ? std::numeric_limits<double>::infinity()
-                                                     : 0.0);
+    check.rel_frobenius = error.rel_frobenius();
+    check.max_abs_error = error.max_abs_error();
     if (check.groups_mismatched > 0) {
       json details = {{"groups_mismatched", check.groups_mismatched},
                       {"groups", check.groups},
@@ -644,7 +625,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
     throw Error(e.kind(), fmt::format("--against-source: INPUT {}", e.what()));
   }
   report.input_quantization = q.describe();
-  PlanOptions plan_options = plan_options_of(out);
+  PlanOptions plan_options = plan_options_of_output(out, "--against-source");
   plan_options.default_ignore = false;  // the written list is the whole list
   report.tensors_output = out.n_tensors();
   report.tensors_reference = src.n_tensors();

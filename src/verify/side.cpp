@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -38,6 +39,24 @@ std::string read_text(const fs::path& path, const std::string& label) {
   return text.str();
 }
 
+
+PlanOptions plan_options_of_output(const Side& output, std::string_view command) {
+  const auto fail = [&](const std::string& what) {
+    return bad_input(
+        fmt::format("{} config.json: {}; {} needs the quantization_config quantize writes "
+                    "(section 5 of the format spec, docs/format.md)",
+                    output.label, what, command));
+  };
+  if (!output.config_error.empty()) throw fail(output.config_error);
+  if (!output.config || !output.config->is_object()) throw fail("missing");
+  const auto qc = output.config->find("quantization_config");
+  if (qc == output.config->end() || !qc->is_object()) throw fail("no quantization_config");
+  try {
+    return plan_options_from_config(*qc, "quantization_config");
+  } catch (const Error& e) {
+    throw fail(e.what());
+  }
+}
 
 void restrict_to_index(Side& side) {
   if (!side.index || !side.index->is_object() || !side.index->contains("weight_map") ||

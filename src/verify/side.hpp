@@ -16,12 +16,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ctquant/format/safetensors.hpp"
 #include "ctquant/plan/matcher.hpp"
+#include "ctquant/plan/plan.hpp"
 #include "ctquant/verify/verify.hpp"
 
 namespace ctquant::detail {
@@ -73,6 +75,12 @@ Side open_side(const std::filesystem::path& path, const std::string& label);
 // files it lists are shards and only the tensors it lists exist; the rest
 // is never written, so OUTPUT is not compared with it.
 void restrict_to_index(Side& side);
+
+// The scheme groups and ignore list OUTPUT's config.json describes
+// (plan_options_from_config of its quantization_config), to plan the INPUT
+// it was made from again. Throws Error{kBadInput} naming the side, what is
+// wrong and `command` (the option that needs it) when config.json has none.
+PlanOptions plan_options_of_output(const Side& output, std::string_view command);
 
 // A whole file's bytes; Error{kIo} naming label when it cannot be read.
 std::string read_text(const std::filesystem::path& path, const std::string& label);

@@ -30,6 +30,7 @@
 
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/scheme/quant_error.hpp"
 
 namespace ctquant {
 
@@ -78,6 +79,14 @@ struct ExecuteOptions {
       on_written;
 };
 
+// The weight error of one quantized module (quant_error.hpp), computed
+// chunk by chunk right after its kernel: the same figures for every thread
+// count and chunk size.
+struct ModuleError {
+  std::size_t module = 0;  // index into QuantizePlan::modules
+  QuantError error;
+};
+
 // Where the time of execute_plan() went, for logs and benchmarks.
 struct ExecuteStats {
   double seconds_stream = 0;        // jobs: reading, quantizing, writing (page cache)
@@ -94,6 +103,7 @@ struct ExecuteStats {
     double decode = 0;      // FP8 codes dequantized to BF16
     double amax = 0;        // max |w| of the pre-pass (its reads are `read`)
     double quantize = 0;    // the families' kernels
+    double error = 0;       // the weight error of each module (module_errors)
     double write = 0;       // pwrite and copy_file_range of the output
     double on_written = 0;  // ExecuteOptions::on_written (the manifest's hashing)
     double waiting = 0;     // wall seconds, summed over workers
@@ -103,6 +113,9 @@ struct ExecuteStats {
   // tensor_amax_warning): the output is what the reference writes, but
   // loses most of the weights' precision.
   std::vector<std::string> warnings;
+  // The weight error of every module quantized into the files written, in
+  // plan order.
+  std::vector<ModuleError> module_errors;
 };
 
 // Writes every file of the plan (or the ones options.files names) into

@@ -67,12 +67,32 @@ struct QuantizeReportInput {
   std::uint64_t peak_rss_bytes = 0;
 };
 
+// The weight error of the quantized modules (quant_error.hpp), as the
+// quantize report and `inspect --errors --json` give it:
+// {"rel_frobenius", "max_abs_error"} over all of them (their sums in plan
+// order; null when there are none) and "modules": one {"module", "scheme"
+// (its group's name), "shape" [rows, cols], "rel_frobenius",
+// "max_abs_error"} per module, in plan order. Non-finite figures are null.
+nlohmann::json weight_error_json(const QuantizePlan& plan, const std::vector<ModuleError>& errors);
+
+// The figure over all modules and the `count` modules with the largest
+// relative error (largest first; NaN counts as largest), one line each, for
+// the summary on stderr ("weight error ... largest:" then the modules): ""
+// when there are no modules.
+std::string render_worst_errors(const QuantizePlan& plan, const std::vector<ModuleError>& errors,
+                                std::size_t count = 5);
+
+// Every module's figures as a table (plan order), for `inspect --errors`.
+std::string render_weight_error_table(const QuantizePlan& plan,
+                                      const std::vector<ModuleError>& errors);
+
 // The quantize report (docs/report.md): the envelope, "dry_run", "threads",
 // "input" {path, files}, "output" {path, files} (files empty for a dry
 // run), "recipe" (effective_recipe_json plus "yaml"), "plan"
 // (report_plan_json), "lint"
 // (findings_json), "bytes_in", "bytes_out", "seconds" {open, plan, lint,
-// stream, flush, manifest, commit, hash_inputs, total}, "peak_rss_bytes".
+// stream, flush, manifest, commit, hash_inputs, total}, "peak_rss_bytes",
+// "weight_error" (weight_error_json of the modules this run quantized).
 nlohmann::json quantize_report_json(const QuantizeReportInput& input);
 
 }  // namespace ctquant

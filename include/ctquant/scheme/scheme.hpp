@@ -139,6 +139,13 @@ struct DequantIo {
   float* values = nullptr;  // n_rows * n_cols
 };
 using DequantFn = void (*)(const QuantArgs& args, const DequantIo& io);
+// The same for rows [r0, r1) of the chunk io describes (0 <= r0 < r1 <=
+// io.n_rows; io.values is not used): (r1 - r0) * n_cols floats into values,
+// equal to what dequantize gives for those rows (a NaN where it gives a
+// NaN), by vector code. The weight error of every module is computed from
+// it band by band, right after the kernel (quant_error.hpp).
+using DequantRowsFn = void (*)(const QuantArgs& args, const DequantIo& io, std::uint64_t r0,
+                               std::uint64_t r1, float* values);
 
 // A compressed-tensors preset scheme (`quantization/quant_scheme.py`): its
 // name as `--scheme` takes it, the weights' args and the input activations
@@ -213,6 +220,7 @@ struct SchemeFamily {
   KernelFn quantize_ref;  // the scalar reference: reads like the spec
   KernelFn quantize;      // the fast path: same bytes for every input
   DequantFn dequantize;
+  DequantRowsFn dequantize_rows = nullptr;  // null: quant_error.hpp runs dequantize
   // Whether vLLM has a kernel for these args at all (bit width, group size,
   // symmetry): "" when it has, otherwise why not. Lint reports it as a
   // finding that stops the run.

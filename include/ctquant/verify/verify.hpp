@@ -83,7 +83,10 @@ struct ModuleCheck {
   // when only its scale or zero point differs.
   std::optional<std::uint64_t> first_column;
   bool fp8_source = false;   // the source weight is FP8, W below its BF16 dequantization
-  double rel_frobenius = 0;  // ||W - W'||_F / ||W||_F, W' = (q - z) * s in float
+  // The weight error of the stored values W' (the family's dequantize)
+  // against the source rows W, computed as quant_error.hpp defines it: the
+  // figures quantize reports for the module.
+  double rel_frobenius = 0;  // ||W - W'||_F / ||W||_F
   double max_abs_error = 0;  // max |W - W'|
 };
 
