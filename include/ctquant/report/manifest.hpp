@@ -56,7 +56,7 @@ struct ManifestEntry {
 // copy_file_range, ranges written before the bytes ahead of them) read back
 // from the page cache. One thread hashes a file at a time; a thread that
 // reports a range of a file another thread is hashing returns at once, and
-// the hashing thread takes that range too before it lets the file go. The
+// the thread hashing the file takes that range too before it lets go. The
 // executor writes each shard roughly front to back, so the digests are
 // nearly complete when the last write returns. finish(), called once the
 // files are complete, hashes whatever is left on the calling thread and
