@@ -3,6 +3,7 @@
 // configs and the scale layouts.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -222,7 +223,8 @@ TEST(Fp8Dequantize, ReportsFirstNonFiniteElement) {
 // The E4M3 vector kernel at every level this CPU runs, against the scalar
 // step bf16(float(code) * scale): every finite code (in the vector body and
 // in the tail), scales that give exact, rounded, subnormal and overflowing
-// products, and the index of the first bad value.
+// products, non-finite scales (infinities, NaN, a NaN whose payload carries
+// into the sign when rounded to BF16), and the index of the first bad value.
 TEST(Fp8Dequantize, VectorKernelMatchesTheScalarStepAtEveryLevel) {
   std::vector<std::uint8_t> codes;
   for (int repeat = 0; repeat < 3; ++repeat) {
@@ -234,7 +236,11 @@ TEST(Fp8Dequantize, VectorKernelMatchesTheScalarStepAtEveryLevel) {
     if ((c & 0x7F) == 0x7F) c = 0x7E;  // the largest finite code instead of NaN
   }
   codes.resize(codes.size() + 5, 0x44);  // a tail shorter than any vector
-  const float scales[] = {1.0f, 0.5f, 0.0123f, 3.1e-3f, 1e-38f, 1e-42f, 7.5e35f, 2.4e37f};
+  const float scales[] = {1.0f, 0.5f, 0.0123f, 3.1e-3f, 1e-38f, 1e-42f, 7.5e35f, 2.4e37f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::bit_cast<float>(0x7FFFFFFFu)};
   std::size_t levels = 0;
   for (const detail::SimdLevel& level : detail::simd_levels()) {
     detail::Fp8DecodeKernel* kernel = detail::fp8_decode_kernel(level);

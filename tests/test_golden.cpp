@@ -158,14 +158,11 @@ TEST_P(Golden, SameBytesForEveryThreadCountAndChunkSize) {
   EXPECT_EQ(diff_bytes(tmp / "t2-small-bands", tmp / "t1"), "");
 }
 
-// The real binary with the CLI flags a user would type for the case, on
-// `threads` worker threads.
-void expect_binary_output_equals_expected(const GoldenCase& c, const std::string& threads,
-                                          const std::vector<std::string>& extra = {}) {
-  TempDir tmp;
+// The CLI flags a user would type for the case, on `threads` worker threads.
+std::vector<std::string> binary_args(const GoldenCase& c, const fs::path& tmp,
+                                     const std::string& threads) {
   std::vector<std::string> args{"quantize", input_of(c).string(), (tmp / "out").string(),
                                 "--threads", threads};
-  args.insert(args.end(), extra.begin(), extra.end());
   if (c.scheme == "config") {
     write_file(tmp / "config.json", c.config.dump());
     args.insert(args.end(), {"--quantization-config", (tmp / "config.json").string()});
@@ -178,7 +175,14 @@ void expect_binary_output_equals_expected(const GoldenCase& c, const std::string
     args.push_back(entry);
   }
   if (unloadable_in_vllm(c.name)) args.push_back("--allow-unloadable");
-  const CommandResult r = run_ctquant(args);
+  return args;
+}
+
+// The real binary with binary_args(), run with options.
+void expect_binary_output_equals_expected(const GoldenCase& c, const std::string& threads,
+                                          const RunOptions& options = {}) {
+  TempDir tmp;
+  const CommandResult r = run_ctquant(binary_args(c, tmp.path(), threads), options);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
   if (c.name.starts_with("fp8-")) {
@@ -194,14 +198,33 @@ TEST_P(Golden, BinaryOutputEqualsExpected) {
   expect_binary_output_equals_expected(c, "3");
 }
 
-// --threads 1 --no-manifest: the whole job on the main thread, no thread
-// created (the manifest's digests are computed on a thread of their own), so
-// the case also runs where no second thread is ever scheduled; this is the
-// golden test the AArch64 build runs under qemu-user (tests/CMakeLists.txt).
+// --threads 1: the whole job on the main thread, the manifest's hashing
+// included, no thread created: run where creating a thread fails (a seccomp
+// filter, where filters_threads_supported(); see
+// GoldenThreads.BinaryTwoThreadsFailWhereThreadsCannotBeCreated), and where
+// no second thread is ever scheduled: this is the golden test the AArch64
+// build runs under qemu-user (tests/CMakeLists.txt).
 TEST_P(Golden, BinaryOneThreadOutputEqualsExpected) {
   const GoldenCase c = find_case(GetParam());
   SKIP_UNLESS_SUPPORTED(c);
-  expect_binary_output_equals_expected(c, "1", {"--no-manifest"});
+  RunOptions options;
+  options.forbid_threads = filters_threads_supported();
+  expect_binary_output_equals_expected(c, "1", options);
+}
+
+// The filter that BinaryOneThreadOutputEqualsExpected runs under stops a run
+// that does create threads, with a clear error: what makes that test prove
+// something.
+TEST(GoldenThreads, BinaryTwoThreadsFailWhereThreadsCannotBeCreated) {
+  const GoldenCase c = find_case("dflash-bf16-sharded");
+  if (!filters_threads_supported()) GTEST_SKIP() << "no seccomp filter here";
+  TempDir tmp;
+  RunOptions options;
+  options.forbid_threads = true;
+  const CommandResult r = run_ctquant(binary_args(c, tmp.path(), "2"), options);
+  EXPECT_EQ(r.exit_code, 1);
+  expect_message(r.err, {"cannot start worker thread 1 of 2", "--threads 1"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
 // Every case, whatever its scheme: one code byte changed in the expected

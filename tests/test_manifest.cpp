@@ -2,8 +2,11 @@
 // verify --manifest catches (a named test per corruption), and determinism
 // of the files and the manifest across runs and thread counts.
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -75,6 +78,68 @@ TEST(WrittenFilesHasher, OutOfOrderAndUnreportedRangesGiveTheFileDigests) {
     EXPECT_EQ(e.sha256, digests.at(e.name)) << e.name;
   }
   EXPECT_EQ(got[0].size, a.size());
+}
+
+// A range reported with its bytes when the hash has reached it is hashed
+// from those bytes, not read back; one reported ahead of the hash is read
+// back from the file when the hash gets there. Shown with a file whose
+// bytes on disk differ from those reported (which a writer never does).
+TEST(WrittenFilesHasher, HashesReportedBytesFromMemoryWhenNextInLine) {
+  test::TempDir dir;
+  const std::string on_disk(3000, 'd');
+  test::write_file(dir / "a.bin", on_disk);
+  const std::string in_memory(1000, 'm');
+  WrittenFilesHasher hasher(dir.path(), {{"a.bin", on_disk.size(), {}}}, nullptr);
+  // [2000, 3000) is ahead of the hash: read back later ("d").
+  hasher.written(dir / "a.bin", 2000, 1000, std::as_bytes(std::span(in_memory)));
+  // [0, 1000) is next in line: hashed from memory ("m").
+  hasher.written(dir / "a.bin", 0, 1000, std::as_bytes(std::span(in_memory)));
+  // [1000, 2000) with no bytes: read back ("d").
+  hasher.written(dir / "a.bin", 1000, 1000);
+  const std::vector<ManifestEntry> got = hasher.finish();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].sha256, sha256_hex(std::string(1000, 'm') + std::string(2000, 'd')));
+}
+
+// Writers on several threads report interleaved ranges of two files at
+// once, half with their bytes: the digests are those of the files.
+TEST(WrittenFilesHasher, ThreadsReportingAtOnceGiveTheFileDigests) {
+  test::TempDir dir;
+  constexpr std::size_t kPiece = 4096 + 17;
+  constexpr std::size_t kPieces = 400;
+  std::vector<std::string> content(2);
+  for (std::size_t f = 0; f < content.size(); ++f) {
+    content[f].resize(kPiece * kPieces);
+    for (std::size_t i = 0; i < content[f].size(); ++i) {
+      content[f][i] = static_cast<char>(i * 131 + i / 1000 + f);
+    }
+    test::write_file(dir / fmt::format("f{}.bin", f), content[f]);
+  }
+  WrittenFilesHasher hasher(dir.path(),
+                            {{"f0.bin", content[0].size(), {}}, {"f1.bin", content[1].size(), {}}},
+                            nullptr);
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (std::size_t i = next++; i < 2 * kPieces; i = next++) {
+        const std::size_t f = i % 2;
+        const std::size_t piece = i / 2;
+        const std::string_view bytes(content[f].data() + piece * kPiece, kPiece);
+        const fs::path file = dir / fmt::format("f{}.bin", f);
+        if (piece % 2 == 0) {
+          hasher.written(file, piece * kPiece, kPiece, std::as_bytes(std::span(bytes)));
+        } else {
+          hasher.written(file, piece * kPiece, kPiece);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<ManifestEntry> got = hasher.finish();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].sha256, sha256_hex(content[0]));
+  EXPECT_EQ(got[1].sha256, sha256_hex(content[1]));
 }
 
 TEST(WrittenFilesHasher, FileShorterThanPlannedIsAnError) {

@@ -3,8 +3,15 @@
 #include "ctquant/scheme/registry.hpp"
 
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
 #include <signal.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -515,6 +522,43 @@ std::string diff_bytes(const fs::path& actual, const fs::path& expected) {
 
 namespace ctquant::test {
 
+namespace {
+
+#if defined(__x86_64__)
+constexpr std::uint32_t kAuditArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+constexpr std::uint32_t kAuditArch = AUDIT_ARCH_AARCH64;
+#else
+constexpr std::uint32_t kAuditArch = 0;
+#endif
+
+// The seccomp program of RunOptions::forbid_threads: for this architecture's
+// system calls, clone3 -> ENOSYS, clone with CLONE_THREAD in its flags (the
+// first argument, low 32 bits) -> EPERM; everything else allowed.
+std::vector<sock_filter> no_thread_filter() {
+  constexpr std::uint32_t kAllow = SECCOMP_RET_ALLOW;
+  return {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kAuditArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, kAllow),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, kAllow),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, args[0])),
+      BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, kAllow),
+  };
+}
+
+}  // namespace
+
+bool filters_threads_supported() {
+  return kAuditArch != 0 && std::string(CTQUANT_BINARY_LAUNCHER).empty();
+}
+
 CtquantProcess::CtquantProcess(const std::vector<std::string>& args, const RunOptions& options)
     : CtquantProcess(ctquant_binary(), args, options) {}
 
@@ -545,6 +589,11 @@ CtquantProcess::CtquantProcess(const fs::path& program, const std::vector<std::s
   std::vector<char*> envp;
   for (auto& s : env_storage) envp.push_back(s.data());
   envp.push_back(nullptr);
+  if (options.forbid_threads && !filters_threads_supported()) {
+    throw std::runtime_error("RunOptions::forbid_threads: not supported here");
+  }
+  std::vector<sock_filter> filter = no_thread_filter();
+  const sock_fprog program_filter{static_cast<unsigned short>(filter.size()), filter.data()};
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
@@ -567,6 +616,11 @@ CtquantProcess::CtquantProcess(const fs::path& program, const std::vector<std::s
       if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(126);
     }
     if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) ::_exit(125);
+    if (options.forbid_threads &&
+        (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+         ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program_filter) != 0)) {
+      ::_exit(124);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

@@ -167,7 +167,17 @@ struct RunOptions {
   // Environment variables of the child, "NAME=VALUE", added to (or
   // replacing) the parent's.
   std::vector<std::string> env;
+  // The child cannot create a thread: a seccomp filter installed between
+  // fork and exec makes clone3 fail with ENOSYS (glibc then calls clone)
+  // and clone with CLONE_THREAD fail with EPERM, so pthread_create fails
+  // (EAGAIN) wherever it is called from. Processes (fork) are still allowed.
+  // Requires filters_threads_supported().
+  bool forbid_threads = false;
 };
+
+// Whether RunOptions::forbid_threads can be honoured: Linux on x86-64 or
+// AArch64, the binary run directly (an emulator would be filtered itself).
+bool filters_threads_supported();
 
 // The ctquant binary running in a child process, its stdout and stderr
 // captured to files. The destructor kills (SIGKILL) and reaps a child that

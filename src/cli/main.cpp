@@ -618,6 +618,7 @@ struct VerifyArgs {
   bool against_source = false;
   bool manifest = false;
   std::uint64_t scale_ulp = 0;
+  unsigned threads = 0;  // 0: all cores
   bool json = false;
 };
 
@@ -629,7 +630,8 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
           "--against-source");
     }
     const ctquant::ManifestCheck check = ctquant::check_manifest(
-        args.output, std::max(1u, std::thread::hardware_concurrency()));
+        args.output,
+        args.threads > 0 ? args.threads : std::max(1u, std::thread::hardware_concurrency()));
     if (args.json) {
       print_json_report(
           ctquant::with_envelope(ctquant::manifest_check_json(check), "verify", argv));
@@ -644,6 +646,7 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
   }
   ctquant::VerifyOptions options;
   options.scale_ulp = args.scale_ulp;
+  options.threads = args.threads;
   options.logger = make_logger(verbosity);
   const std::filesystem::path reference =
       ctquant::resolve_checkpoint_input(args.reference, args.revision);
@@ -786,6 +789,11 @@ int main(int argc, char** argv) {
                    "Accept scales that differ by up to N units in the last place")
       ->check(whole_number(0, kMaxScaleUlp))
       ->capture_default_str();
+  verify
+      ->add_option("--threads", ver.threads,
+                   "Threads reading and comparing at once (default: all cores); the report is "
+                   "the same for every count")
+      ->check(CLI::Range(1u, 1024u));
   verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
   add_verbosity_flags(verify, verbosity);
 

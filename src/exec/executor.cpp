@@ -1,11 +1,13 @@
 #include "ctquant/exec/executor.hpp"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -15,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
+#include "exec/phase_times.hpp"
 #include "exec/write_queue.hpp"
 #include "util/input_file.hpp"
 
@@ -36,6 +40,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using detail::Phase;
+using detail::PhaseLap;
 using detail::WriteBuffers;
 using detail::WriteRequest;
 
@@ -45,6 +51,32 @@ constexpr std::uint64_t kCopyJobBytes = 64u << 20;
 // kernel's own read-ahead does not recognise as sequential.
 constexpr std::uint64_t kReadAheadBytes = 128u << 20;
 constexpr std::chrono::milliseconds kReadAheadInterval{20};
+
+// Whether every page of [offset, offset + length) of fd is in the page
+// cache, by cachestat(2) (Linux 6.5; the same number on every
+// architecture); false when the kernel cannot tell. Telling costs about a
+// quarter of what posix_fadvise(WILLNEED) costs on cached pages, which
+// walks them all too.
+bool all_cached(int fd, std::uint64_t offset, std::uint64_t length) {
+  constexpr long kCachestat = 451;
+  struct Range {
+    std::uint64_t offset, length;
+  };
+  struct Stat {
+    std::uint64_t cache, dirty, writeback, evicted, recently_evicted;
+  };
+  static std::atomic<bool> unsupported{false};
+  if (length == 0 || unsupported.load(std::memory_order_relaxed)) return false;
+  Range range{offset, length};
+  Stat stat{};
+  if (::syscall(kCachestat, fd, &range, &stat, 0) != 0) {
+    if (errno == ENOSYS) unsupported.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t pages = (offset + length - 1) / page - offset / page + 1;
+  return stat.cache >= pages;
+}
 
 // What the executor needs of one planned module while it runs.
 struct ModuleRun {
@@ -110,9 +142,9 @@ class Executor {
         queue_(
             options.fsync, [this](std::size_t job) { job_written(job); },
             [this](std::size_t job, std::exception_ptr e) { record_error(job, e); }, failed_,
-            [this](const OutputFile& file, std::uint64_t offset, std::uint64_t length) {
-              report_written(file, offset, length);
-            }) {}
+            [this](const OutputFile& file, std::uint64_t offset, std::uint64_t length,
+                   std::span<const std::byte> bytes) { report_written(file, offset, length, bytes); },
+            times_) {}
 
   ExecuteStats run() {
     using Clock = std::chrono::steady_clock;
@@ -144,6 +176,14 @@ class Executor {
     stats.seconds_flush = std::chrono::duration<double>(Clock::now() - streamed).count();
     stats.bytes_read = bytes_total_;
     stats.warnings = warnings_;
+    stats.cpu.read = times_.seconds(Phase::kRead);
+    stats.cpu.decode = times_.seconds(Phase::kDecode);
+    stats.cpu.amax = times_.seconds(Phase::kAmax);
+    stats.cpu.quantize = times_.seconds(Phase::kQuantize);
+    stats.cpu.error = times_.seconds(Phase::kError);
+    stats.cpu.write = times_.seconds(Phase::kWrite);
+    stats.cpu.on_written = times_.seconds(Phase::kReport);
+    stats.cpu.waiting = times_.waiting_seconds();
     stats.module_errors = module_errors();
     for (const ShardPlan& shard : plan_.shards) {
       if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
@@ -348,8 +388,9 @@ class Executor {
       shard_output_[s] = outputs_.size();
       auto file = std::make_unique<OutputFile>(out_dir_ / shard.file_name, output_fds_);
       file->reserve(shard.file_size);
-      file->write_at(0, std::as_bytes(std::span(shard.header)));
-      report_written(*file, 0, shard.header.size());
+      const auto header = std::as_bytes(std::span(shard.header));
+      file->write_at(0, header);
+      report_written(*file, 0, header.size(), header);
       outputs_.push_back(std::move(file));
     }
   }
@@ -412,7 +453,7 @@ class Executor {
         const std::uint64_t at = plan_.shards[m->shard].data_start + t.offset;
         const OutputFile* out = shard_file(m->shard);
         out->write_at(at, bytes);
-        report_written(*out, at, bytes.size());
+        report_written(*out, at, bytes.size(), bytes);
         m->whole.push_back(bytes);
       }
     }
@@ -446,7 +487,9 @@ class Executor {
   void run_amax_job(const Job& job, Buffers& buf) {
     ModuleRun& m = *modules_[job.module];
     const std::uint64_t n = job.end - job.begin;
+    PhaseLap lap(times_);
     load_rows(m, job, buf);
+    lap.lap(m.rows.is_fp8() ? Phase::kDecode : Phase::kRead);
     float amax = 0.0f;
     if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
       throw_not_finite(m, job.begin, *bad, buf.input.data());
@@ -459,6 +502,7 @@ class Executor {
       const std::uint64_t groups = observed_groups(*m.args, n, m.rows.cols());
       for (std::uint64_t g = 0; g < groups; ++g) amax = std::max(amax, range_amax(ranges, g));
     }
+    lap.lap(Phase::kAmax);
     std::uint32_t seen = m.amax_bits.load();
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(amax);
     while (bits > seen && !m.amax_bits.compare_exchange_weak(seen, bits)) {
@@ -537,15 +581,18 @@ class Executor {
     // stays in cache, each band quantized as soon as it is decoded: the
     // chunk is never rewritten as BF16 in memory.
     const bool fp8 = m.rows.is_fp8();
+    PhaseLap lap(times_);
     if (fp8) {
       m.rows.read_fp8(job.begin, job.end, buf.input, buf.fp8_scale);
     } else {
       load_rows(m, job, buf);
     }
+    lap.lap(Phase::kRead);
 
     OutputSet& out = buf.out[buf.next_out];
     buf.next_out = (buf.next_out + 1) % buf.out.size();
     queue_.wait_written(out);
+    lap.reset();
     const std::uint64_t band_rows = fp8 ? fp8_band_rows(m) : n_rows;
     for (std::uint64_t band = job.begin; band < job.end; band += band_rows) {
       const std::uint64_t band_end = std::min(job.end, band + band_rows);
@@ -557,6 +604,7 @@ class Executor {
           throw_fp8_not_finite(m, band, *bad);
         }
         weight = buf.band.data();
+        lap.lap(Phase::kDecode);
       }
       KernelIo io;
       io.dtype = m.rows.dtype();
@@ -580,7 +628,9 @@ class Executor {
       if (const auto bad = m.family->quantize(*m.args, io)) {
         throw_not_finite(m, band, *bad, weight);
       }
+      lap.lap(Phase::kQuantize);
       error_rows(m, io, band - job.begin, buf);
+      lap.lap(Phase::kError);
     }
     {
       ModuleRun& run = *modules_[job.module];
@@ -626,7 +676,9 @@ class Executor {
   // so the job waits for its write.
   void run_rows_job(std::size_t job_index, const Job& job, Buffers& buf) {
     const ModuleRun& m = *modules_[job.module];
+    PhaseLap lap(times_);
     load_rows(m, job, buf);
+    lap.lap(m.rows.is_fp8() ? Phase::kDecode : Phase::kRead);
     const std::uint64_t row_bytes = m.rows.row_bytes();
     WriteRequest request;
     request.job = job_index;
@@ -757,8 +809,11 @@ class Executor {
     for (; read_ahead_job_ < jobs.size() && ahead < kReadAheadBytes; ++read_ahead_job_) {
       const WeightRows::FileRange r = input_range(jobs[read_ahead_job_]);
       try {
-        ::posix_fadvise(r.file->descriptor()->get(), static_cast<off_t>(r.offset),
-                        static_cast<off_t>(r.length), POSIX_FADV_WILLNEED);
+        const FdLease fd = r.file->descriptor();
+        if (!all_cached(fd->get(), r.offset, r.length)) {
+          ::posix_fadvise(fd->get(), static_cast<off_t>(r.offset), static_cast<off_t>(r.length),
+                          POSIX_FADV_WILLNEED);
+        }
       } catch (const Error&) {
         // Advice only: the job's own read reports a file that cannot be reopened.
       }
@@ -804,8 +859,16 @@ class Executor {
           --running;
           done_cv.notify_all();
         });
-      } catch (...) {
+      } catch (const std::system_error& e) {
         // No thread for this slot: stop the others, wait for them, report.
+        record_error(0, std::make_exception_ptr(io_error(fmt::format(
+                            "cannot start worker thread {} of {}: {} (--threads 1 runs the "
+                            "whole job on the calling thread)",
+                            t + 1, n_threads, e.code().message()))));
+        std::lock_guard lock(done_mutex);
+        running -= n_threads - t;
+        break;
+      } catch (...) {
         record_error(0, std::current_exception());
         std::lock_guard lock(done_mutex);
         running -= n_threads - t;
@@ -840,9 +903,11 @@ class Executor {
     if (options_.on_progress) options_.on_progress(progress());
   }
 
-  // Tells options_.on_written that [offset, offset + length) of file is written.
-  void report_written(const OutputFile& file, std::uint64_t offset, std::uint64_t length) const {
-    if (options_.on_written) options_.on_written(file.path(), offset, length);
+  // Tells options_.on_written that [offset, offset + length) of file is
+  // written; bytes are those bytes when they were written from memory.
+  void report_written(const OutputFile& file, std::uint64_t offset, std::uint64_t length,
+                      std::span<const std::byte> bytes) const {
+    if (options_.on_written) options_.on_written(file.path(), offset, length, bytes);
   }
 
   bool cancelled() const { return options_.cancel != nullptr && options_.cancel->load(); }
@@ -860,8 +925,9 @@ class Executor {
   void write_text_file(const std::string& name, const std::string& text) {
     check_cancel();
     auto file = std::make_unique<OutputFile>(out_dir_ / name, output_fds_);
-    file->write_at(0, std::as_bytes(std::span(text)));
-    report_written(*file, 0, text.size());
+    const auto bytes = std::as_bytes(std::span(text));
+    file->write_at(0, bytes);
+    report_written(*file, 0, bytes.size(), bytes);
     outputs_.push_back(std::move(file));  // flushed after the shards
   }
 
@@ -884,7 +950,7 @@ class Executor {
       for (std::uint64_t pos = 0; pos < size; pos += kCopyJobBytes) {
         check_cancel();
         file->copy_from(in.get(), pos, pos, std::min(kCopyJobBytes, size - pos));
-        report_written(*file, pos, std::min(kCopyJobBytes, size - pos));
+        report_written(*file, pos, std::min(kCopyJobBytes, size - pos), {});
       }
       outputs_.push_back(std::move(file));  // flushed after the shards
     }
@@ -941,6 +1007,7 @@ class Executor {
   std::atomic<std::uint64_t> bytes_done_{0};
   std::atomic<std::uint64_t> tensors_done_{0};
   std::atomic<bool> failed_{false};
+  detail::PhaseTimes times_;
   detail::WriteQueue queue_;
   std::mutex error_mutex_;
   std::exception_ptr first_error_;

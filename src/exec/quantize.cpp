@@ -327,8 +327,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   std::optional<WrittenFilesHasher> hasher;
   if (options.manifest) {
     hasher.emplace(staged.dir(), expected_output_files(checkpoint, summary.plan), options.cancel);
-    exec.on_written = [&hasher](const fs::path& file, std::uint64_t offset, std::uint64_t length) {
-      hasher->written(file, offset, length);
+    exec.on_written = [&hasher](const fs::path& file, std::uint64_t offset, std::uint64_t length,
+                                std::span<const std::byte> bytes) {
+      hasher->written(file, offset, length, bytes);
     };
   }
   lap();
@@ -364,6 +365,12 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         st.bytes_read, st.bytes_written, st.seconds_stream,
         st.seconds_stream > 0 ? static_cast<double>(st.bytes_read) / st.seconds_stream / 1e9 : 0.0,
         options.threads, kernel_path_name(), st.seconds_flush);
+    log->debug(
+        "CPU by phase, all threads: read {:.3f} s, FP8 decode {:.3f} s, max|w| {:.3f} s, "
+        "quantize {:.3f} s, weight error {:.3f} s, write {:.3f} s, hash {:.3f} s; workers "
+        "blocked {:.3f} s",
+        st.cpu.read, st.cpu.decode, st.cpu.amax, st.cpu.quantize, st.cpu.error, st.cpu.write,
+        st.cpu.on_written, st.cpu.waiting);
   }
   summary.bytes_out = directory_bytes(staged.dir());
   // The last moment a signal can stop the run: after the rename OUTPUT is

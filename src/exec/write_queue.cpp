@@ -26,68 +26,97 @@ void WriteQueue::submit(WriteRequest request) {
   write_queued(lock);
 }
 
+// With mutex_ held: while writes are queued and no other thread holds the
+// write token, takes the token, makes one write (buffer writes first, as
+// they hold a worker's buffers; then a slice of a copy) and releases the
+// token; then reports the write without it and releases its buffers. After
+// a failure it drops the writes instead, releasing the buffers.
 void WriteQueue::write_queued(std::unique_lock<std::mutex>& lock) {
-  if (writing_) return;
-  writing_ = true;
-  while (write_one(lock)) {
+  while (!writing_ && queued()) {
+    writing_ = true;
+    const WriteRequest write = take_one();
+    lock.unlock();
+    std::exception_ptr error;
+    const bool dropped = failed_.load();
+    PhaseLap lap(times_);
+    if (!dropped) {
+      try {
+        perform(write);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    lap.lap(Phase::kWrite);
+    lock.lock();
+    writing_ = false;
+    written_cv_.notify_all();
+    lock.unlock();
+    lap.reset();
+    if (!dropped && !error) {
+      try {
+        report(write);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    lap.lap(Phase::kReport);
+    if (error) on_error_(write.job, error);
+    lock.lock();
+    if (write.buffers != nullptr) {
+      write.buffers->in_flight = false;
+      written_cv_.notify_all();
+    }
   }
-  writing_ = false;
-  written_cv_.notify_all();
 }
 
-// With mutex_ held: performs one queued write (buffer writes first, as they
-// hold a worker's buffers; then a slice of a copy), unlocking around the
-// I/O. After a failure it drops the write instead, releasing the buffers.
-// Returns false when the queues are empty.
-bool WriteQueue::write_one(std::unique_lock<std::mutex>& lock) {
+// With mutex_ held: the next write, a buffer write or a slice of a copy.
+WriteRequest WriteQueue::take_one() {
   if (!buffer_writes_.empty()) {
     const WriteRequest request = buffer_writes_.front();
     buffer_writes_.pop_front();
-    lock.unlock();
-    if (!failed_.load()) {
-      try {
-        for (std::size_t p = 0; p < request.n_pieces; ++p) {
-          request.file->write_at(request.pieces[p].offset, request.pieces[p].bytes);
-          wrote(*request.file, request.pieces[p].offset, request.pieces[p].bytes.size());
-        }
-        on_written_(request.job);
-      } catch (...) {
-        on_error_(request.job, std::current_exception());
-      }
-    }
-    lock.lock();
-    request.buffers->in_flight = false;
-    written_cv_.notify_all();
-    return true;
+    return request;
   }
-  if (!copies_.empty()) {
-    WriteRequest& front = copies_.front();
-    const WriteRequest slice = front;
-    const std::uint64_t n = std::min(front.length, kCopySliceBytes);
-    front.in_offset += n;
-    front.out_offset += n;
-    front.length -= n;
-    const bool last = front.length == 0;
-    if (last) copies_.pop_front();
-    lock.unlock();
-    if (!failed_.load()) {
-      try {
-        const FdLease in = slice.in_file->descriptor();
-        slice.file->copy_from(in->get(), slice.in_offset, slice.out_offset, n);
-        wrote(*slice.file, slice.out_offset, n);
-        if (last) on_written_(slice.job);
-      } catch (...) {
-        on_error_(slice.job, std::current_exception());
-      }
-    }
-    lock.lock();
-    return true;
-  }
-  return false;
+  WriteRequest& front = copies_.front();
+  WriteRequest slice = front;
+  slice.length = std::min(front.length, kCopySliceBytes);
+  front.in_offset += slice.length;
+  front.out_offset += slice.length;
+  front.length -= slice.length;
+  slice.last = front.length == 0;
+  if (slice.last) copies_.pop_front();
+  return slice;
 }
 
-void WriteQueue::wrote(const OutputFile& file, std::uint64_t offset, std::uint64_t bytes) {
-  if (on_bytes_) on_bytes_(file, offset, bytes);
+// The I/O of a write, with the token held.
+void WriteQueue::perform(const WriteRequest& write) {
+  if (write.buffers != nullptr) {
+    for (std::size_t p = 0; p < write.n_pieces; ++p) {
+      write.file->write_at(write.pieces[p].offset, write.pieces[p].bytes);
+      wrote(*write.file, write.pieces[p].bytes.size());
+    }
+    return;
+  }
+  const FdLease in = write.in_file->descriptor();
+  write.file->copy_from(in->get(), write.in_offset, write.out_offset, write.length);
+  wrote(*write.file, write.length);
+}
+
+void WriteQueue::report(const WriteRequest& write) {
+  if (write.buffers != nullptr) {
+    if (on_bytes_) {
+      for (std::size_t p = 0; p < write.n_pieces; ++p) {
+        on_bytes_(*write.file, write.pieces[p].offset, write.pieces[p].bytes.size(),
+                  write.pieces[p].bytes);
+      }
+    }
+    on_written_(write.job);
+    return;
+  }
+  if (on_bytes_) on_bytes_(*write.file, write.out_offset, write.length, {});
+  if (write.last) on_written_(write.job);
+}
+
+void WriteQueue::wrote(const OutputFile& file, std::uint64_t bytes) {
   if (!writeback_) return;
   unflushed_bytes_ += bytes;
   if (unflushed_bytes_ < kWritebackBytes) return;
@@ -95,13 +124,19 @@ void WriteQueue::wrote(const OutputFile& file, std::uint64_t offset, std::uint64
   unflushed_bytes_ = 0;
 }
 
+void WriteQueue::wait(std::unique_lock<std::mutex>& lock) {
+  const auto start = std::chrono::steady_clock::now();
+  written_cv_.wait(lock);
+  times_.add_waiting(std::chrono::steady_clock::now() - start);
+}
+
 void WriteQueue::wait_written(const WriteBuffers& buffers) {
   std::unique_lock lock(mutex_);
   while (buffers.in_flight) {
-    if (writing_) {
-      written_cv_.wait(lock);
-    } else {
+    if (!writing_ && queued()) {
       write_queued(lock);
+    } else {
+      wait(lock);
     }
   }
 }
@@ -110,8 +145,8 @@ void WriteQueue::drain() {
   std::unique_lock lock(mutex_);
   for (;;) {
     write_queued(lock);
-    if (!writing_ && buffer_writes_.empty() && copies_.empty()) return;
-    written_cv_.wait(lock);
+    if (!writing_ && !queued()) return;
+    wait(lock);
   }
 }
 

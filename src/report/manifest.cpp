@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -127,96 +126,125 @@ bool is_lfs_pointer(const fs::path& path, const std::string& label) {
 
 // ---- hashing while writing ----
 
+namespace {
+
+// Bytes read back from the page cache at a time: small enough to stay in
+// the core's cache between the copy and the hash.
+constexpr std::size_t kReadBackBytes = 256u << 10;
+
+[[noreturn]] void throw_hash_interrupted() {
+  throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+}
+
+}  // namespace
+
 struct WrittenFilesHasher::State {
   struct File {
     std::string name;
     std::uint64_t size = 0;
     std::map<std::uint64_t, std::uint64_t> pending;  // written ranges past `ready`: begin -> end
-    std::uint64_t ready = 0;   // bytes [0, ready) are written (guarded by mutex)
-    std::uint64_t hashed = 0;  // bytes [0, hashed) are hashed (hashing thread only)
+    std::uint64_t ready = 0;   // bytes [0, ready) are written
+    std::uint64_t hashed = 0;  // bytes [0, hashed) are hashed
+    bool busy = false;         // a thread is hashing this file
     Sha256 sha;
-    detail::UniqueFd fd;
   };
 
   fs::path dir;
   const std::atomic<bool>* cancel = nullptr;
   std::vector<File> files;
   std::map<std::string, std::size_t> by_name;
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool finishing = false;  // every file is complete: hash to the end, then exit
-  bool stop = false;       // give up (destructor without finish)
-  std::exception_ptr error;
-  std::thread thread;
+  std::mutex mutex;  // guards every File's fields but sha, which only the busy thread uses
+  std::vector<std::unique_ptr<std::byte[]>> spare_buffers;  // read-back buffers not in use
 
   bool cancelled() const { return cancel != nullptr && cancel->load(); }
 
-  // The one file whose descriptor is open (hashing thread only): a run of
-  // thousands of shards must not hold a descriptor per shard (util/fd_pool.hpp
-  // says why); a file is reopened by name when its hashing resumes.
-  File* open_file = nullptr;
-
-  // With mutex held: a file with written bytes not yet hashed, or nullptr;
-  // the open file first.
-  File* next_work() {
-    if (open_file != nullptr && open_file->hashed < open_file->ready) return open_file;
-    for (File& f : files) {
-      if (f.hashed < f.ready) return &f;
-    }
-    return nullptr;
-  }
-
-  void hash_range(File& f, std::uint64_t end, std::vector<std::byte>& buffer) {
-    if (f.fd.get() < 0) {
-      if (open_file != nullptr) open_file->fd = detail::UniqueFd();
-      open_file = &f;
-      const fs::path path = dir / f.name;
-      f.fd = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-      if (f.fd.get() < 0) {
-        throw io_error(fmt::format("{}: cannot open to hash: {}", path.string(),
-                                   std::strerror(errno)));
-      }
-    }
-    while (f.hashed < end) {
-      if (cancelled()) {
-        throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
-      }
-      const std::size_t want =
-          static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), end - f.hashed));
-      const ssize_t n = ::pread(f.fd.get(), buffer.data(), want, static_cast<off_t>(f.hashed));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        throw io_error(fmt::format("{}: cannot read back at byte {} to hash: {}",
-                                   (dir / f.name).string(), f.hashed,
-                                   n == 0 ? "unexpected end of file" : std::strerror(errno)));
-      }
-      f.sha.update(std::span(buffer.data(), static_cast<std::size_t>(n)));
-      f.hashed += static_cast<std::uint64_t>(n);
+  // With mutex held: records that [offset, end) of f is written and moves
+  // the written prefix over every range that now touches it.
+  static void add_range(File& f, std::uint64_t offset, std::uint64_t end) {
+    std::uint64_t& pending_end = f.pending[offset];
+    pending_end = std::max(pending_end, end);
+    for (auto r = f.pending.begin(); r != f.pending.end() && r->first <= f.ready;
+         r = f.pending.erase(r)) {
+      f.ready = std::max(f.ready, r->second);
     }
   }
 
-  void run() {
-    std::vector<std::byte> buffer(4u << 20);
-    std::unique_lock lock(mutex);
-    for (;;) {
-      cv.wait(lock, [&] { return stop || finishing || next_work() != nullptr; });
-      if (stop) return;
-      File* f = next_work();
-      if (f == nullptr) {
-        if (finishing) return;
-        continue;
+  // Hashes f from f.hashed to f.ready, and on while other threads move
+  // f.ready; f.busy is set by the caller and cleared here, also on error.
+  // bytes are [offset, offset + bytes.size()) of f, hashed from memory when
+  // the hash reaches offset. lock holds mutex on entry and exit; it is
+  // released while hashing.
+  void hash_ready(File& f, std::unique_lock<std::mutex>& lock, std::uint64_t offset,
+                  std::span<const std::byte> bytes) {
+    struct Release {
+      State& state;
+      File& file;
+      std::unique_lock<std::mutex>& lock;
+      std::unique_ptr<std::byte[]> buffer;
+      detail::UniqueFd fd;
+      ~Release() {
+        if (!lock.owns_lock()) lock.lock();
+        file.busy = false;
+        if (buffer) state.spare_buffers.push_back(std::move(buffer));
       }
-      const std::uint64_t end = f->ready;
+    } release{*this, f, lock, nullptr, detail::UniqueFd()};
+    while (f.hashed < f.ready) {
+      const std::uint64_t from = f.hashed;
+      const std::uint64_t to = f.ready;
+      const bool from_memory = !bytes.empty() && offset <= from && from < offset + bytes.size();
+      if (!from_memory && !release.buffer) {
+        if (spare_buffers.empty()) {
+          release.buffer = std::make_unique_for_overwrite<std::byte[]>(kReadBackBytes);
+        } else {
+          release.buffer = std::move(spare_buffers.back());
+          spare_buffers.pop_back();
+        }
+      }
       lock.unlock();
-      try {
-        hash_range(*f, end, buffer);
-      } catch (...) {
-        lock.lock();
-        error = std::current_exception();
-        return;
+      if (cancelled()) throw_hash_interrupted();
+      std::uint64_t done = from;
+      if (from_memory) {
+        const std::uint64_t n = std::min(to, offset + bytes.size()) - from;
+        sha_update(f, bytes.subspan(from - offset, n));
+        done += n;
+      } else {
+        // Up to where the reported bytes start, if they are ahead.
+        const std::uint64_t stop = !bytes.empty() && offset > from ? std::min(to, offset) : to;
+        done = read_back(f, release.fd, release.buffer.get(), from, stop);
       }
       lock.lock();
+      f.hashed = done;
     }
+  }
+
+  static void sha_update(File& f, std::span<const std::byte> bytes) { f.sha.update(bytes); }
+
+  // Hashes [from, to) of f read back from the page cache (fd opened on first
+  // use); returns `to`.
+  std::uint64_t read_back(File& f, detail::UniqueFd& fd, std::byte* buffer, std::uint64_t from,
+                          std::uint64_t to) {
+    const fs::path path = dir / f.name;
+    if (fd.get() < 0) {
+      fd = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) {
+        throw io_error(
+            fmt::format("{}: cannot open to hash: {}", path.string(), std::strerror(errno)));
+      }
+    }
+    while (from < to) {
+      if (cancelled()) throw_hash_interrupted();
+      const std::size_t want =
+          static_cast<std::size_t>(std::min<std::uint64_t>(kReadBackBytes, to - from));
+      const ssize_t n = ::pread(fd.get(), buffer, want, static_cast<off_t>(from));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        throw io_error(fmt::format("{}: cannot read back at byte {} to hash: {}", path.string(),
+                                   from, n == 0 ? "unexpected end of file" : std::strerror(errno)));
+      }
+      f.sha.update(std::span(buffer, static_cast<std::size_t>(n)));
+      from += static_cast<std::uint64_t>(n);
+    }
+    return to;
   }
 };
 
@@ -231,59 +259,36 @@ WrittenFilesHasher::WrittenFilesHasher(fs::path dir, const std::vector<ManifestE
     state_->files[i].size = expected[i].size;
     state_->by_name.emplace(expected[i].name, i);
   }
-  state_->thread = std::thread([s = state_.get()] { s->run(); });
 }
 
-WrittenFilesHasher::~WrittenFilesHasher() {
-  {
-    const std::lock_guard lock(state_->mutex);
-    state_->stop = true;
-  }
-  state_->cv.notify_all();
-  if (state_->thread.joinable()) state_->thread.join();
-}
+WrittenFilesHasher::~WrittenFilesHasher() = default;
 
-void WrittenFilesHasher::written(const fs::path& file, std::uint64_t offset,
-                                 std::uint64_t length) {
+void WrittenFilesHasher::written(const fs::path& file, std::uint64_t offset, std::uint64_t length,
+                                 std::span<const std::byte> bytes) {
   if (length == 0) return;
   State& s = *state_;
   const auto it = s.by_name.find(file.filename().string());
   if (it == s.by_name.end()) return;
-  bool advanced = false;
-  {
-    const std::lock_guard lock(s.mutex);
-    State::File& f = s.files[it->second];
-    std::uint64_t& end = f.pending[offset];
-    end = std::max(end, offset + length);
-    // Move the written prefix over every range that now touches it.
-    for (auto r = f.pending.begin(); r != f.pending.end() && r->first <= f.ready;
-         r = f.pending.erase(r)) {
-      if (r->second > f.ready) {
-        f.ready = r->second;
-        advanced = true;
-      }
-    }
-  }
-  if (advanced) s.cv.notify_one();
+  State::File& f = s.files[it->second];
+  std::unique_lock lock(s.mutex);
+  State::add_range(f, offset, offset + length);
+  if (f.busy || f.hashed >= f.ready) return;  // the thread hashing f takes the range
+  f.busy = true;
+  s.hash_ready(f, lock, offset, bytes.first(std::min<std::size_t>(bytes.size(), length)));
 }
 
 std::vector<ManifestEntry> WrittenFilesHasher::finish() {
   State& s = *state_;
-  {
-    const std::lock_guard lock(s.mutex);
-    s.finishing = true;
-    // The files are complete now: whatever was not reported is written too.
-    for (State::File& f : s.files) {
-      f.ready = f.size;
-      f.pending.clear();
-    }
+  std::unique_lock lock(s.mutex);
+  for (State::File& f : s.files) {
+    // The file is complete now: whatever was not reported is written too.
+    f.ready = f.size;
+    f.pending.clear();
+    f.busy = true;
+    s.hash_ready(f, lock, 0, {});
   }
-  s.cv.notify_all();
-  s.thread.join();
-  if (s.error) std::rethrow_exception(s.error);
-  if (s.cancelled()) {
-    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
-  }
+  lock.unlock();
+  if (s.cancelled()) throw_hash_interrupted();
   std::vector<ManifestEntry> entries;
   for (State::File& f : s.files) {
     // The file must end where the plan said it would.

@@ -3,9 +3,9 @@
 // Google Highway and compiled for every level of simd_levels() (SVE2, SVE and
 // NEON on AArch64; AVX-512 and AVX2 on x86-64), chosen at run time
 // (simd_dispatch.hpp). On x86-64, quantize_block() runs the hand-written
-// symmetric kernels of kernel_x86.cpp instead, which are faster there; this
-// one is still compiled, tested and benchmarked at those levels
-// (quantize_block_hwy_at), and runs the asymmetric schemes everywhere.
+// kernels of kernel_x86.cpp instead, which are faster there; this one is
+// still compiled, tested and benchmarked at those levels
+// (quantize_block_hwy_at).
 //
 // It follows section 3 of the format spec step for step with the same IEEE
 // operations as quantize_block_ref(), one vector of float lanes at a time,
@@ -56,29 +56,60 @@ using simd_steps::HWY_NAMESPACE::load_as_float;
 using simd_steps::HWY_NAMESPACE::magnitude_max;
 using simd_steps::HWY_NAMESPACE::round_to_t;
 
-// The smallest and largest of n finite elements at p, n a multiple of 8,
-// as floats (either zero may come out as -0 or +0).
+// The raw lanes of T as signed integers in the order of the values they
+// encode: IEEE sign-magnitude turned into two's complement order by
+// inverting the magnitude bits of negative values (key(-m) = ~m), so that one
+// integer Min / Max finds the smallest and largest element without widening.
 template <DType T>
-HWY_INLINE void min_max(const std::byte* p, std::uint64_t n, float& lo, float& hi) {
-  constexpr std::size_t kEsize = kElementBytes<T>;
-  const hn::ScalableTag<float> df;
-  const std::size_t lanes = hn::Lanes(df);
-  auto vlo = hn::Zero(df);
-  auto vhi = hn::Zero(df);
+using KeyLane = std::conditional_t<T == DType::kF32, std::int32_t, std::int16_t>;
+
+template <DType T, class D>
+HWY_INLINE hn::Vec<D> order_key(D d, hn::Vec<D> raw) {
+  constexpr int kSignShift = static_cast<int>(sizeof(KeyLane<T>) * 8 - 1);
+  const auto magnitude = hn::Set(d, hwy::LimitsMax<KeyLane<T>>());
+  return hn::Xor(raw, hn::And(hn::ShiftRight<kSignShift>(raw), magnitude));
+}
+
+// The element of dtype T whose order key is k, as a float.
+template <DType T>
+HWY_INLINE float key_to_float(KeyLane<T> k) {
+  const KeyLane<T> raw = k < 0 ? static_cast<KeyLane<T>>(k ^ hwy::LimitsMax<KeyLane<T>>()) : k;
+  return load_as_float(T, &raw);
+}
+
+// lo = min(min of the n elements at p, 0) and hi = max(max of them, 0), n a
+// multiple of 8, as floats (either zero may come out as -0 or +0), in one
+// pass on the raw bits with the finite check of the reference: false when
+// one of them is NaN or infinite (lo and hi are then meaningless). NaN and
+// infinities have the largest magnitude bits, so their keys are the
+// extremes: at least key(+inf) or at most key(-inf) = ~key(+inf).
+template <DType T>
+HWY_INLINE bool min_max_finite(const std::byte* p, std::uint64_t n, float& lo, float& hi) {
+  using Key = KeyLane<T>;
+  const Key* raw = reinterpret_cast<const Key*>(p);
+  const hn::ScalableTag<Key> d;
+  const std::size_t lanes = hn::Lanes(d);
+  auto vlo = hn::Zero(d);  // key(+0) = 0
+  auto vhi = hn::Zero(d);
   std::uint64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto v = load_as_float<T>(df, p + i * kEsize);
-    vlo = hn::Min(vlo, v);
-    vhi = hn::Max(vhi, v);
+    const auto key = order_key<T>(d, hn::LoadU(d, raw + i));
+    vlo = hn::Min(vlo, key);
+    vhi = hn::Max(vhi, key);
   }
-  lo = hn::GetLane(hn::MinOfLanes(df, vlo));
-  hi = hn::GetLane(hn::MaxOfLanes(df, vhi));
-  const hn::CappedTag<float, 8> df8;  // the rest, fewer than a vector
-  for (; i < n; i += hn::Lanes(df8)) {
-    const auto v = load_as_float<T>(df8, p + i * kEsize);
-    lo = std::min(lo, hn::GetLane(hn::MinOfLanes(df8, v)));
-    hi = std::max(hi, hn::GetLane(hn::MaxOfLanes(df8, v)));
+  Key klo = hn::GetLane(hn::MinOfLanes(d, vlo));
+  Key khi = hn::GetLane(hn::MaxOfLanes(d, vhi));
+  const hn::CappedTag<Key, 8> d8;  // the rest, fewer than a vector
+  for (; i < n; i += hn::Lanes(d8)) {
+    const auto key = order_key<T>(d8, hn::LoadU(d8, raw + i));
+    klo = std::min(klo, hn::GetLane(hn::MinOfLanes(d8, key)));
+    khi = std::max(khi, hn::GetLane(hn::MaxOfLanes(d8, key)));
   }
+  constexpr Key kInfinity = static_cast<Key>(kNonFiniteBits<T>);
+  if (khi >= kInfinity || klo <= static_cast<Key>(~kInfinity)) return false;
+  lo = key_to_float<T>(klo);
+  hi = key_to_float<T>(khi);
+  return true;
 }
 
 // Quantizes Lanes(df) elements at p with scale s and stores their codes
@@ -191,11 +222,10 @@ std::optional<std::uint64_t> quantize_rows(const QuantScheme& scheme, const Kern
         for (std::size_t i = 0; i < n; ++i) {
           const std::uint64_t c0 = (g0 + i) * g_size;
           const std::byte* group = row + c0 * kEsize;
-          // The finite check of the reference, then lo and hi.
-          if (magnitude_max<T>(group, g_size) >= kNonFiniteBits<T>) {
+          // lo and hi, and the finite check of the reference.
+          if (!min_max_finite<T>(group, g_size, lo[i], hi[i])) {
             return r * n_cols + c0 + first_non_finite(T, group);
           }
-          min_max<T>(group, g_size, lo[i], hi[i]);
         }
         for (std::size_t i = n; i < block_groups; ++i) lo[i] = hi[i] = 0.0f;
         asymmetric_scales<T>(dv, lo, hi, qmin, qmax, scales, zeros);
@@ -271,17 +301,24 @@ using QuantizeSymmetric = std::optional<std::uint64_t>(const QuantScheme&, const
 // The Highway kernel at every level.
 constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetricHwy[] = CTQUANT_SIMD_TABLE(quantize_int);
 
-// What quantize_block() runs at each level for symmetric schemes: on x86-64
-// the hand-written kernels of kernel_x86.cpp (the Highway kernel is 1.2x slower there,
-// docs/performance.md), elsewhere the Highway kernel.
+// What quantize_block() runs at each level for symmetric and asymmetric
+// schemes: on x86-64 the hand-written kernels of kernel_x86.cpp (the Highway
+// kernel is 1.2x slower there, docs/performance.md), elsewhere the Highway
+// kernel.
 #if HWY_ARCH_X86_64
 constexpr SimdEntry<QuantizeSymmetric> kQuantizeSymmetric[] = {
     {HWY_AVX3, &x86::quantize_symmetric_avx512},
     {HWY_AVX2, &x86::quantize_symmetric_avx2},
     {0, nullptr},
 };
+constexpr SimdEntry<QuantizeSymmetric> kQuantizeAsymmetric[] = {
+    {HWY_AVX3, &x86::quantize_asymmetric_avx512},
+    {HWY_AVX2, &x86::quantize_asymmetric_avx2},
+    {0, nullptr},
+};
 #else
 constexpr const auto& kQuantizeSymmetric = kQuantizeSymmetricHwy;
+constexpr const auto& kQuantizeAsymmetric = kQuantizeSymmetricHwy;
 #endif
 
 std::optional<std::uint64_t> run_at(QuantizeSymmetric* fn, const QuantScheme& scheme,
@@ -312,9 +349,7 @@ std::optional<std::uint64_t> quantize_block_simd(const QuantScheme& scheme,
 std::optional<std::uint64_t> quantize_block_simd_at(const SimdLevel& level,
                                                     const QuantScheme& scheme,
                                                     const KernelBlock& block) {
-  // The hand-written kernels are symmetric only; asymmetric schemes run the
-  // Highway kernel at every level.
-  if (!scheme.symmetric) return run_at(simd_entry(kQuantizeSymmetricHwy, level), scheme, block);
+  if (!scheme.symmetric) return run_at(simd_entry(kQuantizeAsymmetric, level), scheme, block);
   return run_at(simd_entry(kQuantizeSymmetric, level), scheme, block);
 }
 

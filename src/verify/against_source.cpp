@@ -6,11 +6,16 @@
 // each weight the module it belongs to. Copied tensors must be the source's
 // bytes; 16-bit weights (FP8 weights written as BF16, split experts kept)
 // the rows WeightRows loads, exactly as quantize read them; quantized
-// modules are recomputed row chunk by row chunk with their family's
-// reference kernel (quantize_ref) and compared code by code, scale by scale,
-// and their dequantized values (the family's dequantize) are compared with
-// the source rows for the error figures.
+// modules are recomputed row chunk by row chunk with their family's kernel
+// (quantize: the vector kernels quantize runs, which the tests check bit for
+// bit against quantize_ref at every level) and compared code by code, scale
+// by scale, and the values their stored outputs stand for are compared with
+// the source rows for the error figures (quant_error.hpp). The chunks of a
+// module are checked on VerifyOptions::threads threads and their findings
+// taken in row order (ordered_parallel), so the report is the same for every
+// thread count.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,6 +30,7 @@
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/verify/loadability.hpp"
 #include "ctquant/util/error.hpp"
+#include "util/ordered_parallel.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant {
@@ -65,7 +71,12 @@ class AgainstSource {
  public:
   AgainstSource(const Side& out, const Checkpoint& checkpoint, const QuantizePlan& plan,
                 const VerifyOptions& options, Collector& c)
-      : out_(out), ckpt_(checkpoint), plan_(plan), options_(options), c_(c) {}
+      : out_(out),
+        ckpt_(checkpoint),
+        plan_(plan),
+        options_(options),
+        c_(c),
+        threads_(verify_threads(options)) {}
 
   void run() {
     for (const ShardPlan& s : plan_.shards) {
@@ -140,56 +151,92 @@ class AgainstSource {
     }
   }
 
-  // max |w| of every module that needs it, then of its set (schemes.md 7).
+  // max |w| of every module that needs it, then of its set (schemes.md 7):
+  // the chunks of the set's modules read on threads_ threads, taken in
+  // order up to the first that cannot be read as finite values (reported
+  // when the module itself is checked).
   void compute_amax() {
     set_amax_.assign(plan_.modules.size(), 0.0f);
-    std::vector<std::byte> rows;
-    std::vector<std::byte> scales;
-    for (const std::vector<std::size_t>& set : plan_.amax_sets) {
+    struct Chunk {
+      std::size_t source = 0;  // index into sources
+      std::size_t module = 0;  // index into plan_.modules
+      std::uint64_t r0 = 0;
+      std::uint64_t r1 = 0;
+    };
+    struct ChunkAmax {
       float amax = 0.0f;
       bool ok = true;
+    };
+    struct AmaxScratch {
+      std::vector<std::byte> rows;
+      std::vector<std::byte> scales;
+      std::vector<float> ranges;
+    };
+    std::vector<AmaxScratch> buffers(threads_);
+    for (const std::vector<std::size_t>& set : plan_.amax_sets) {
+      std::vector<Chunk> chunks;
+      std::vector<WeightRows> sources;
+      std::map<std::size_t, std::uint32_t> cutoff;  // of the modules with an MSE observer
       for (const std::size_t mi : set) {
-        const WeightRows source(ckpt_, plan_.modules[mi].source);
+        sources.emplace_back(ckpt_, plan_.modules[mi].source);
+        const WeightRows& source = sources.back();
+        if (is_mse_observer(plan_.group_of(plan_.modules[mi]).weights.observer)) {
+          cutoff[mi] = mse_cutoff_of(mi);  // before the threads: it reads the module
+        }
         const std::uint64_t step = step_rows(source, 1);
-        for (std::uint64_t r0 = 0; r0 < source.rows() && ok; r0 += step) {
-          const std::uint64_t r1 = std::min(source.rows(), r0 + step);
-          float chunk = 0.0f;
-          // Rows that do not load finite are reported when the module itself is checked.
-          ok = load_finite(source, r0, r1, rows, scales, chunk);
-          const SchemeGroup& g = plan_.group_of(plan_.modules[mi]);
-          if (ok && is_mse_observer(g.weights.observer)) {
-            // The global scale from the observer's ranges, as quantize does.
-            const float* ranges = observe(mi, source, rows.data(), r1 - r0);
-            chunk = 0.0f;
-            const std::uint64_t n = observed_groups(g.weights, r1 - r0, source.cols());
-            for (std::uint64_t k = 0; k < n; ++k) chunk = std::max(chunk, range_amax(ranges, k));
-          }
-          amax = std::max(amax, chunk);
+        for (std::uint64_t r0 = 0; r0 < source.rows(); r0 += step) {
+          chunks.push_back({sources.size() - 1, mi, r0, std::min(source.rows(), r0 + step)});
         }
       }
+      float amax = 0.0f;
+      bool ok = true;
+      ordered_parallel<ChunkAmax>(
+          chunks.size(), threads_,
+          [&](std::size_t k, unsigned worker) {
+            const Chunk& c = chunks[k];
+            const WeightRows& source = sources[c.source];
+            AmaxScratch& b = buffers[worker];
+            ChunkAmax found;
+            // Rows that do not load finite are reported when the module itself is checked.
+            found.ok = load_finite(source, c.r0, c.r1, b.rows, b.scales, found.amax);
+            if (const auto it = cutoff.find(c.module); found.ok && it != cutoff.end()) {
+              // The global scale from the observer's ranges, as quantize does.
+              const float* ranges =
+                  observe(c.module, source, b.rows.data(), c.r1 - c.r0, it->second, b.ranges);
+              found.amax = 0.0f;
+              const std::uint64_t n = observed_groups(
+                  plan_.group_of(plan_.modules[c.module]).weights, c.r1 - c.r0, source.cols());
+              for (std::uint64_t g = 0; g < n; ++g) found.amax = std::max(found.amax, range_amax(ranges, g));
+            }
+            return found;
+          },
+          [&](std::size_t, ChunkAmax&& found) {
+            if (!ok) return;
+            amax = std::max(amax, found.amax);
+            ok = found.ok;
+          });
       for (const std::size_t mi : set) set_amax_[mi] = amax;
     }
   }
 
   // The MSE observer's ranges of rows [r0, r1) of module mi (already
-  // loaded), searched up to the module's cutoff (observer.hpp), in ranges_.
-  // With `improved`: searched to the last candidate, the candidates that
-  // improve some group ORed into it (the cutoff's own pass).
+  // loaded), searched up to candidate `cutoff` (observer.hpp), in `ranges`.
+  // With `improved`: the candidates that improve some group ORed into it
+  // (the cutoff's own pass, which searches every candidate). Thread-safe.
   const float* observe(std::size_t mi, const WeightRows& source, const std::byte* rows,
-                       std::uint64_t n, ImprovedSteps* improved = nullptr) {
+                       std::uint64_t n, std::uint32_t cutoff, std::vector<float>& ranges,
+                       ImprovedSteps* improved = nullptr) const {
     const QuantArgs& args = plan_.group_of(plan_.modules[mi]).weights;
     const ObserverParams params = observer_params(args.observer, args.observer_kwargs, "verify");
-    // Before ranges_ is sized: the cutoff's own pass uses it too.
-    const std::uint32_t cutoff = improved != nullptr ? params.steps() : mse_cutoff_of(mi);
-    ranges_.resize(2 * observed_groups(args, n, source.cols()));
+    ranges.resize(2 * observed_groups(args, n, source.cols()));
     ObserveIo io;
     io.dtype = source.dtype();
     io.n_rows = n;
     io.n_cols = source.cols();
     io.weight = rows;
-    io.ranges = ranges_.data();
-    observe_ranges(args, params, cutoff, io, improved);
-    return ranges_.data();
+    io.ranges = ranges.data();
+    observe_ranges(args, params, improved != nullptr ? params.steps() : cutoff, io, improved);
+    return ranges.data();
   }
 
   // Loads rows [r0, r1) of source and their max |w| into amax; false when
@@ -218,12 +265,13 @@ class AgainstSource {
           step_rows(source, std::max<std::uint64_t>(1, g.family()->row_alignment(g.weights)));
       std::vector<std::byte> rows;
       std::vector<std::byte> scales;
+      std::vector<float> ranges;
       for (std::uint64_t r0 = 0; r0 < source.rows(); r0 += step) {
         const std::uint64_t r1 = std::min(source.rows(), r0 + step);
         float amax = 0.0f;
         // Rows that do not load finite are reported when the module is checked.
         if (!load_finite(source, r0, r1, rows, scales, amax)) break;
-        observe(mi, source, rows.data(), r1 - r0, &improved);
+        observe(mi, source, rows.data(), r1 - r0, 0, ranges, &improved);
         if (mse_cutoff_settled(params, improved)) break;
       }
     }
@@ -240,21 +288,188 @@ class AgainstSource {
     return std::max(align, n / align * align);
   }
 
-  // Loads source rows, reporting a value that cannot have been quantized.
-  bool load_source(const WeightRows& source, const TensorLocation& tensor, std::uint64_t r0,
-                   std::uint64_t r1, std::vector<std::byte>& rows, std::vector<std::byte>& scales,
-                   const std::string& what) {
+  // Loads source rows; the message of a value that cannot have been `what`
+  // (an FP8 value that is not finite once dequantized). Thread-safe.
+  std::optional<std::string> source_problem(const WeightRows& source, std::uint64_t r0,
+                                            std::uint64_t r1, std::vector<std::byte>& rows,
+                                            std::vector<std::byte>& scales,
+                                            const std::string& what) const {
     rows.resize((r1 - r0) * source.row_bytes());
     scales.resize(source.scale_bytes(r0, r1));
-    if (const auto bad = source.load(r0, r1, rows, scales)) {
-      const std::uint64_t row = r0 + *bad / source.cols();
-      const std::uint64_t col = *bad % source.cols();
-      c_.diff("source", ckpt_.shards[tensor.shard].label(), ckpt_.entry(tensor).name,
-              fmt::format("source element [{}, {}] {}; it cannot have been {}", row, col,
-                          source.describe_fp8(row, col), what));
-      return false;
+    const auto bad = source.load(r0, r1, rows, scales);
+    if (!bad) return std::nullopt;
+    const std::uint64_t row = r0 + *bad / source.cols();
+    const std::uint64_t col = *bad % source.cols();
+    return fmt::format("source element [{}, {}] {}; it cannot have been {}", row, col,
+                       source.describe_fp8(row, col), what);
+  }
+
+  // A group whose codes, scale or zero point differ from what quantize
+  // writes: its row, its column of groups and, for codes, the first
+  // differing column (mark() in check_quantized).
+  struct Mismatch {
+    std::uint64_t row = 0;
+    std::uint64_t group_col = 0;
+    std::optional<std::uint64_t> col;
+  };
+  // What one chunk of rows of a quantized module gives.
+  struct ChunkFindings {
+    std::string source_problem;  // a source value that cannot have been quantized
+    std::vector<Mismatch> mismatches;
+    std::uint64_t accepted_scales = 0;  // within --scale-ulp
+    std::uint64_t max_scale_ulp = 0;
+    std::vector<RowError> row_errors;  // one per row
+  };
+  // What check_chunk needs of the module being checked.
+  struct ModuleChunks {
+    const PlannedModule& module;
+    const SchemeFamily& family;
+    const QuantArgs& args;
+    const std::vector<OutputTensorSpec>& specs;
+    const std::vector<Ref>& refs;                  // per spec
+    const std::vector<std::size_t>& row_outputs;   // indexes into specs of the kRows outputs
+    const std::vector<std::vector<std::byte>>& whole_stored;  // the kWhole outputs as stored
+    const WeightRows& source;
+    float amax = 0;  // of the module's amax set
+    std::uint64_t scale_rows = 1;
+    std::uint64_t scale_cols = 1;
+    std::size_t index = 0;                       // into plan_.modules
+    std::optional<std::uint32_t> mse_cutoff;     // with an MSE observer: its last candidate
+  };
+  // One worker's buffers for check_chunk, reused from chunk to chunk.
+  struct ChunkScratch {
+    std::vector<std::byte> src_rows;
+    std::vector<std::byte> fp8_scales;
+    std::array<std::vector<std::byte>, 4> ref;
+    std::array<std::vector<std::byte>, 4> stored;
+    std::vector<std::byte> kernel;
+    std::vector<float> values;
+    std::vector<float> ranges;  // an MSE observer's
+  };
+
+  // Rows [r0, r1) of module m: the source rows quantized again with the
+  // family's kernel (the vector kernels, checked bit for bit against the
+  // reference by the tests), compared with what OUTPUT stores, and the
+  // weight error of the stored values. Thread-safe: reads files, writes
+  // only buf and the result.
+  ChunkFindings check_chunk(const ModuleChunks& mc, std::uint64_t r0, std::uint64_t r1,
+                            ChunkScratch& buf) const {
+    const SchemeFamily& family = mc.family;
+    const QuantArgs& args = mc.args;
+    const WeightRows& source = mc.source;
+    ChunkFindings found;
+    const std::uint64_t n = r1 - r0;
+    const std::uint64_t cols = mc.module.source.cols;
+    if (auto problem = source_problem(source, r0, r1, buf.src_rows, buf.fp8_scales, "quantized")) {
+      found.source_problem = std::move(*problem);
+      return found;
     }
-    return true;
+    KernelIo io;
+    io.dtype = source.dtype();
+    io.n_rows = n;
+    io.n_cols = cols;
+    io.row_begin = r0;
+    io.weight = buf.src_rows.data();
+    io.tensor_amax = mc.amax;
+    QuantErrorIo e;
+    e.dtype = source.dtype();
+    e.n_rows = n;
+    e.n_cols = cols;
+    e.row_begin = r0;
+    e.weight = buf.src_rows.data();
+    for (std::size_t i = 0; i < mc.row_outputs.size(); ++i) {
+      const OutputTensorSpec& s = mc.specs[mc.row_outputs[i]];
+      const std::uint64_t first = s.bytes_before(r0);
+      const std::uint64_t bytes = s.bytes_before(r1) - first;
+      buf.ref[i].assign(bytes, std::byte{0});
+      buf.stored[i].resize(bytes);
+      read_part(mc.refs[mc.row_outputs[i]], first, buf.stored[i]);
+      io.out[i] = buf.ref[i].data();
+      e.outputs[i] = buf.stored[i].data();
+    }
+    for (std::size_t k = 0; k < mc.whole_stored.size() && k < e.whole.size(); ++k) {
+      e.whole[k] = mc.whole_stored[k].data();
+    }
+    buf.kernel.resize(family.scratch_bytes(args, n, cols));
+    io.scratch = buf.kernel;
+    if (mc.mse_cutoff) {
+      float finite = 0.0f;  // a value that is not finite is the kernel's to report
+      if (!max_abs(source.dtype(), buf.src_rows.data(), n * cols, finite)) {
+        io.ranges = observe(mc.index, source, buf.src_rows.data(), n, *mc.mse_cutoff, buf.ranges);
+      }
+    }
+    if (const auto bad = family.quantize(args, io)) {
+      found.source_problem = fmt::format(
+          "source value at row {}, column {} is not finite; it cannot have been quantized",
+          r0 + *bad / cols, *bad % cols);
+      return found;
+    }
+    const std::uint64_t scale_rows = mc.scale_rows;
+    const std::uint64_t scale_cols = mc.scale_cols;
+    for (std::size_t i = 0; i < mc.row_outputs.size(); ++i) {
+      const OutputTensorSpec& s = mc.specs[mc.row_outputs[i]];
+      const std::vector<std::byte>& ref = buf.ref[i];
+      const std::vector<std::byte>& stored = buf.stored[i];
+      if (std::memcmp(ref.data(), stored.data(), ref.size()) == 0) continue;
+      switch (s.kind) {
+        case OutputTensorSpec::Kind::kCodes:
+          for (std::uint64_t r = 0; r < n; ++r) {
+            const std::byte* a = stored.data() + r * s.bytes_per_unit;
+            const std::byte* b = ref.data() + r * s.bytes_per_unit;
+            if (std::memcmp(a, b, s.bytes_per_unit) == 0) continue;
+            // The first differing column of each group that differs.
+            for (std::uint64_t col = 0; col < cols; ++col) {
+              const std::uint64_t bit = col * static_cast<std::uint64_t>(s.element_bits);
+              if (bits_at(a, bit, s.element_bits) == bits_at(b, bit, s.element_bits)) continue;
+              found.mismatches.push_back({r0 + r, col / scale_cols, col});
+              col = (col / scale_cols + 1) * scale_cols - 1;  // on to the next group
+            }
+          }
+          break;
+        case OutputTensorSpec::Kind::kScale: {
+          const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(s.dtype) / 8);
+          const std::uint64_t first_unit = s.bytes_before(r0) / s.bytes_per_unit;
+          const std::uint64_t n_elements = ref.size() / esize;
+          for (std::uint64_t k = 0; k < n_elements; ++k) {
+            const std::byte* a = stored.data() + k * esize;
+            const std::byte* b = ref.data() + k * esize;
+            if (std::memcmp(a, b, esize) == 0) continue;
+            const std::uint64_t unit = first_unit + k / s.elements_per_unit;
+            const std::uint64_t j = k % s.elements_per_unit;
+            if (is_quantizable_float(s.dtype)) {
+              const std::uint64_t d =
+                  ulp_distance(s.dtype, load_bits(s.dtype, a), load_bits(s.dtype, b));
+              found.max_scale_ulp = std::max(found.max_scale_ulp, d);
+              if (d <= options_.scale_ulp) {
+                ++found.accepted_scales;
+                continue;
+              }
+            }
+            found.mismatches.push_back({unit * scale_rows, j, std::nullopt});
+          }
+          break;
+        }
+        case OutputTensorSpec::Kind::kZeroPoint: {
+          const std::uint64_t columns = s.bytes_per_unit / 4;
+          for (std::uint64_t r = 0; r < n; ++r) {
+            for (std::uint64_t j = 0; j < columns; ++j) {
+              if (zero_point_at(stored.data(), r, j, columns, s.element_bits) !=
+                  zero_point_at(ref.data(), r, j, columns, s.element_bits)) {
+                found.mismatches.push_back({r0 + r, j, std::nullopt});
+              }
+            }
+          }
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    // The error of the stored values against the source rows, as quantize
+    // reports it (quant_error.hpp).
+    found.row_errors.resize(n);
+    quant_error_rows(family, args, e, found.row_errors, buf.values);
+    return found;
   }
 
   void check_quantized(std::size_t mi) {
@@ -351,131 +566,49 @@ class AgainstSource {
     }
     const std::uint64_t align = std::max<std::uint64_t>(1, family.row_alignment(args));
     const std::uint64_t step = step_rows(source, align);
-    std::vector<std::byte> src_rows;
-    std::vector<std::byte> fp8_scales;
-    std::vector<std::vector<std::byte>> ref(row_outputs.size());
-    std::vector<std::vector<std::byte>> stored(row_outputs.size());
-    std::vector<std::byte> scratch;
-    std::vector<float> values;
-    std::vector<RowError> row_errors;
     QuantError error;
     std::uint64_t accepted_scales = 0;
     std::uint64_t max_scale_ulp = 0;
-    for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
-      const std::uint64_t r1 = std::min(rows, r0 + step);
-      const std::uint64_t n = r1 - r0;
-      if (!load_source(source, m.source.tensor, r0, r1, src_rows, fp8_scales, "quantized")) return;
-      KernelIo io;
-      io.dtype = source.dtype();
-      io.n_rows = n;
-      io.n_cols = cols;
-      io.row_begin = r0;
-      io.weight = src_rows.data();
-      io.tensor_amax = amax;
-      DequantIo dq;
-      dq.dtype = source.dtype();
-      dq.n_rows = n;
-      dq.n_cols = cols;
-      dq.row_begin = r0;
-      for (std::size_t i = 0; i < row_outputs.size(); ++i) {
-        const OutputTensorSpec& s = specs[row_outputs[i]];
-        const std::uint64_t first = s.bytes_before(r0);
-        const std::uint64_t bytes = s.bytes_before(r1) - first;
-        ref[i].assign(bytes, std::byte{0});
-        stored[i].resize(bytes);
-        read_part(refs[row_outputs[i]], first, stored[i]);
-        io.out[i] = ref[i].data();
-        dq.in[i] = stored[i].data();
-      }
-      for (std::size_t k = 0; k < whole_stored.size() && k < dq.whole.size(); ++k) {
-        dq.whole[k] = whole_stored[k].data();
-      }
-      scratch.resize(family.scratch_bytes(args, n, cols));
-      io.scratch = scratch;
-      if (is_mse_observer(args.observer)) {
-        float finite = 0.0f;
-        if (!max_abs(source.dtype(), src_rows.data(), n * cols, finite)) {
-          io.ranges = observe(mi, source, src_rows.data(), n);
-        }
-      }
-      if (const auto bad = family.quantize_ref(args, io)) {
-        c_.diff("source", ckpt_.shards[m.source.tensor.shard].label(),
-                ckpt_.entry(m.source.tensor).name,
-                fmt::format("source value at row {}, column {} is not finite; it cannot have "
-                            "been quantized",
-                            r0 + *bad / cols, *bad % cols));
-        return;
-      }
-      for (std::size_t i = 0; i < row_outputs.size(); ++i) {
-        const OutputTensorSpec& s = specs[row_outputs[i]];
-        if (std::memcmp(ref[i].data(), stored[i].data(), ref[i].size()) == 0) continue;
-        switch (s.kind) {
-          case OutputTensorSpec::Kind::kCodes:
-            for (std::uint64_t r = 0; r < n; ++r) {
-              const std::byte* a = stored[i].data() + r * s.bytes_per_unit;
-              const std::byte* b = ref[i].data() + r * s.bytes_per_unit;
-              if (std::memcmp(a, b, s.bytes_per_unit) == 0) continue;
-              for (std::uint64_t col = 0; col < cols; ++col) {
-                const std::uint64_t bit = col * static_cast<std::uint64_t>(s.element_bits);
-                if (bits_at(a, bit, s.element_bits) != bits_at(b, bit, s.element_bits)) {
-                  mark(r0 + r, col / scale_cols, col);
-                }
-              }
-            }
-            break;
-          case OutputTensorSpec::Kind::kScale: {
-            const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(s.dtype) / 8);
-            const std::uint64_t first_unit = s.bytes_before(r0) / s.bytes_per_unit;
-            const std::uint64_t n_elements = ref[i].size() / esize;
-            for (std::uint64_t e = 0; e < n_elements; ++e) {
-              const std::byte* a = stored[i].data() + e * esize;
-              const std::byte* b = ref[i].data() + e * esize;
-              if (std::memcmp(a, b, esize) == 0) continue;
-              const std::uint64_t unit = first_unit + e / s.elements_per_unit;
-              const std::uint64_t j = e % s.elements_per_unit;
-              if (is_quantizable_float(s.dtype)) {
-                const std::uint64_t d = ulp_distance(s.dtype, load_bits(s.dtype, a),
-                                                     load_bits(s.dtype, b));
-                max_scale_ulp = std::max(max_scale_ulp, d);
-                if (d <= options_.scale_ulp) {
-                  ++accepted_scales;
-                  continue;
-                }
-              }
-              mark(unit * scale_rows, j, std::nullopt);
-            }
-            break;
+    bool stopped = false;  // a source value that cannot have been quantized
+    // Chunks of rows are recomputed on the worker threads; their findings
+    // are taken in row order, so the report does not depend on the thread
+    // count.
+    const ModuleChunks chunks{m,
+                              family,
+                              args,
+                              specs,
+                              refs,
+                              row_outputs,
+                              whole_stored,
+                              source,
+                              amax,
+                              scale_rows,
+                              scale_cols,
+                              mi,
+                              is_mse_observer(args.observer)
+                                  ? std::optional<std::uint32_t>(mse_cutoff_of(mi))
+                                  : std::nullopt};
+    std::vector<ChunkScratch> scratch(threads_);
+    ordered_parallel<ChunkFindings>(
+        static_cast<std::size_t>((rows + step - 1) / step), threads_,
+        [&](std::size_t k, unsigned worker) {
+          const std::uint64_t r0 = k * step;
+          return check_chunk(chunks, r0, std::min(rows, r0 + step), scratch[worker]);
+        },
+        [&](std::size_t, ChunkFindings&& found) {
+          if (stopped) return;
+          if (!found.source_problem.empty()) {
+            c_.diff("source", ckpt_.shards[m.source.tensor.shard].label(),
+                    ckpt_.entry(m.source.tensor).name, found.source_problem);
+            stopped = true;
+            return;
           }
-          case OutputTensorSpec::Kind::kZeroPoint: {
-            const std::uint64_t columns = s.bytes_per_unit / 4;
-            for (std::uint64_t r = 0; r < n; ++r) {
-              for (std::uint64_t j = 0; j < columns; ++j) {
-                if (zero_point_at(stored[i].data(), r, j, columns, s.element_bits) !=
-                    zero_point_at(ref[i].data(), r, j, columns, s.element_bits)) {
-                  mark(r0 + r, j, std::nullopt);
-                }
-              }
-            }
-            break;
-          }
-          default:
-            break;
-        }
-      }
-      // The error of the stored values against the source rows, as
-      // quantize reports it (quant_error.hpp).
-      QuantErrorIo e;
-      e.dtype = source.dtype();
-      e.n_rows = n;
-      e.n_cols = cols;
-      e.row_begin = r0;
-      e.weight = src_rows.data();
-      e.outputs = dq.in;
-      e.whole = dq.whole;
-      row_errors.resize(n);
-      quant_error_rows(family, args, e, row_errors, values);
-      for (const RowError& r : row_errors) error.add(r);
-    }
+          for (const Mismatch& x : found.mismatches) mark(x.row, x.group_col, x.col);
+          accepted_scales += found.accepted_scales;
+          max_scale_ulp = std::max(max_scale_ulp, found.max_scale_ulp);
+          for (const RowError& r : found.row_errors) error.add(r);
+        });
+    if (stopped) return;
     check.groups_mismatched = mismatched.size();
     check.rel_frobenius = error.rel_frobenius();
     check.max_abs_error = error.max_abs_error();
@@ -511,7 +644,7 @@ class AgainstSource {
   // A 16-bit weight written from source rows (an FP8 weight dequantized to
   // BF16, or a split expert projection kept): its bytes must be the rows
   // quantize loaded. Returns whether they are.
-  bool compare_rows(const Ref& o, const PlannedModule& m) {
+  bool compare_rows(const Ref& o, const PlannedModule& m, Collector& c) const {
     const WeightRows source(ckpt_, m.source);
     const std::uint64_t rows = m.source.rows;
     const std::uint64_t cols = m.source.cols;
@@ -530,8 +663,12 @@ class AgainstSource {
     double max_abs = 0;
     for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
       const std::uint64_t r1 = std::min(rows, r0 + step);
-      if (!load_source(source, m.source.tensor, r0, r1, expected, scales,
-                       "dequantized (section 6)")) return false;
+      if (auto problem = source_problem(source, r0, r1, expected, scales,
+                                        "dequantized (section 6)")) {
+        c.diff("source", ckpt_.shards[m.source.tensor.shard].label(),
+               ckpt_.entry(m.source.tensor).name, *problem);
+        return false;
+      }
       actual.resize(expected.size());
       read_part(o, r0 * row_bytes, actual);
       if (std::memcmp(actual.data(), expected.data(), actual.size()) == 0) continue;
@@ -552,7 +689,7 @@ class AgainstSource {
       }
     }
     if (n_diff == 0) return true;
-    c_.diff("bytes", o.file->label(), o.entry->name,
+    c.diff("bytes", o.file->label(), o.entry->name,
             fmt::format("{} of {} elements differ from the {}, first at [{}, {}] (OUTPUT {:.9g}, "
                         "INPUT {:.9g}); largest absolute difference {:.6g}",
                         n_diff, rows * cols,
@@ -583,54 +720,69 @@ class AgainstSource {
                        d.module);
   }
 
+  // One tensor OUTPUT holds that is not a quantized module's output: where
+  // it is, its dtype and shape, its bytes. Thread-safe: reads files, writes
+  // only c.
+  void check_tensor(const std::string& name, const Expected& e, Collector& c) const {
+    VerifyReport& report = c.report();
+    const PlannedTensor& t = *e.tensor;
+    const Ref o = out_.find(name);
+    if (o.file->label() != e.shard->file_name) {
+      c.diff("misplaced_tensor", o.file->label(), name,
+             fmt::format("held by '{}' in OUTPUT; its source is in '{}'", o.file->label(),
+                         e.shard->file_name));
+    }
+    if (t.source == PlannedTensor::Source::kModule) {
+      const PlannedModule& m = plan_.modules[t.module];
+      const TensorEntry& s = ckpt_.entry(m.source.tensor);
+      if (o.entry->dtype != t.dtype || o.entry->shape != t.shape) {
+        c.diff(
+            o.entry->dtype != t.dtype ? "dtype" : "shape", o.file->label(), name,
+            fmt::format("{} {} in OUTPUT; the {} source {} {} is written as {}, {} {}",
+                        dtype_tag(o.entry->dtype), shape_string(o.entry->shape),
+                        m.source.fp8 ? "FP8" : "stacked", dtype_tag(s.dtype), shape_string(s.shape),
+                        m.source.fp8 ? "its BF16 dequantization (section 6)"
+                                     : "one 2-D weight per expert (schemes.md 8)",
+                        dtype_tag(t.dtype), shape_string(t.shape)));
+        return;
+      }
+      ++report.tensors_compared;
+      if (compare_rows(o, m, c)) ++report.tensors_identical;
+      return;
+    }
+    const TensorDecision& d = plan_.decisions[t.decision];
+    const SafetensorsFile& in_file = ckpt_.shards[d.source.shard];
+    const TensorEntry& s = ckpt_.entry(d.source);
+    if (o.entry->dtype != s.dtype || o.entry->shape != s.shape) {
+      c.diff(o.entry->dtype != s.dtype ? "dtype" : "shape", o.file->label(), name,
+             fmt::format("{} {} in OUTPUT, {} {} in INPUT", dtype_tag(o.entry->dtype),
+                         shape_string(o.entry->shape), dtype_tag(s.dtype), shape_string(s.shape)));
+      return;
+    }
+    ++report.tensors_compared;
+    const Ref src{&in_file, &s};
+    if (compare_elements(o, src, options_.chunk_bytes, c)) ++report.tensors_identical;
+  }
+
   // Every tensor but the quantized modules' outputs: present where planned,
-  // of its dtype and shape, with its bytes; nothing else in OUTPUT.
+  // of its dtype and shape, with its bytes (check_tensor, on threads_
+  // threads, merged in name order); nothing else in OUTPUT.
   void check_tensors() {
     std::map<std::string, const TensorDecision*> input_tensors;
     for (const TensorDecision& d : plan_.decisions) input_tensors[d.name] = &d;
-    VerifyReport& report = c_.report();
+    std::vector<std::pair<const std::string*, const Expected*>> held;
     for (const auto& [name, e] : expected_) {
-      if (handled_.contains(name)) continue;
-      const PlannedTensor& t = *e.tensor;
-      const Ref o = out_.find(name);
-      if (!o) continue;  // reported below
-      if (o.file->label() != e.shard->file_name) {
-        c_.diff("misplaced_tensor", o.file->label(), name,
-                fmt::format("held by '{}' in OUTPUT; its source is in '{}'", o.file->label(),
-                            e.shard->file_name));
-      }
-      if (t.source == PlannedTensor::Source::kModule) {
-        const PlannedModule& m = plan_.modules[t.module];
-        const TensorEntry& s = ckpt_.entry(m.source.tensor);
-        if (o.entry->dtype != t.dtype || o.entry->shape != t.shape) {
-          c_.diff(o.entry->dtype != t.dtype ? "dtype" : "shape", o.file->label(), name,
-                  fmt::format("{} {} in OUTPUT; the {} source {} {} is written as {}, {} {}",
-                              dtype_tag(o.entry->dtype), shape_string(o.entry->shape),
-                              m.source.fp8 ? "FP8" : "stacked", dtype_tag(s.dtype),
-                              shape_string(s.shape),
-                              m.source.fp8 ? "its BF16 dequantization (section 6)"
-                                           : "one 2-D weight per expert (schemes.md 8)",
-                              dtype_tag(t.dtype), shape_string(t.shape)));
-          continue;
-        }
-        ++report.tensors_compared;
-        if (compare_rows(o, m)) ++report.tensors_identical;
-        continue;
-      }
-      const TensorDecision& d = plan_.decisions[t.decision];
-      const SafetensorsFile& in_file = ckpt_.shards[d.source.shard];
-      const TensorEntry& s = ckpt_.entry(d.source);
-      if (o.entry->dtype != s.dtype || o.entry->shape != s.shape) {
-        c_.diff(o.entry->dtype != s.dtype ? "dtype" : "shape", o.file->label(), name,
-                fmt::format("{} {} in OUTPUT, {} {} in INPUT", dtype_tag(o.entry->dtype),
-                            shape_string(o.entry->shape), dtype_tag(s.dtype),
-                            shape_string(s.shape)));
-        continue;
-      }
-      ++report.tensors_compared;
-      const Ref src{&in_file, &s};
-      if (compare_elements(o, src, options_.chunk_bytes, c_)) ++report.tensors_identical;
+      if (!handled_.contains(name) && out_.find(name)) held.emplace_back(&name, &e);
     }
+    ordered_parallel<VerifyReport>(
+        held.size(), threads_,
+        [&](std::size_t i, unsigned) {
+          VerifyReport part;
+          Collector pc(part);
+          check_tensor(*held[i].first, *held[i].second, pc);
+          return part;
+        },
+        [&](std::size_t, VerifyReport&& part) { merge_findings(c_.report(), std::move(part)); });
     for (const auto& [name, shards] : out_.where) {
       if (expected_.contains(name) || handled_.contains(name)) continue;
       const Ref o = out_.find(name);
@@ -679,7 +831,7 @@ class AgainstSource {
   std::set<std::size_t> handled_modules_;  // modules with a fate difference
   std::vector<float> set_amax_;
   std::map<std::size_t, std::uint32_t> cutoffs_;  // mse_cutoff_of, per module
-  std::vector<float> ranges_;                     // observe()
+  const unsigned threads_;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -67,6 +68,22 @@ bool compare_elements(const Ref& a, const Ref& b, std::uint64_t chunk_bytes, Col
   return false;
 }
 
+namespace {
+
+// One bit per differing code of a word pair's XOR d, at the code's lowest
+// bit, for codes of `bits` bits that tile a 32-bit word (1, 2, 4 or 8).
+std::uint32_t differing_codes(std::uint32_t d, int bits) {
+  std::uint32_t any = d;
+  for (int k = 1; k < bits; k *= 2) any |= any >> k;
+  const std::uint32_t low_bits = bits == 1 ? 0xFFFFFFFFu
+                                 : bits == 2 ? 0x55555555u
+                                 : bits == 4 ? 0x11111111u
+                                             : 0x01010101u;
+  return any & low_bits;
+}
+
+}  // namespace
+
 // Packed weights [R, words]: rows unpacked to count differing codes.
 bool compare_packed(const Ref& a, const Ref& b, int num_bits, std::uint64_t n_cols,
                     const Labels& labels, std::uint64_t chunk_bytes, Collector& c) {
@@ -86,17 +103,43 @@ bool compare_packed(const Ref& a, const Ref& b, int num_bits, std::uint64_t n_co
           const auto xr = x.subspan(r * row_bytes, row_bytes);
           const auto yr = y.subspan(r * row_bytes, row_bytes);
           if (std::memcmp(xr.data(), yr.data(), row_bytes) == 0) continue;
-          unpack_codes(as_words(xr), num_bits, ca);
-          unpack_codes(as_words(yr), num_bits, cb);
           bool codes_differ = false;
-          for (std::uint64_t col = 0; col < n_cols; ++col) {
-            if (ca[col] == cb[col]) continue;
-            codes_differ = true;
-            ++n_diff;
-            if (!first) {
-              first = {first_row + r, col};
-              first_a = ca[col];
-              first_b = cb[col];
+          if (32 % num_bits == 0) {
+            // Codes tile the words: count the differing ones word by word
+            // (the codes past the last column are padding).
+            const std::uint64_t per_word = 32 / static_cast<std::uint64_t>(num_bits);
+            const std::uint32_t code_mask = (1u << num_bits) - 1u;
+            for (std::uint64_t w = 0; w * per_word < n_cols; ++w) {
+              std::uint32_t wa = 0;
+              std::uint32_t wb = 0;
+              std::memcpy(&wa, xr.data() + 4 * w, 4);
+              std::memcpy(&wb, yr.data() + 4 * w, 4);
+              std::uint32_t marks = differing_codes(wa ^ wb, num_bits);
+              const std::uint64_t in_word = std::min(per_word, n_cols - w * per_word);
+              if (in_word < per_word) marks &= (1u << (in_word * num_bits)) - 1u;
+              if (marks == 0) continue;
+              codes_differ = true;
+              n_diff += static_cast<std::uint64_t>(std::popcount(marks));
+              if (!first) {
+                const int shift = std::countr_zero(marks);
+                const int offset = 1 << (num_bits - 1);
+                first = {first_row + r, w * per_word + static_cast<std::uint64_t>(shift / num_bits)};
+                first_a = static_cast<int>((wa >> shift) & code_mask) - offset;
+                first_b = static_cast<int>((wb >> shift) & code_mask) - offset;
+              }
+            }
+          } else {
+            unpack_codes(as_words(xr), num_bits, ca);
+            unpack_codes(as_words(yr), num_bits, cb);
+            for (std::uint64_t col = 0; col < n_cols; ++col) {
+              if (ca[col] == cb[col]) continue;
+              codes_differ = true;
+              ++n_diff;
+              if (!first) {
+                first = {first_row + r, col};
+                first_a = ca[col];
+                first_b = cb[col];
+              }
             }
           }
           if (!codes_differ && !padding_row) padding_row = first_row + r;

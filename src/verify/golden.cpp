@@ -4,6 +4,7 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/verify/loadability.hpp"
+#include "util/ordered_parallel.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant {
@@ -78,54 +79,78 @@ void compare_tensor(const std::string& name, const Side& a, const Side& b,
   if (same) ++c.report().tensors_identical;
 }
 
-// Tensor sets and contents (golden mode).
+// The set differences of one tensor name: held twice, on one side only, or
+// by another shard.
+void list_tensor(const std::string& name, const Side& a, const Side& b, const Labels& labels,
+                 bool placement_is_note, const VerifyOptions& options, Collector& c) {
+  const auto ia = a.where.find(name);
+  const auto ib = b.where.find(name);
+  for (const Side* side : {&a, &b}) {
+    const auto it = side->where.find(name);
+    if (it != side->where.end() && it->second.size() > 1) {
+      std::vector<std::string> files;
+      for (std::size_t s : it->second) files.push_back(side->shards[s].label());
+      c.diff("duplicate_tensor", files.front(), name,
+             fmt::format("{} holds it in {} shards: {}", side->label, files.size(),
+                         names_list(files)));
+    }
+  }
+  if (ia == a.where.end()) {
+    c.diff("missing_tensor", b.shards[ib->second.front()].label(), name,
+           fmt::format("in {} only ({} {})", labels.b, dtype_tag(b.find(name).entry->dtype),
+                       shape_string(b.find(name).entry->shape)));
+    return;
+  }
+  if (ib == b.where.end()) {
+    c.diff("extra_tensor", a.shards[ia->second.front()].label(), name,
+           fmt::format("in {} only ({} {})", labels.a, dtype_tag(a.find(name).entry->dtype),
+                       shape_string(a.find(name).entry->shape)));
+    return;
+  }
+  const std::string& fa = a.shards[ia->second.front()].label();
+  const std::string& fb = b.shards[ib->second.front()].label();
+  if (fa != fb) {
+    // Both indexes consistent with their shards: it loads the same.
+    const std::string text =
+        fmt::format("held by '{}' in {}, by '{}' in {}", fa, labels.a, fb, labels.b);
+    if (placement_is_note) {
+      c.note("misplaced_tensor", fa, name, text);
+    } else {
+      c.diff("misplaced_tensor", fa, name, text);
+    }
+  }
+  if (options.logger) options.logger->debug("comparing {}", name);
+}
+
+// Tensor sets and contents (golden mode). The contents of the tensors
+// present on both sides are compared on options.threads threads, each
+// tensor's findings merged in name order after the set differences before
+// it, so the report does not depend on the thread count.
 void compare_tensors(const Side& a, const Side& b, const Labels& labels,
                      const VerifyOptions& options, bool placement_is_note, Collector& c) {
   std::vector<GroupScheme> groups = config_groups(b.config);
   if (groups.empty()) groups = config_groups(a.config);
-  std::set<std::string> names;
-  for (const auto& [n, w] : a.where) names.insert(n);
-  for (const auto& [n, w] : b.where) names.insert(n);
-  for (const auto& name : names) {
-    const auto ia = a.where.find(name);
-    const auto ib = b.where.find(name);
-    for (const Side* side : {&a, &b}) {
-      const auto it = side->where.find(name);
-      if (it != side->where.end() && it->second.size() > 1) {
-        std::vector<std::string> files;
-        for (std::size_t s : it->second) files.push_back(side->shards[s].label());
-        c.diff("duplicate_tensor", files.front(), name,
-               fmt::format("{} holds it in {} shards: {}", side->label, files.size(),
-                           names_list(files)));
-      }
-    }
-    if (ia == a.where.end()) {
-      c.diff("missing_tensor", b.shards[ib->second.front()].label(), name,
-             fmt::format("in {} only ({} {})", labels.b, dtype_tag(b.find(name).entry->dtype),
-                         shape_string(b.find(name).entry->shape)));
-      continue;
-    }
-    if (ib == b.where.end()) {
-      c.diff("extra_tensor", a.shards[ia->second.front()].label(), name,
-             fmt::format("in {} only ({} {})", labels.a, dtype_tag(a.find(name).entry->dtype),
-                         shape_string(a.find(name).entry->shape)));
-      continue;
-    }
-    const std::string& fa = a.shards[ia->second.front()].label();
-    const std::string& fb = b.shards[ib->second.front()].label();
-    if (fa != fb) {
-      // Both indexes consistent with their shards: it loads the same.
-      const std::string text =
-          fmt::format("held by '{}' in {}, by '{}' in {}", fa, labels.a, fb, labels.b);
-      if (placement_is_note) {
-        c.note("misplaced_tensor", fa, name, text);
-      } else {
-        c.diff("misplaced_tensor", fa, name, text);
-      }
-    }
-    if (options.logger) options.logger->debug("comparing {}", name);
-    compare_tensor(name, a, b, groups, labels, options, c);
-  }
+  std::set<std::string> name_set;
+  for (const auto& [n, w] : a.where) name_set.insert(n);
+  for (const auto& [n, w] : b.where) name_set.insert(n);
+  const std::vector<std::string> names(name_set.begin(), name_set.end());
+  const auto on_both = [&](const std::string& name) {
+    return a.where.contains(name) && b.where.contains(name);
+  };
+  ordered_parallel<VerifyReport>(
+      names.size(), verify_threads(options),
+      [&](std::size_t i, unsigned) {
+        VerifyReport part;
+        if (on_both(names[i])) {
+          Collector pc(part);
+          compare_tensor(names[i], a, b, groups, labels, options, pc);
+        }
+        return part;
+      },
+      [&](std::size_t i, VerifyReport&& part) {
+        list_tensor(names[i], a, b, labels, placement_is_note, options, c);
+        merge_findings(c.report(), std::move(part));
+      });
 }
 
 }  // namespace

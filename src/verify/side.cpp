@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 #include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -167,6 +168,17 @@ std::string index_string(std::uint64_t flat, const std::vector<std::uint64_t>& s
     flat /= n;
   }
   return shape_string(idx);
+}
+
+unsigned verify_threads(const VerifyOptions& options) {
+  return options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+}
+
+void merge_findings(VerifyReport& report, VerifyReport&& part) {
+  for (VerifyItem& item : part.differences) report.differences.push_back(std::move(item));
+  for (VerifyItem& item : part.notes) report.notes.push_back(std::move(item));
+  report.tensors_compared += part.tensors_compared;
+  report.tensors_identical += part.tensors_identical;
 }
 
 void read_part(const Ref& t, std::uint64_t offset, std::span<std::byte> out) {

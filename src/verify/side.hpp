@@ -105,6 +105,15 @@ class Collector {
   VerifyReport& report_;
 };
 
+// The threads a comparison runs on: options.threads, or one per core.
+unsigned verify_threads(const VerifyOptions& options);
+
+// The findings of part of a comparison, made on another thread into a report
+// of its own: its differences and notes appended to report's, its tensor
+// counts added (in the order parts are merged, so the report does not
+// depend on the thread count).
+void merge_findings(VerifyReport& report, VerifyReport&& part);
+
 // Labels that name both sides in messages.
 struct Labels {
   std::string a;  // OUTPUT

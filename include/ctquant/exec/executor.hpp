@@ -25,6 +25,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 
 #include "ctquant/source/checkpoint.hpp"
@@ -63,13 +64,18 @@ struct ExecuteOptions {
   // copied files); unset: every file of the plan. A part of a run split
   // across processes writes its own files only (parts.hpp).
   std::optional<std::set<std::string>> files;
-  // Called after each write into out_dir returns, with the file and the byte
-  // range [offset, offset + length) now in it, one call at a time (the
-  // writes are serialised), from whichever thread wrote. Every byte of every
-  // output file is reported once. May be empty. Lets a caller hash the files
-  // while they are written (report/manifest.hpp, WrittenFilesHasher).
+  // Called after each write into out_dir returns, with the file, the byte
+  // range [offset, offset + length) now in it and, when they were written
+  // from memory, those bytes (valid during the call only; empty for ranges
+  // copied with copy_file_range), by the thread that wrote them: the calling
+  // thread or a worker. Calls come from several workers at once (no write
+  // is waiting on a call but the one it reports: the next write is made
+  // meanwhile). Every byte of every output file is reported once. May be
+  // empty. An exception it throws fails the run as a write error would.
+  // Lets a caller hash the files while they are written, from the core's
+  // cache (report/manifest.hpp, WrittenFilesHasher).
   std::function<void(const std::filesystem::path& file, std::uint64_t offset,
-                     std::uint64_t length)>
+                     std::uint64_t length, std::span<const std::byte> bytes)>
       on_written;
 };
 
@@ -87,6 +93,21 @@ struct ExecuteStats {
   double seconds_flush = 0;         // fsync of every file and the directory (0 without fsync)
   std::uint64_t bytes_read = 0;     // input tensor bytes
   std::uint64_t bytes_written = 0;  // output shard bytes
+  // CPU seconds of all threads by phase (thread CPU clocks, so time spent
+  // runnable but not running on a busy machine is not counted), and the
+  // wall seconds workers spent blocked, waiting for the write token or for
+  // their output buffers to be written. An FP8 chunk's read is `read`, its
+  // dequantization `decode` (a 16-bit chunk written as such: all `decode`).
+  struct Cpu {
+    double read = 0;        // input rows read from the page cache
+    double decode = 0;      // FP8 codes dequantized to BF16
+    double amax = 0;        // max |w| of the pre-pass (its reads are `read`)
+    double quantize = 0;    // the families' kernels
+    double error = 0;       // the weight error of each module (module_errors)
+    double write = 0;       // pwrite and copy_file_range of the output
+    double on_written = 0;  // ExecuteOptions::on_written (the manifest's hashing)
+    double waiting = 0;     // wall seconds, summed over workers
+  } cpu;
   // What the data made of a tensor-wide scale, one line per module or fused
   // set written ("module 'x': ..." or "modules 'a', 'b': ..."; the family's
   // tensor_amax_warning): the output is what the reference writes, but

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,31 +46,45 @@ struct ManifestEntry {
 };
 
 // Hashes files while they are written, so that the manifest costs little
-// more than the writing: the writer reports each byte range it has written
-// (ExecuteOptions::on_written), and a background thread hashes each file's
-// longest written prefix, read back from the page cache, as it grows (the
-// executor writes each shard roughly front to back). finish(), called once
-// the files are complete, hashes whatever is left and returns the digests:
-// a range that was never reported costs time, never correctness. Each byte
-// must be written once (the executor's files are).
+// more than the writing, on the threads that write them: no thread of its
+// own. The writer reports each byte range it has written
+// (ExecuteOptions::on_written), with the bytes when it wrote them from
+// memory; the reporting thread then hashes the file's longest written prefix
+// as far as it reaches (SHA-256 is one sequential stream per file): the
+// reported bytes themselves while they are still in the core's cache when
+// they are next in line, other written ranges (copies made by
+// copy_file_range, ranges written before the bytes ahead of them) read back
+// from the page cache. One thread hashes a file at a time; a thread that
+// reports a range of a file another thread is hashing returns at once, and
+// the thread hashing the file takes that range too before it lets go. The
+// executor writes each shard roughly front to back, so the digests are
+// nearly complete when the last write returns. finish(), called once the
+// files are complete, hashes whatever is left on the calling thread and
+// returns the digests: a range that was never reported costs time, never
+// correctness. Each byte must be written once (the executor's files are).
 class WrittenFilesHasher {
  public:
   // The files to hash, by name inside dir, with their final sizes (names
   // and sizes of `expected`; digests ignored). cancel may be null.
   WrittenFilesHasher(std::filesystem::path dir, const std::vector<ManifestEntry>& expected,
                      const std::atomic<bool>* cancel);
-  // Stops and joins the thread (after an error, finish() is not called).
   ~WrittenFilesHasher();
   WrittenFilesHasher(const WrittenFilesHasher&) = delete;
   WrittenFilesHasher& operator=(const WrittenFilesHasher&) = delete;
 
   // [offset, offset + length) of file (a path whose name is one of the
-  // expected files; others are ignored) is written. Thread-safe.
-  void written(const std::filesystem::path& file, std::uint64_t offset, std::uint64_t length);
+  // expected files; others are ignored) is written; bytes, when not empty,
+  // are those length bytes (read only during the call). Hashes what the
+  // file's written prefix now holds unless another thread is hashing the
+  // file. Thread-safe. Throws Error{kIo} when a range cannot be read back,
+  // Error{kInterrupted} on cancel.
+  void written(const std::filesystem::path& file, std::uint64_t offset, std::uint64_t length,
+               std::span<const std::byte> bytes = {});
 
   // Hashes the rest of every file and returns the digests, sorted by name.
-  // Throws Error{kIo} when a file cannot be read or is shorter than
-  // expected, Error{kInterrupted} on cancel.
+  // Call it once, when no written() call is running. Throws Error{kIo} when
+  // a file cannot be read or is shorter than expected, Error{kInterrupted}
+  // on cancel.
   std::vector<ManifestEntry> finish();
 
  private:

@@ -53,6 +53,9 @@ struct VerifyOptions {
   // a GPU may differ by one ulp). 0: scales must be bit-identical.
   std::uint64_t scale_ulp = 0;
   std::uint64_t chunk_bytes = 4u << 20;    // bytes read per side per step
+  // Threads that compare chunks at once (--against-source); 0: one per
+  // core. The report does not depend on it; with 1 no thread is created.
+  unsigned threads = 0;
   std::shared_ptr<spdlog::logger> logger;  // debug lines; may be null
 };
 
