@@ -145,7 +145,10 @@ Side open_side(const fs::path& path, const std::string& label) {
 
 std::string short_json(const json& value) {
   std::string text = value.dump();
-  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  if (text.size() > 80) {
+    text.resize(77);
+    text += "...";
+  }
   return text;
 }
 
