@@ -11,6 +11,8 @@
 #   tools/dev.sh deps     only install the packages the build needs
 #   tools/dev.sh cross-arm64  cross-compile for AArch64 (in build-arm64/) and
 #                         run the test suite under qemu-user (README)
+#   tools/dev.sh realref-check [--keep]  load ctquant's outputs in transformers +
+#                         compressed-tensors (tools/realref-check.sh; root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ccache (when installed) keys objects on paths relative to the checkout, so
@@ -139,6 +141,13 @@ case "${1:-}" in
   cross-arm64)
     cross_arm64
     ;;
+  realref-check)
+    BUILD_TARGET=ctquant build
+    BUILD_TARGET=ctquant_make_checkpoint build
+    as_root env ${REALREF_DIR:+REALREF_DIR="$REALREF_DIR"} ${REALREF_ROOT:+REALREF_ROOT="$REALREF_ROOT"} \
+      ${CT_REPO:+CT_REPO="$CT_REPO"} ${LLMC_REPO:+LLMC_REPO="$LLMC_REPO"} BUILD_DIR="$BUILD_DIR" \
+      bash tools/realref-check.sh "${@:2}"
+    ;;
   sanitize-build)
     # Used by tools/fuzz.sh: configure and build one target of the sanitizer build.
     install_packages "${PACKAGES[@]}" "${SANITIZE_PACKAGES[@]}"
@@ -147,7 +156,7 @@ case "${1:-}" in
     cmake --build "$SANITIZE_BUILD_DIR" -j "$(nproc)" --target "${2:?target}"
     ;;
   *)
-    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build|deps|cross-arm64" >&2
+    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build|deps|cross-arm64|realref-check" >&2
     exit 2
     ;;
 esac
