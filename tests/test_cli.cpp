@@ -2,6 +2,7 @@
 // the key lines of stderr, and that stdout stays empty for quantize.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -418,6 +419,145 @@ TEST(Cli, SchemeForAndQuantizationConfig) {
   const json qc2 = read_json(tmp / "cfg" / "config.json")["quantization_config"];
   EXPECT_EQ(qc2["ignore"], json({"lm_head", "model.embed_tokens"}));
   EXPECT_EQ(qc2["config_groups"]["W8A16"]["targets"], json({"re:.*mlp.*"}));
+}
+
+
+// --quantization-config is read by the JSON reader: its nesting, size and
+// repeated keys are bounded like config.json's, a usage error (exit 2).
+TEST(Cli, QuantizationConfigIsReadWithTheJsonReadersBounds) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const fs::path deep = tmp / "deep.json";
+  write_file(deep, "{\"config_groups\": " + std::string(100'000, '[') +
+                       std::string(100'000, ']') + "}");
+  const fs::path twice = tmp / "twice.json";
+  write_file(twice, R"({"config_groups": {"g": {"targets": ["Linear"]}}, "ignore": [], "ignore": ["lm_head"]})");
+  for (const auto& [file, rule] : {std::pair{deep, "JSON nests deeper than 128 levels"},
+                                   std::pair{twice, "key 'ignore' appears twice"}}) {
+    SCOPED_TRACE(file.string());
+    const CommandResult r =
+        run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
+                     "--quantization-config", file.string()});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(contains(r.err, file.string() + ": " + rule)) << r.err;
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+}
+
+// ---- stdout: every write checked ----
+
+// A report that cannot be written to stdout (a full disk; /dev/full here)
+// ends with exit 1 and a message, not with exit 0 and an empty file.
+TEST(Cli, StdoutWriteErrorsExitOne) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  ASSERT_EQ(run_ctquant({"quantize", (tmp / "in").string(), (tmp / "ref").string()}).exit_code,
+            0);
+  const auto quoted = [](const fs::path& p) {
+    std::string word(1, '\'');
+    word += p.string();
+    word += '\'';
+    return word;
+  };
+  const std::string in = quoted(tmp / "in");
+  const std::string ref = quoted(tmp / "ref");
+  const std::string out = quoted(tmp / "out");
+  const std::vector<std::string> commands = {
+      "inspect " + in,
+      "inspect " + in + " --json",
+      "inspect " + in + " --plan",
+      "verify " + ref + " " + ref,
+      "verify " + ref + " " + ref + " --json",
+      "verify " + ref + " --manifest",
+      "quantize " + in + " " + out + " --dry-run",
+      "quantize " + in + " " + out + " --dry-run --json",
+      "--help",
+      "--version",
+  };
+  for (const std::string& command : commands) {
+    SCOPED_TRACE(command);
+    const CommandResult r = run_shell("\"$CTQUANT\" " + command + " > /dev/full");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_TRUE(contains(r.err, "ctquant: error: cannot write to standard output: No space left "
+                                "on device"))
+        << r.err;
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+  // A run that commits OUTPUT and then cannot print its report says that
+  // OUTPUT is complete.
+  const CommandResult r = run_shell("\"$CTQUANT\" quantize " + in + " " + out + " --json > /dev/full");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "cannot write to standard output")) << r.err;
+  EXPECT_TRUE(contains(r.err, "OUTPUT " + (tmp / "out").string() + " was written and is complete"))
+      << r.err;
+  EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
+}
+
+// ---- the progress bar, as a person sees it on a terminal ----
+
+// What a terminal shows after the bytes: \r returns to the start of the line,
+// ESC [ K erases to its end, \n starts a new line, other bytes are printed.
+std::vector<std::string> screen_of(const std::string& bytes) {
+  std::vector<std::string> lines(1);
+  std::size_t column = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const char c = bytes[i];
+    std::string& line = lines.back();
+    if (c == '\r') {
+      column = 0;
+    } else if (c == '\n') {
+      lines.emplace_back();
+      column = 0;
+    } else if (c == '\033' && bytes.compare(i, 3, "\033[K") == 0) {
+      line.resize(std::min(line.size(), column));
+      i += 2;
+    } else {
+      if (column < line.size()) {
+        line[column] = c;
+      } else {
+        line.push_back(c);
+      }
+      ++column;
+    }
+  }
+  if (lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+// Under a pseudo-terminal (script(1), util-linux) quantize draws its bar by
+// default: one line redrawn in place with a carriage return and ESC [ K,
+// erased at the end; its control codes reach the terminal as they are, and
+// the screen shows no escaped `\x0d` or `\x1b` text.
+TEST(Cli, ProgressBarRedrawsOneLineOnATerminal) {
+  if (run_shell("command -v script >/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "script(1) is not installed (util-linux bsdutils)";
+  }
+  TempDir tmp;
+  write_large_checkpoint(tmp / "in", 8, 1024, 2048);  // 32 MiB: several updates
+  const std::string command = "\"$CTQUANT\" quantize '" + (tmp / "in").string() + "' '" +
+                              (tmp / "out").string() + "' --threads 1";
+  const CommandResult r =
+      run_shell("script -qfec \"" + command + "\" /dev/null < /dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string& captured = r.out;  // what the terminal received
+  EXPECT_TRUE(contains(captured, "\r\033[Kctquant: ")) << captured;
+  EXPECT_FALSE(contains(captured, "\\x0d")) << captured;
+  EXPECT_FALSE(contains(captured, "\\x1b")) << captured;
+  // Every draw of the bar, up to its erasure, stays on one line.
+  const std::size_t first_draw = captured.find("\r\033[Kctquant: ");
+  const std::size_t erased = captured.rfind("\r\033[K");
+  ASSERT_LT(first_draw, erased) << captured;
+  EXPECT_EQ(captured.find('\n', first_draw), captured.find('\n', erased))
+      << "the bar added lines instead of redrawing one: " << captured;
+  // The screen: the log lines and the summary, the bar erased.
+  const std::vector<std::string> screen = screen_of(captured);
+  ASSERT_FALSE(screen.empty()) << captured;
+  EXPECT_TRUE(screen.back().starts_with("ctquant: done: 8 tensors quantized")) << screen.back();
+  for (const std::string& line : screen) {
+    EXPECT_FALSE(contains(line, "\\x")) << line;
+    EXPECT_FALSE(contains(line, " tensors  ")) << "a progress line was left on the screen: " << line;
+    EXPECT_EQ(line.find('\033'), std::string::npos) << line;
+  }
 }
 
 }  // namespace

@@ -66,6 +66,53 @@ TEST_P(Golden, LibraryOutputEqualsExpected) {
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }
 
+// Every output tensor starts at a multiple of its element size, laid out as
+// the safetensors writer lays it out (dtypes in its order, largest first,
+// then names: section 5 of the format spec). For the cases the library
+// wrote, each shard's data buffer is then the expected file's, byte for
+// byte (the headers differ only in __metadata__).
+TEST_P(Golden, OutputTensorsAreAlignedInTheWritersOrder) {
+  const GoldenCase c = find_case(GetParam());
+  SKIP_UNLESS_SUPPORTED(c);
+  TempDir tmp;
+  run_library(c, tmp / "out", 2);
+  for (const auto& item : fs::directory_iterator(tmp / "out")) {
+    if (item.path().extension() != ".safetensors") continue;
+    const std::string name = item.path().filename().string();
+    SCOPED_TRACE(name);
+    const SafetensorsHeader h = read_header(item.path(), name);
+    for (std::size_t i = 0; i < h.tensors.size(); ++i) {
+      const TensorEntry& t = h.tensors[i];
+      const std::uint64_t item_bytes = std::max(1, dtype_bits(t.dtype) / 8);
+      EXPECT_EQ((h.data_start + t.begin) % item_bytes, 0u) << t.name << " " << dtype_tag(t.dtype);
+      if (i == 0) continue;
+      const TensorEntry& p = h.tensors[i - 1];
+      const int po = dtype_writer_order(p.dtype);
+      const int to = dtype_writer_order(t.dtype);
+      EXPECT_TRUE(po > to || (po == to && p.name < t.name)) << p.name << " before " << t.name;
+    }
+    const fs::path expected = expected_of(c) / name;
+    if (!c.by_library || !fs::exists(expected)) continue;
+    const SafetensorsHeader e = read_header(expected, name);
+    std::vector<std::string> ours;
+    std::vector<std::string> theirs;
+    for (const TensorEntry& t : h.tensors) ours.push_back(t.name);
+    for (const TensorEntry& t : e.tensors) theirs.push_back(t.name);
+    if (ours != theirs) {
+      // Another set of tensors in this shard (fused partners moved): the
+      // tensors are compared by LibraryOutputEqualsExpected.
+      std::sort(ours.begin(), ours.end());
+      std::sort(theirs.begin(), theirs.end());
+      EXPECT_NE(ours, theirs) << "same tensors, another order than the library's";
+      continue;
+    }
+    const std::string a = read_file(item.path());
+    const std::string b = read_file(expected);
+    EXPECT_TRUE(a.compare(h.data_start, std::string::npos, b, e.data_start, std::string::npos) == 0)
+        << "the data buffer differs from the library's";
+  }
+}
+
 // The config.json written carries the case's groups and ignore list (a
 // check that the case was run with the parameters cases.json gives,
 // independent of the fixture), and equals the expected one as a JSON value.

@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -18,8 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "ctquant/util/error.hpp"
 #include "ctquant/exec/output_dir.hpp"
+#include "ctquant/exec/parts.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "test_support.hpp"
 
@@ -485,6 +491,124 @@ TEST(OutputSafety, FullTmpfsEndsWithNoSpace) {
   EXPECT_TRUE(fs::is_empty(tmp / "disk"));
 }
 
+// --report on a full disk: the report is written before OUTPUT is renamed
+// into place, so its failure leaves no OUTPUT, and the same command succeeds
+// once there is room (no "OUTPUT exists" in the way).
+TEST(OutputSafety, ReportThatCannotBeWrittenLeavesNoOutput) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const SmallTmpfs disk(tmp / "disk", "64k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << disk.error();
+  {
+    std::ofstream fill(tmp / "disk" / "fill", std::ios::binary);
+    const std::string block(4096, 'x');
+    while (fill.write(block.data(), static_cast<std::streamsize>(block.size()))) fill.flush();
+  }
+  const fs::path output = tmp / "out";
+  const std::vector<std::string> args = {"quantize", (tmp / "ckpt").string(), output.string(),
+                                         "--report", (tmp / "disk" / "r.json").string(),
+                                         "--write-recipe", (tmp / "recipe.yaml").string()};
+  const CommandResult full = test::run_ctquant(args);
+  EXPECT_EQ(full.exit_code, 1) << full.err;
+  test::expect_message(full.err, {"--report " + (tmp / "disk" / "r.json").string(), "no space"},
+                       {"Success"});
+  expect_nothing_beside(output);
+  EXPECT_FALSE(fs::exists(tmp / "recipe.yaml")) << "the recipe of a run that failed was written";
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+  EXPECT_EQ(test::snapshot_files(tmp / "disk").size(), 1u);  // only the filler
+  fs::remove(tmp / "disk" / "fill");
+  const CommandResult retry = test::run_ctquant(args);
+  EXPECT_EQ(retry.exit_code, 0) << retry.err;
+  EXPECT_TRUE(fs::exists(output / "model.safetensors"));
+  EXPECT_EQ(test::read_json(tmp / "disk" / "r.json")["output"]["path"], output.string());
+  EXPECT_TRUE(fs::exists(tmp / "recipe.yaml"));
+}
+
+// QuantizeOptions::before_commit runs once OUTPUT is complete in its
+// temporary directory and before the rename: what it throws leaves no
+// OUTPUT, for a one-process run and for a --resume run (which keeps its
+// stage).
+TEST(OutputSafety, BeforeCommitRunsBeforeTheRenameAndItsFailureLeavesNoOutput) {
+  for (const bool resume : {false, true}) {
+    SCOPED_TRACE(resume ? "--resume" : "one process");
+    TempDir tmp;
+    QuantizeOptions options = test::test_options(tmp / "ckpt", tmp / "out");
+    write_small_checkpoint(tmp / "ckpt");
+    options.resume = resume;
+    bool called = false;
+    options.before_commit = [&](const QuantizeSummary& summary) {
+      called = true;
+      EXPECT_FALSE(fs::exists(tmp / "out"));
+      EXPECT_FALSE(summary.output_files.empty());  // digests known: the report can be made
+      throw io_error("--report r.json: write failed: Input/output error");
+    };
+    try {
+      quantize(options);
+      ADD_FAILURE() << "the run succeeded";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    }
+    EXPECT_TRUE(called);
+    expect_nothing_beside(tmp / "out");
+    if (resume) {
+      EXPECT_TRUE(fs::exists(default_stage_dir(tmp / "out")));
+    }
+  }
+}
+
+// ---- what earlier runs left: named, never removed ----
+
+// A pid that no longer runs: a child that exited and was reaped.
+int dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+// A temporary directory of a run that died (kill -9, a second SIGINT) is
+// named on the next run with its size and the command that removes it; a
+// live process's is not; neither is removed.
+TEST(OutputSafety, LeftoverOfADeadRunIsNamedWithItsSizeAndNeverRemoved) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const fs::path dead = tmp / fmt::format(".out.ctquant-tmp-{}-0badc0de", dead_pid());
+  fs::create_directories(dead);
+  test::write_file(dead / "model.safetensors", std::string(3 * 1024 * 1024, 'x'));
+  const fs::path live = tmp / fmt::format(".out.ctquant-tmp-{}-12345678", ::getpid());
+  fs::create_directories(live);
+  const fs::path other = tmp / fmt::format(".other.ctquant-tmp-{}-0badc0de", dead_pid());
+  fs::create_directories(other);
+  const CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "ckpt").string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_message(r.err, {"ctquant: warning: " + dead.string() + " (3.0 MiB) was left by an "
+                               "earlier ctquant run that did not finish",
+                               "ctquant does not remove it: rm -rf " + dead.string()},
+                       {live.string(), other.string()});
+  EXPECT_TRUE(fs::exists(dead / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+}
+
+// The default staging directory of a --part or --resume run that no process
+// uses is named by a plain run for the same OUTPUT.
+TEST(OutputSafety, AbandonedStageIsNamedByTheNextRun) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "ckpt");
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(test::run_ctquant({"quantize", (tmp / "ckpt").string(), out.string(), "--part", "1/2"})
+                .exit_code,
+            0);
+  const CommandResult r = test::run_ctquant({"quantize", (tmp / "ckpt").string(), out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_message(r.err, {default_stage_dir(out).string() + " (",
+                               "the staging directory of an earlier --part or --resume run",
+                               "rm -rf " + default_stage_dir(out).string()});
+  EXPECT_TRUE(fs::exists(default_stage_dir(out)));
+}
+
 // ---- cancel (the flag a signal handler sets) at every phase ----
 
 QuantizeOptions small_job(const TempDir& tmp) {
@@ -604,6 +728,13 @@ TEST_F(Interrupt, KillDashNineLeavesOnlyARecognisableTemporaryDirectory) {
   ASSERT_EQ(left.size(), 1u);
   const std::string& name = left.front();
   EXPECT_TRUE(name.starts_with(".out.ctquant-tmp-")) << name;
+  // The next run (a dry run here: it reads only the headers) names it.
+  const CommandResult next =
+      test::run_ctquant({"quantize", input_.string(), output_.string(), "--dry-run"});
+  EXPECT_EQ(next.exit_code, 0) << next.err;
+  test::expect_message(next.err, {(tmp_ / name).string(), "was left by an earlier ctquant run",
+                                  "rm -rf " + (tmp_ / name).string()});
+  EXPECT_TRUE(fs::exists(tmp_ / name));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/exec/parts.hpp"
+#include "ctquant/exec/path_policy.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/report/manifest.hpp"
 #include "ctquant/source/checkpoint.hpp"
@@ -411,6 +412,7 @@ TEST(Finalize, PartAlreadyRunningIsRefused) {
   TempDir tmp;
   const fs::path out = tmp / "out";
   fs::create_directories(stage_of(out));
+  test::write_file(stage_of(out) / kStageMarkerName, "");  // a stage ctquant made
   const fs::path lock = stage_of(out) / ".part-00001-of-00002.lock";
   const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
   ASSERT_GE(fd, 0);

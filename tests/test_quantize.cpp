@@ -210,10 +210,20 @@ TEST(Quantize, WritesPackedTensorsAndCopiesTheRest) {
   EXPECT_EQ(out.header().tensors.size(), tensors.size() - 3 + 3 * 3);
   EXPECT_EQ(out.header().metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
   EXPECT_EQ(out.header().data_start % 8, 0u);
-  // Tensors are stored sorted by name.
-  for (std::size_t i = 1; i < out.header().tensors.size(); ++i) {
-    EXPECT_LT(out.header().tensors[i - 1].name, out.header().tensors[i].name);
+  // Tensors are laid out as the safetensors writer lays them out: dtypes in
+  // its order (I64, F32, I32, BF16, F16 here), then names; each one starts at
+  // a multiple of its element size.
+  for (std::size_t i = 0; i < out.header().tensors.size(); ++i) {
+    const TensorEntry& t = out.header().tensors[i];
+    EXPECT_EQ((out.header().data_start + t.begin) % std::max(1, dtype_bits(t.dtype) / 8), 0u)
+        << t.name;
+    if (i == 0) continue;
+    const TensorEntry& p = out.header().tensors[i - 1];
+    EXPECT_TRUE(dtype_writer_order(p.dtype) > dtype_writer_order(t.dtype) ||
+                (p.dtype == t.dtype && p.name < t.name))
+        << p.name << " before " << t.name;
   }
+  EXPECT_EQ(out.header().tensors.front().dtype, DType::kI64);
 
   // weight_shape holds [R, C] as little-endian int64.
   const auto shape_bytes = read_tensor(shard, "model.layers.0.mlp.down_proj.weight_shape");

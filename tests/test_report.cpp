@@ -197,7 +197,11 @@ TEST(Progress, PlainPrintsEveryTenPercentOrFiveSecondsAndTheEnd) {
   FakeClock clock;
   std::vector<std::string> lines;
   ProgressReporter p(
-      ProgressMode::kPlain, [&](const std::string& s) { lines.push_back(s); },
+      ProgressMode::kPlain,
+      [&](std::string_view control, std::string_view s) {
+        EXPECT_EQ(control, "");
+        lines.emplace_back(s);
+      },
       [&] { return clock.now; });
   const std::uint64_t total = 1000;
   // Updates every 0.25 s, 1 byte each, for 10 s (4%: no new tenth).
@@ -232,7 +236,12 @@ TEST(Progress, BarRedrawsOneLineWithBytesAndEta) {
   FakeClock clock;
   std::string out;
   ProgressReporter p(
-      ProgressMode::kBar, [&](const std::string& s) { out += s; }, [&] { return clock.now; });
+      ProgressMode::kBar,
+      [&](std::string_view control, std::string_view s) {
+        EXPECT_EQ(control, ProgressReporter::kRedraw);
+        out += std::string(control) + std::string(s);
+      },
+      [&] { return clock.now; });
   p.update(Progress{0, 4u << 20, 0, 4});
   clock.now = 2;
   p.update(Progress{1u << 20, 4u << 20, 1, 4});
@@ -245,7 +254,9 @@ TEST(Progress, BarRedrawsOneLineWithBytesAndEta) {
 TEST(Progress, NonePrintsNothingAndModesHaveNames) {
   std::string out;
   ProgressReporter p(
-      ProgressMode::kNone, [&](const std::string& s) { out += s; }, [] { return 0.0; });
+      ProgressMode::kNone,
+      [&](std::string_view control, std::string_view s) { out += std::string(control) + std::string(s); },
+      [] { return 0.0; });
   p.update(Progress{1, 2, 0, 1});
   p.finish();
   EXPECT_EQ(out, "");

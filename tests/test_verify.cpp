@@ -309,10 +309,11 @@ TEST(VerifyGolden, PaddingBitsPastTheLastColumnAreReported) {
     std::vector<std::byte> shape(16, std::byte{0});
     const std::int64_t dims[2] = {2, 12};
     std::memcpy(shape.data(), dims, 16);
+    // In the safetensors writer's order (I64, I32, BF16): every tensor aligned.
     test::write_safetensors(dir / "model.safetensors",
-                            {{"m.weight_packed", DType::kI32, {2, 2}, words},
-                             {"m.weight_scale", DType::kBF16, {2, 1}, std::vector<std::byte>(4)},
-                             {"m.weight_shape", DType::kI64, {2}, shape}});
+                            {{"m.weight_shape", DType::kI64, {2}, shape},
+                             {"m.weight_packed", DType::kI32, {2, 2}, words},
+                             {"m.weight_scale", DType::kBF16, {2, 1}, std::vector<std::byte>(4)}});
     test::write_json(dir / "config.json", config);
   };
   test::TempDir dir;
@@ -338,6 +339,78 @@ TEST(VerifyGolden, DifferentCasesDifferInDtypeAndSets) {
   EXPECT_FALSE(r.same());
   EXPECT_FALSE(of_kind(r.differences, "dtype").empty());
   EXPECT_EQ(of_kind(r.differences, "dtype")[0].tensor, "lm_head.weight");
+}
+
+// config.json, the index and any other .json file are read through the JSON
+// reader's bounds on both sides: JSON nested 100,000 levels deep (which once
+// ended verify with SIGSEGV) is a difference that names the file and the
+// rule, and verify exits 3.
+TEST(VerifyGolden, DeeplyNestedJsonIsADifferenceNotACrash) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  GoldenCopy out("dflash-bf16-sharded");
+  GoldenCopy ref("dflash-bf16-sharded");
+  json config = test::read_json(out.path / "config.json");
+  const std::string text = config.dump();
+  test::write_file(out.path / "config.json",
+                   text.substr(0, text.size() - 1) + ",\"deep\":" + deep + "}");
+  test::write_file(ref.path / "model.safetensors.index.json", deep);
+  test::write_file(ref.path / "generation_config.json", deep);
+  const VerifyReport r = verify_checkpoints(out.path, ref.path, {});
+  EXPECT_FALSE(r.same());
+  const auto config_diffs = of_kind(r.differences, "config");
+  ASSERT_FALSE(config_diffs.empty()) << describe(r);
+  EXPECT_TRUE(contains(config_diffs[0].message, "config.json: JSON nests deeper than 128 levels"))
+      << config_diffs[0].message;
+  const auto index_diffs = of_kind(r.differences, "index");
+  ASSERT_FALSE(index_diffs.empty()) << describe(r);
+  EXPECT_TRUE(contains(index_diffs[0].message, "nests deeper than 128 levels"))
+      << index_diffs[0].message;
+  const auto file_diffs = of_kind(r.differences, "file");
+  ASSERT_EQ(file_diffs.size(), 1u) << describe(r);
+  EXPECT_EQ(file_diffs[0].file, "generation_config.json");
+  EXPECT_TRUE(contains(file_diffs[0].message,
+                       "not compared as JSON: generation_config.json of GOLDEN: JSON nests "
+                       "deeper than 128 levels"))
+      << file_diffs[0].message;
+  const auto cli = test::run_ctquant({"verify", out.path.string(), ref.path.string()});
+  EXPECT_EQ(cli.exit_code, 3) << cli.err;
+  EXPECT_TRUE(contains(cli.out, "nests deeper than 128 levels")) << cli.out;
+}
+
+// An OUTPUT tensor whose data does not start at a multiple of its element
+// size (an I64 at a byte offset of 6 mod 8) is a difference of kind
+// "alignment", even when every value matches.
+TEST(VerifyGolden, MisalignedTensorIsADifference) {
+  test::TempDir tmp;
+  const auto write = [](const fs::path& dir, const std::string& entries, std::size_t data_bytes) {
+    fs::create_directories(dir);
+    std::string header = "{" + entries + "}";
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    test::write_raw_safetensors(dir / "model.safetensors", header,
+                                std::vector<std::byte>(data_bytes, std::byte{0}));
+  };
+  // "a" BF16 [3] takes 6 bytes; "b" I64 [2] after it starts at 6.
+  write(tmp / "out",
+        R"("a":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},)"
+        R"("b":{"dtype":"I64","shape":[2],"data_offsets":[6,22]})",
+        22);
+  write(tmp / "ref",
+        R"("b":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)"
+        R"("a":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]})",
+        22);
+  const VerifyReport r = verify_checkpoints(tmp / "out", tmp / "ref", {});
+  const auto aligned = of_kind(r.differences, "alignment");
+  ASSERT_EQ(aligned.size(), 1u) << describe(r);
+  EXPECT_EQ(aligned[0].tensor, "b");
+  EXPECT_EQ(aligned[0].file, "model.safetensors");
+  EXPECT_TRUE(contains(aligned[0].message,
+                       "offset 6 of the data buffer), not a multiple of its element size (8 "
+                       "bytes for I64)"))
+      << aligned[0].message;
+  EXPECT_EQ(aligned[0].details["element_bytes"], 8);
+  // The reference side is aligned: nothing to report the other way round.
+  EXPECT_TRUE(of_kind(verify_checkpoints(tmp / "ref", tmp / "out", {}).differences, "alignment")
+                  .empty());
 }
 
 TEST(VerifyGolden, MissingDirectoryIsAnError) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -26,6 +27,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/plan/recipe.hpp"
 #include "ctquant/report/inspect.hpp"
@@ -255,9 +257,18 @@ void add_verbosity_flags(CLI::App* app, int& verbosity) {
       "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
 }
 
+// The one place ctquant writes to stdout (reports, plans, JSON). The write
+// is checked: a full disk, /dev/full or a closed pipe is Error{kIo} (exit
+// 1), never a silent empty file.
 void write_stdout(const std::string& text) {
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  errno = 0;
+  const bool written = std::fwrite(text.data(), 1, text.size(), stdout) == text.size();
+  if (!written || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int error = errno;
+    std::clearerr(stdout);
+    throw ctquant::io_error(fmt::format("cannot write to standard output: {}",
+                                        error != 0 ? std::strerror(error) : "write failed"));
+  }
 }
 
 // Prints a text report (inventory, plan, lint findings, verify report) on
@@ -279,6 +290,17 @@ void print_error(const std::string& message) {
   text += ctquant::escape_for_terminal(message);
   text += '\n';
   std::fwrite(text.data(), 1, text.size(), stderr);
+}
+
+// The exit status of --help and --version (written by CLI11 on std::cout):
+// 1 when stdout could not take the text.
+int checked_stdout(int status) {
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    print_error(fmt::format("cannot write to standard output: {}", std::strerror(errno)));
+    return 1;
+  }
+  return status;
 }
 
 // The groups that quantized something, "W4A16" or "attention + mlp".
@@ -315,45 +337,6 @@ struct QuantizeArgs {
 
 namespace fs = std::filesystem;
 
-// A report or recipe file must not land inside OUTPUT: it would be a file
-// the manifest does not list.
-void check_side_file(const std::string& option, const std::string& file,
-                     const std::string& output) {
-  if (file.empty()) return;
-  std::error_code ec;
-  const fs::path f = fs::weakly_canonical(fs::absolute(file, ec), ec);
-  const fs::path o = fs::weakly_canonical(fs::absolute(output, ec), ec);
-  auto fi = f.begin();
-  for (auto oi = o.begin(); oi != o.end(); ++oi, ++fi) {
-    if (fi == f.end() || *fi != *oi) return;
-  }
-  throw ctquant::usage_error(fmt::format(
-      "{} {}: inside OUTPUT {}; OUTPUT holds only the checkpoint and its manifest", option, file,
-      output));
-}
-
-// Writes text to path through a temporary sibling renamed into place, so
-// that the file is either the old one or complete.
-void write_side_file(const std::string& option, const std::string& path, const std::string& text) {
-  const fs::path target(path);
-  fs::path temp = target;
-  temp += fmt::format(".ctquant-tmp-{}", ::getpid());
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  const bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const bool closed = f != nullptr && std::fclose(f) == 0;
-  std::error_code ec;
-  if (!ok || !closed) {
-    fs::remove(temp, ec);
-    throw ctquant::io_error(fmt::format("{} {}: cannot write: {}", option, path,
-                                        std::strerror(errno)));
-  }
-  fs::rename(temp, target, ec);
-  if (ec) {
-    fs::remove(temp, ec);
-    throw ctquant::io_error(fmt::format("{} {}: cannot write: {}", option, path, ec.message()));
-  }
-}
-
 ctquant::ProgressMode progress_mode(const QuantizeArgs& args, int verbosity) {
   if (args.progress) return *ctquant::progress_mode_by_name(*args.progress);  // checked by CLI11
   if (verbosity < 0) return ctquant::ProgressMode::kNone;
@@ -365,8 +348,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.input = args.input;
   options.revision = args.revision;
   options.output = args.output;
-  check_side_file("--report", args.report, args.output);
-  check_side_file("--write-recipe", args.write_recipe, args.output);
+  if (!args.report.empty()) options.report_file = args.report;
+  if (!args.write_recipe.empty()) options.recipe_file = args.write_recipe;
   const ResolvedPlan resolved = resolve_plan(args.plan);
   options.plan = resolved.options;
   options.tp = args.plan.tp;
@@ -407,26 +390,32 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   const auto clock_start = Clock::now();
   ctquant::ProgressReporter progress(
       progress_mode(args, verbosity),
-      [](const std::string& text) {
-        const std::string escaped = ctquant::escape_for_terminal(text);
+      [](std::string_view control, std::string_view text) {
+        // The bar's own carriage return and erase-line pass as they are;
+        // the text is escaped like every line that may name an input.
+        const std::string escaped = std::string(control) + ctquant::escape_for_terminal(text);
         std::fwrite(escaped.data(), 1, escaped.size(), stderr);
         std::fflush(stderr);
       },
       [clock_start] { return std::chrono::duration<double>(Clock::now() - clock_start).count(); });
   options.on_progress = [&progress](const ctquant::Progress& p) { progress.update(p); };
-  const ctquant::QuantizeSummary summary = [&] {
-    try {
-      return ctquant::quantize(options);
-    } catch (...) {
-      progress.finish();
-      throw;
-    }
-  }();
-  progress.finish();
 
-  const std::string recipe_text = ctquant::recipe_yaml(resolved.effective, summary.plan);
-  if (!args.write_recipe.empty()) write_side_file("--write-recipe", args.write_recipe, recipe_text);
-  if (want_report) {
+  // --write-recipe and --report are written into temporary files before
+  // OUTPUT is renamed into place (before_commit), and renamed into place
+  // after it: a report or recipe that cannot be written leaves no OUTPUT
+  // that a retry would find in its way. A dry run or a --part run commits
+  // no OUTPUT; they are written after it.
+  std::optional<nlohmann::json> report;
+  std::vector<std::unique_ptr<ctquant::StagedFile>> side_files;
+  bool side_files_made = false;
+  const auto make_side_files = [&](const ctquant::QuantizeSummary& summary) {
+    side_files_made = true;
+    const std::string recipe_text = ctquant::recipe_yaml(resolved.effective, summary.plan);
+    if (!args.write_recipe.empty()) {
+      side_files.push_back(std::make_unique<ctquant::StagedFile>(
+          args.write_recipe, recipe_text, options.fsync, "--write-recipe " + args.write_recipe));
+    }
+    if (!want_report) return;
     ctquant::QuantizeReportInput input;
     input.argv = argv;
     input.options = &options;
@@ -440,9 +429,33 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
         options.threads);
     input.seconds_hash_inputs = std::chrono::duration<double>(Clock::now() - hash_start).count();
     input.peak_rss_bytes = ctquant::peak_rss_bytes();
-    const nlohmann::json report = ctquant::quantize_report_json(input);
-    if (!args.report.empty()) write_side_file("--report", args.report, report.dump(2) + "\n");
-    if (args.json) print_json_report(report);
+    report = ctquant::quantize_report_json(input);
+    if (!args.report.empty()) {
+      side_files.push_back(std::make_unique<ctquant::StagedFile>(
+          args.report, report->dump(2) + "\n", options.fsync, "--report " + args.report));
+    }
+  };
+  options.before_commit = make_side_files;
+  const ctquant::QuantizeSummary summary = [&] {
+    try {
+      return ctquant::quantize(options);
+    } catch (...) {
+      progress.finish();
+      throw;
+    }
+  }();
+  progress.finish();
+  if (!side_files_made) make_side_files(summary);
+  for (const auto& file : side_files) file->commit();
+  if (args.json) {
+    try {
+      print_json_report(*report);
+    } catch (const ctquant::Error& e) {
+      if (summary.part || args.dry_run) throw;
+      throw ctquant::io_error(fmt::format("{} (OUTPUT {} was written and is complete; its report "
+                                          "is not printed)",
+                                          e.what(), args.output));
+    }
   }
   if (verbosity >= 0) {
     const double ratio = summary.bytes_out == 0 ? 0.0
@@ -598,6 +611,11 @@ int main(int argc, char** argv) {
       "ctquant: quantize safetensors checkpoints to compressed-tensors checkpoints for vLLM "
       "(int, FP8, NVFP4 and MX schemes; data-free RTN)"};
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 success (verify: the checkpoints are equivalent); 1 failure (bad input, "
+      "lint findings that stop quantize, I/O error, no space left, interrupted by a signal); 2 "
+      "usage error (an option, or a path the run must not write: docs/cli.md); 3 verify found "
+      "differences.\nEach command's options: ctquant COMMAND --help. Documentation: docs/cli.md.");
   app.set_version_flag("--version", std::string("ctquant ") + ctquant::ctquant_version());
   int verbosity = 0;
   const std::vector<std::string> command_line(argv, argv + argc);
@@ -624,7 +642,7 @@ int main(int argc, char** argv) {
                      "power loss OUTPUT may exist with lost data)");
   quantize->add_flag("--no-manifest", q.no_manifest,
                      "Do not hash the output files or write ctquant-manifest.json (saves about "
-                     "0.6 s of one core per GB written; not with --part, --resume or a report)");
+                     "0.7 s of one core per GB written; not with --part, --resume or a report)");
   quantize->add_flag("--follow-symlinks", q.follow_symlinks,
                      "Read files that symbolic links in INPUT point to outside it (a Hugging "
                      "Face cache snapshot); refused by default");
@@ -712,11 +730,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return checked_stdout(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return checked_stdout(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return checked_stdout(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::string message = e.what();
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {

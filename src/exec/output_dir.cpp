@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/exec/path_policy.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
@@ -38,10 +40,6 @@ fs::path absolute_normal(const fs::path& p) {
     abs = abs.parent_path();
   }
   return abs;
-}
-
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  return detail::path_is_within(inner, outer);
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -112,57 +110,23 @@ Error not_replaceable(const std::string& output, const std::string& why) {
 
 }  // namespace
 
-void check_output_path(const fs::path& output, const fs::path& input, bool force) {
-  const fs::path out = absolute_normal(output);
-  const fs::path in = absolute_normal(input);
-  // A single-file input is guarded by its directory: OUTPUT may not be the file itself.
-  if (out == in) {
-    throw usage_error(
-        fmt::format("OUTPUT {} is the INPUT; choose a new directory", output.string()));
-  }
-  if (is_within(out, in)) {
-    throw usage_error(fmt::format("OUTPUT {} lies inside INPUT {}; choose a directory outside it",
-                                  output.string(), input.string()));
-  }
-  if (is_within(in, out)) {
-    throw usage_error(fmt::format("OUTPUT {} contains INPUT {}; choose a directory that does not",
-                                  output.string(), input.string()));
-  }
-  // Replacing the current working directory, or a directory above it, would
-  // leave the shell that ran ctquant in a deleted directory.
+void check_output_replaceable(const fs::path& output, bool force) {
   std::error_code ec;
-  const fs::path cwd = fs::current_path(ec);
-  if (!ec) {
-    const fs::path here = absolute_normal(cwd);
-    if (here == out) {
-      throw usage_error(
-          fmt::format("OUTPUT {} is the current working directory; ctquant never replaces it: "
-                      "choose another OUTPUT",
-                      output.string()));
-    }
-    if (is_within(here, out)) {
-      throw usage_error(
-          fmt::format("OUTPUT {} contains the current working directory {}; ctquant never replaces "
-                      "it: choose another OUTPUT, or run ctquant from a directory outside it",
-                      output.string(), here.string()));
-    }
-  }
   const auto status = fs::symlink_status(output, ec);
-  if (fs::exists(status) && !force) {
+  if (!fs::exists(status)) return;
+  if (!force) {
     throw usage_error(
         fmt::format("OUTPUT {} already exists (use --force to replace it)", output.string()));
   }
-  if (fs::exists(status) && force && !fs::is_directory(status)) {
+  if (!fs::is_directory(status)) {
     throw usage_error(
         fmt::format("OUTPUT {} exists and is not a directory; ctquant replaces only "
                     "directories with --force",
                     output.string()));
   }
-  if (fs::exists(status) && force) {
-    // The directory commit() would swap out: out, with symbolic links resolved.
-    const std::string why = replace_refusal(out);
-    if (!why.empty()) throw not_replaceable(output.string(), why);
-  }
+  // The directory commit() would swap out.
+  const std::string why = replace_refusal(absolute_normal(output));
+  if (!why.empty()) throw not_replaceable(output.string(), why);
 }
 
 void check_output_parent(const fs::path& output) {
@@ -176,8 +140,11 @@ void check_output_parent(const fs::path& output) {
 
 StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool force)
     : output_(absolute_normal(output)), force_(force) {
-  check_output_path(output, input, force);
-  check_output_parent(output);
+  RunPaths paths;
+  paths.input = input;
+  paths.output = output;
+  paths.force = force;
+  check_run_paths(paths);
   const fs::path parent = output_.parent_path();
   std::error_code ec;
   std::random_device rd;
@@ -202,7 +169,7 @@ StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool f
 StagedOutput::~StagedOutput() {
   if (!committed_ && !temp_.empty()) {
     std::error_code ec;
-    fs::remove_all(temp_, ec);
+    remove_directory(temp_, DirectoryRemoval::kTree, ec);
   }
 }
 
@@ -247,7 +214,7 @@ void StagedOutput::commit() {
     // OUTPUT always names a complete checkpoint; the old one is then removed
     // under the temporary name, once it has been checked there (where nothing
     // else renames it) to be still a directory --force may replace. One that
-    // appeared or changed since check_output_path is swapped back.
+    // appeared or changed since check_output_replaceable is swapped back.
     if (rename_with_flags(temp_, output_, RENAME_EXCHANGE)) {
       const std::string why = replace_refusal(temp_);
       if (!why.empty()) {
@@ -264,7 +231,7 @@ void StagedOutput::commit() {
       }
       committed_ = true;
       fsync_dir(output_.parent_path());
-      fs::remove_all(temp_, ec);
+      remove_directory(temp_, DirectoryRemoval::kTree, ec);
       return;
     }
     const int error = errno;
@@ -305,7 +272,128 @@ void StagedOutput::commit() {
   }
   committed_ = true;
   fsync_dir(output_.parent_path());
-  if (!aside.empty()) fs::remove_all(aside, ec);
+  if (!aside.empty()) remove_directory(aside, DirectoryRemoval::kTree, ec);
+}
+
+bool remove_directory(const fs::path& dir, DirectoryRemoval how, std::error_code& ec) {
+  ec.clear();
+  const auto status = fs::symlink_status(dir, ec);
+  if (ec) return false;
+  if (!fs::is_directory(status)) {
+    ec = std::make_error_code(std::errc::not_a_directory);
+    return false;
+  }
+  if (how == DirectoryRemoval::kIfEmpty) return fs::remove(dir, ec);
+  fs::remove_all(dir, ec);
+  return !ec;
+}
+
+std::uint64_t tree_bytes(const fs::path& path) {
+  std::error_code ec;
+  const auto status = fs::symlink_status(path, ec);
+  if (fs::is_regular_file(status)) {
+    const auto size = fs::file_size(path, ec);
+    return ec ? 0 : size;
+  }
+  if (!fs::is_directory(status)) return 0;
+  std::uint64_t total = 0;
+  for (auto it = fs::recursive_directory_iterator(path, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code item_ec;
+    if (it->is_regular_file(item_ec) && !it->is_symlink(item_ec)) {
+      const auto size = it->file_size(item_ec);
+      if (!item_ec) total += size;
+    }
+  }
+  return total;
+}
+
+namespace {
+
+// The pid in a temporary name's tail "<pid>-<random>...", or 0.
+int pid_of_temp_tail(std::string_view tail) {
+  int pid = 0;
+  std::size_t i = 0;
+  for (; i < tail.size() && i < 10 && tail[i] >= '0' && tail[i] <= '9'; ++i) {
+    pid = pid * 10 + (tail[i] - '0');
+  }
+  if (i == 0 || i >= tail.size() || tail[i] != '-') return 0;
+  return pid;
+}
+
+// False only when no process pid exists (kill says ESRCH).
+bool process_may_run(int pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
+// A temporary sibling of path: ".<name>.ctquant-tmp-<pid>-<random>".
+fs::path temp_sibling(const fs::path& path) {
+  static std::random_device rd;
+  const fs::path abs = absolute_normal(path);
+  return abs.parent_path() / fmt::format(".{}{}{}-{:08x}", abs.filename().string(),
+                                         kTempDirMarker, ::getpid(), rd());
+}
+
+}  // namespace
+
+std::vector<Leftover> find_leftovers(const fs::path& target) {
+  const fs::path abs = absolute_normal(target);
+  const std::string prefix = fmt::format(".{}{}", abs.filename().string(), kTempDirMarker);
+  std::vector<Leftover> found;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(abs.parent_path(), ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const int pid = pid_of_temp_tail(std::string_view(name).substr(prefix.size()));
+    if (pid <= 0 || pid == ::getpid() || process_may_run(pid)) continue;
+    std::error_code item_ec;
+    found.push_back(Leftover{it->path(), pid, tree_bytes(it->path()),
+                             it->is_directory(item_ec) && !it->is_symlink(item_ec)});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const Leftover& a, const Leftover& b) { return a.path < b.path; });
+  return found;
+}
+
+StagedFile::StagedFile(const fs::path& path, std::string_view text, bool fsync, std::string label)
+    : path_(absolute_normal(path)), temp_(temp_sibling(path)), fsync_(fsync),
+      label_(std::move(label)) {
+  const int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error = errno;
+    temp_.clear();
+    throw_write_error(fmt::format("{}: cannot create a file beside it", label_), error);
+  }
+  int error = 0;
+  std::size_t done = 0;
+  while (done < text.size() && error == 0) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) error = errno;
+    if (n > 0) done += static_cast<std::size_t>(n);
+  }
+  if (error == 0 && fsync_ && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0 && errno != EINTR) error = errno;
+  if (error != 0) {
+    std::error_code ec;
+    fs::remove(temp_, ec);
+    temp_.clear();
+    throw_write_error(label_, error);
+  }
+}
+
+StagedFile::~StagedFile() {
+  if (!committed_ && !temp_.empty()) {
+    std::error_code ec;
+    fs::remove(temp_, ec);
+  }
+}
+
+void StagedFile::commit() {
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    throw io_error(fmt::format("{}: cannot rename into place: {}", label_, std::strerror(errno)));
+  }
+  committed_ = true;
+  if (fsync_) fsync_dir(path_.parent_path());
 }
 
 }  // namespace ctquant

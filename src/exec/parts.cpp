@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/exec/output_dir.hpp"
+#include "ctquant/exec/path_policy.hpp"
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/util/error.hpp"
@@ -70,30 +71,15 @@ void fsync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-// Writes text to path in one step: into a temporary sibling, flushed, then
-// renamed over path, so a reader sees the old content or the new, whole.
+// Writes text to path in one step (StagedFile): a reader sees the old
+// content or the new, whole.
 void write_file_atomically(const fs::path& path, const std::string& text, bool fsync) {
-  const fs::path temp = path.parent_path() / fmt::format(".{}.tmp-{}", path.filename().string(),
-                                                          ::getpid());
-  std::error_code ec;
-  fs::remove(temp, ec);
-  {
-    OutputFile file(temp);
-    file.write_at(0, std::as_bytes(std::span(text)));
-    if (fsync) file.sync_and_close();
-  }
-  fs::rename(temp, path, ec);
-  if (ec) {
-    throw io_error(fmt::format("{}: cannot rename into place: {}", path.string(), ec.message()));
-  }
-  if (fsync) fsync_directory(path.parent_path());
+  StagedFile file(path, text, fsync, path.string());
+  file.commit();
 }
 
 json read_json(const fs::path& path) {
-  const std::string label = path.filename().string();
-  return detail::parse_json_file_text(
-      detail::read_input_file(path, label, detail::kMaxJsonFileBytes), label,
-      /*reject_duplicate_keys=*/true);
+  return detail::read_json_file(path, path.filename().string());
 }
 
 // An exclusive lock on a part (flock on its lock file in the stage), held
@@ -261,8 +247,9 @@ std::optional<Log> read_log(const fs::path& path) {
     at = end + 1;
     json j;
     try {
-      j = json::parse(line);
-    } catch (const json::exception&) {
+      j = detail::parse_json_file_text(line, path.filename().string(),
+                                       /*reject_duplicate_keys=*/true);
+    } catch (const Error&) {
       return line_no == 0 ? std::nullopt : std::optional<Log>(log);
     }
     if (line_no++ == 0) {
@@ -574,6 +561,12 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
   const std::string who = fmt::format("part {}", part_name(part));
   const fs::path& stage = options.stage;
   std::error_code ec;
+  // quantize() checked the stage with the path policy before INPUT was read;
+  // checked again here, where it is created or adopted.
+  if (const std::string why = stage_refusal(stage); !why.empty()) {
+    throw usage_error(fmt::format("staging directory {}: it {}; choose another", stage.string(),
+                                  why));
+  }
   if (!fs::is_directory(stage, ec)) {
     if (!fs::is_directory(fs::absolute(stage).parent_path(), ec)) {
       throw usage_error(fmt::format("the directory {} that should hold the staging directory {} "
@@ -586,6 +579,16 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
                                  ec.message()));
     }
   }
+  // An absent or empty directory becomes a stage ctquant made: the marker is
+  // its first entry, created in place (parts started together find either an
+  // empty directory or the marker, never a temporary file instead of it).
+  const fs::path marker = stage / kStageMarkerName;
+  detail::UniqueFd marker_fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                                    0644));
+  if (marker_fd.get() < 0) {
+    throw_write_error(fmt::format("{}: cannot create", marker.string()), errno);
+  }
+  marker_fd = detail::UniqueFd();
   PartLock lock;
   if (!lock.try_lock(stage / lock_name(part))) {
     throw usage_error(fmt::format("{} is already running in another process ({} is locked)", who,
@@ -648,7 +651,7 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
 
   // Start the record and the log with what is kept.
   const fs::path work = stage / work_name(part);
-  fs::remove_all(work, ec);
+  remove_directory(work, DirectoryRemoval::kTree, ec);
   fs::create_directory(work, ec);
   if (ec) {
     throw io_error(fmt::format("{}: cannot create the work directory: {}", work.string(),
@@ -757,13 +760,28 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
                         execute.fsync);
   log_fd = detail::UniqueFd();
   fs::remove(log_path, ec);
-  fs::remove_all(work, ec);
+  remove_directory(work, DirectoryRemoval::kTree, ec);
   if (execute.fsync) fsync_directory(stage);
   if (log) {
     log->info("{}: complete: {} file(s) written, {} kept; record {}", who, summary.files_written,
               summary.files_kept, summary.record.string());
   }
   return summary;
+}
+
+bool stage_in_use(const fs::path& stage) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(stage, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(".part-") || !name.ends_with(".lock")) continue;
+    const detail::UniqueFd fd(::open(it->path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.get() < 0) continue;
+    // A shared lock is refused while a part (or finalize) holds its
+    // exclusive one; taken, it is released when fd closes.
+    if (::flock(fd.get(), LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) return true;
+  }
+  return false;
 }
 
 // ---------------------------------------------------------------------------
@@ -808,6 +826,14 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
         stage.string(), options.output.string(),
         options.stage ? "" : ", or give the parts' --stage DIR"));
   }
+  // OUTPUT and the stage against each other and the working directory, the
+  // stage a stage ctquant made; against INPUT once the records name it.
+  RunPaths paths;
+  paths.output = options.output;
+  paths.force = options.force;
+  paths.stage = stage;
+  paths.stage_named = options.stage.has_value();
+  check_run_paths(paths);
 
   // Every record in the stage.
   std::vector<std::string> problems;
@@ -1003,6 +1029,8 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
 
   // Assemble: every file into the temporary output directory, then the rename.
   check_cancel(options.cancel);
+  paths.input = reference->input_path;
+  check_run_paths(paths);
   StagedOutput staged(options.output, reference->input_path, options.force);
   for (const std::string& name : plan_order) {
     check_cancel(options.cancel);
@@ -1022,11 +1050,12 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
   std::sort(summary.manifest.begin(), summary.manifest.end(),
             [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
   if (options.fsync) fsync_directory(staged.dir());
-  check_cancel(options.cancel);
-  staged.commit();
   summary.parts = count;
   summary.files = plan_order.size();
   summary.bytes = total + manifest.size;
+  if (options.before_commit) options.before_commit(summary);
+  check_cancel(options.cancel);
+  staged.commit();
 
   // The stage: the files placed, the records, logs, locks and work
   // directories of this run; the directory itself when nothing else is left.
@@ -1036,9 +1065,17 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
     fs::remove(stage / record_name(part), ec);
     fs::remove(stage / log_name(part), ec);
     fs::remove(stage / lock_name(part), ec);
-    fs::remove_all(stage / work_name(part), ec);
+    remove_directory(stage / work_name(part), DirectoryRemoval::kTree, ec);
   }
-  if (!fs::remove(stage, ec) && log) {
+  // The marker goes last, and only when nothing else is left: a stage that
+  // still holds another run's files stays a stage ctquant made.
+  std::size_t others = 0;
+  for (auto it = fs::directory_iterator(stage, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    if (it->path().filename() != kStageMarkerName) ++others;
+  }
+  if (!ec && others == 0) fs::remove(stage / kStageMarkerName, ec);
+  if ((ec || others > 0 || !remove_directory(stage, DirectoryRemoval::kIfEmpty, ec)) && log) {
     log->warn("{}: not removed: it holds files of another run ({})", stage.string(),
               ec ? ec.message() : "not empty");
   }

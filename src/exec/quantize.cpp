@@ -1,6 +1,8 @@
 #include "ctquant/exec/quantize.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <chrono>
 #include <system_error>
 #include <thread>
@@ -13,6 +15,7 @@
 #include "ctquant/report/inspect.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/output_dir.hpp"
+#include "ctquant/exec/path_policy.hpp"
 #include "ctquant/source/hf_cache.hpp"
 
 namespace ctquant {
@@ -91,6 +94,44 @@ void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& o
   throw Error(ErrorKind::kLint, message);
 }
 
+// A path as one word of a POSIX shell command.
+std::string shell_word(const std::string& path) {
+  const bool plain = !path.empty() && std::all_of(path.begin(), path.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-+=:,@%", c) != nullptr;
+  });
+  if (plain) return path;
+  std::string out = "'";
+  for (const char c : path) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Names what earlier runs that died left beside the paths this run writes
+// (a temporary output directory after kill -9 or a second SIGINT, a staging
+// directory no process uses), with its size and the command that removes it.
+// Never removes anything: the user decides.
+void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs::path* stage) {
+  std::vector<fs::path> targets = {options.output};
+  if (options.report_file) targets.push_back(*options.report_file);
+  if (options.recipe_file) targets.push_back(*options.recipe_file);
+  for (const fs::path& target : targets) {
+    for (const Leftover& l : find_leftovers(target)) {
+      log.warn(
+          "{} ({}) was left by an earlier ctquant run that did not finish (process {} no "
+          "longer runs); ctquant does not remove it: rm -r{} {}",
+          l.path.string(), human_bytes(l.bytes), l.pid, l.directory ? "f" : "",
+          shell_word(l.path.string()));
+    }
+  }
+  std::error_code ec;
+  if (stage != nullptr && fs::is_directory(*stage, ec) && !stage_in_use(*stage)) {
+    log.warn(
+        "{} ({}) is the staging directory of an earlier --part or --resume run for this OUTPUT, "
+        "which no process is using; rerun that command with --resume to finish it, or remove it: "
+        "rm -rf {}",
+        stage->string(), human_bytes(tree_bytes(*stage)), shell_word(stage->string()));
+  }
+}
+
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
@@ -119,8 +160,19 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   if (log && input != options.input) {
     log->info("{}: the Hugging Face cache snapshot {}", options.input.string(), input.string());
   }
-  check_output_path(options.output, input, options.force);
-  if (!options.part) check_output_parent(options.output);
+  const bool staged_run = options.part || options.resume;
+  const fs::path stage = options.stage.value_or(default_stage_dir(options.output));
+  RunPaths paths;
+  paths.input = input;
+  paths.output = options.output;
+  paths.creates_output = !options.part;
+  paths.force = options.force;
+  if (staged_run) paths.stage = stage;
+  paths.stage_named = options.stage.has_value();
+  paths.report = options.report_file;
+  paths.recipe = options.recipe_file;
+  check_run_paths(paths);
+  if (log) log_leftovers(*log, options, staged_run ? nullptr : &stage);
   check_cancel(options.cancel);
   Checkpoint checkpoint =
       open_checkpoint(input, OpenOptions{.follow_links_outside = options.follow_symlinks});
@@ -194,7 +246,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     // Staged as files that survive the process (parts.hpp).
     PartOptions part;
     part.part = options.part.value_or(PartSpec{1, 1});
-    part.stage = options.stage.value_or(default_stage_dir(options.output));
+    part.stage = stage;
     part.resume = options.resume;
     part.logger = log;
     summary.part = run_part(checkpoint, summary.plan, part, exec);
@@ -212,6 +264,14 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
       finalize.parts = 1;
       finalize.logger = log;
       finalize.cancel = options.cancel;
+      if (options.before_commit) {
+        finalize.before_commit = [&](const FinalizeSummary& f) {
+          summary.bytes_out = f.bytes;
+          summary.output_files = f.manifest;
+          summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+          options.before_commit(summary);
+        };
+      }
       const FinalizeSummary finalized = finalize_parts(finalize);
       summary.bytes_out = finalized.bytes;
       summary.output_files = finalized.manifest;
@@ -268,6 +328,11 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   // The last moment a signal can stop the run: after the rename OUTPUT is
   // complete and the run has succeeded.
   check_cancel(options.cancel);
+  if (options.before_commit) {
+    summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    options.before_commit(summary);
+    check_cancel(options.cancel);
+  }
   lap();
   staged.commit();
   summary.phases.commit = lap();

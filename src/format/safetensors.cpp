@@ -6,6 +6,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <string_view>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -186,8 +187,15 @@ class HeaderReader {
   }
   bool number_integer(number_integer_t value) {
     // The lexer reports non-negative integers as unsigned; only "-0" reaches
-    // here as a signed zero.
-    if (value >= 0) return number_unsigned(static_cast<number_unsigned_t>(value));
+    // here as a signed zero. The reference reader (serde_json) reads "-0" as
+    // the float -0.0, which no shape dimension or offset accepts.
+    if (value == 0) {
+      Scalar s;
+      s.kind = Scalar::Kind::kFloat;
+      s.text = &kNegativeZero;
+      return scalar(s);
+    }
+    if (value > 0) return number_unsigned(static_cast<number_unsigned_t>(value));
     Scalar s;
     s.kind = Scalar::Kind::kNegative;
     s.negative = value;
@@ -229,11 +237,8 @@ class HeaderReader {
           in_metadata_ = true;
         } else {
           in_metadata_ = false;
-          // JSON parsers keep the last value of a repeated key, which would
-          // silently drop a tensor: refuse it.
-          if (!header_.by_name.emplace(key, header_.tensors.size()).second) {
-            throw bad_input(fmt::format("{}: tensor '{}' appears twice in the header", file_, key));
-          }
+          // A name given twice is found once every entry is read
+          // (refuse_repeated_names).
           entry_ = RawEntry{};
           entry_.name = key;
         }
@@ -275,6 +280,7 @@ class HeaderReader {
 
  private:
   static constexpr const char* kMetadataKey = "__metadata__";
+  static inline const std::string kNegativeZero = "-0";
   enum class Frame { kNone, kRoot, kMetadata, kEntry, kShape, kOffsets, kSkip };
   enum class Field { kDtype, kShape, kOffsets, kOther };
 
@@ -325,6 +331,11 @@ class HeaderReader {
         bad_element(value.describe(), top() == Frame::kShape ? "a dimension cannot be negative"
                                                              : "an offset cannot be negative");
       case Scalar::Kind::kFloat:
+        if (*value.text == kNegativeZero) {
+          bad_element(value.describe(),
+                      "negative zero is a float to the reference reader, not an unsigned integer "
+                      "(section 1 of the format spec, docs/format.md)");
+        }
         bad_element(value.describe(), value.text->find_first_of(".eE") == std::string::npos
                                           ? "it does not fit in 64 bits"
                                           : "it must be an integer, not a fractional number");
@@ -447,9 +458,37 @@ std::uint64_t TensorEntry::numel() const {
 }
 
 const TensorEntry* SafetensorsHeader::find(std::string_view name) const {
-  const auto it = by_name.find(std::string(name));
-  return it == by_name.end() ? nullptr : &tensors[it->second];
+  const auto it = std::lower_bound(
+      by_name.begin(), by_name.end(), name,
+      [this](std::uint32_t i, std::string_view n) { return tensors[i].name < n; });
+  return it == by_name.end() || tensors[*it].name != name ? nullptr : &tensors[*it];
 }
+
+namespace {
+
+// The indexes of header.tensors sorted by name (SafetensorsHeader::by_name).
+// JSON parsers keep the last value of a repeated key, which would silently
+// drop a tensor: a name given twice is refused here.
+void index_names(SafetensorsHeader& header, const std::string& file_label) {
+  if (header.tensors.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw bad_input(fmt::format("{}: more than 2^32 tensors in one header", file_label));
+  }
+  header.by_name.resize(header.tensors.size());
+  for (std::size_t i = 0; i < header.tensors.size(); ++i) {
+    header.by_name[i] = static_cast<std::uint32_t>(i);
+  }
+  std::sort(header.by_name.begin(), header.by_name.end(), [&](std::uint32_t a, std::uint32_t b) {
+    return header.tensors[a].name < header.tensors[b].name;
+  });
+  for (std::size_t i = 1; i < header.by_name.size(); ++i) {
+    const std::string& name = header.tensors[header.by_name[i]].name;
+    if (name == header.tensors[header.by_name[i - 1]].name) {
+      throw bad_input(fmt::format("{}: tensor '{}' appears twice in the header", file_label, name));
+    }
+  }
+}
+
+}  // namespace
 
 std::string shape_string(const std::vector<std::uint64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -474,6 +513,16 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
         fmt::format("{}: header is not valid UTF-8 (byte {} of the header)", file_label, bad));
   }
 
+  // nlohmann's lexer skips a UTF-8 byte order mark before the JSON; the
+  // reference reader (serde_json::from_str) does not, and refuses the header.
+  if (header_json.starts_with("\xEF\xBB\xBF")) {
+    throw bad_input(fmt::format(
+        "{}: header starts with a UTF-8 byte order mark (EF BB BF); the header must start with "
+        "the JSON object, as the reference reader requires (section 1 of the format spec, "
+        "docs/format.md)",
+        file_label));
+  }
+
   // nlohmann's lexer takes a NUL byte for the end of the input, so a header
   // padded with NULs (or hiding bytes after one) would parse; the reference
   // reader (serde_json::from_str in safetensors' read_metadata) accepts only
@@ -490,6 +539,7 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
     throw bad_input(fmt::format("{}: header is a JSON {}, expected an object", file_label,
                                 reader.root_not_object()));
   }
+  index_names(header, file_label);
 
   // Tiling: sorted by begin, every tensor starts where the previous ended,
   // the first at 0 and the last at the end of the file.
@@ -527,10 +577,7 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
                     "holds {} more bytes (the buffer must end at the end of the file)",
                     file_label, cursor, header.data_size - cursor));
   }
-  header.by_name.clear();
-  for (std::size_t i = 0; i < header.tensors.size(); ++i) {
-    header.by_name.emplace(header.tensors[i].name, i);
-  }
+  index_names(header, file_label);  // the tensors are in data order now
   return header;
 }
 

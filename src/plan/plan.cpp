@@ -903,6 +903,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
           break;
       }
     }
+    // Names first, to find a name written twice.
     std::sort(shard.tensors.begin(), shard.tensors.end(),
               [](const PlannedTensor& a, const PlannedTensor& b) { return a.name < b.name; });
     for (std::size_t i = 1; i < shard.tensors.size(); ++i) {
@@ -913,6 +914,13 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
                         shard.file_name, shard.tensors[i].name));
       }
     }
+    // Then the data layout of the safetensors writer (section 5 of the
+    // format spec): dtypes in the writer's order, largest first, then names,
+    // which puts every tensor at a multiple of its element size.
+    std::stable_sort(shard.tensors.begin(), shard.tensors.end(),
+                     [](const PlannedTensor& a, const PlannedTensor& b) {
+                       return dtype_writer_order(a.dtype) > dtype_writer_order(b.dtype);
+                     });
     std::vector<TensorSpec> specs;
     specs.reserve(shard.tensors.size());
     for (const PlannedTensor& t : shard.tensors) {

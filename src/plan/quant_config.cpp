@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace ctquant {
 
@@ -248,15 +247,15 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
 }
 
 PlanOptions read_quantization_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw usage_error(fmt::format("{}: cannot be read", path));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // The JSON reader (size, nesting and repeated-key bounds); what is wrong
+  // with the file is a usage error, like every other option.
   nlohmann::ordered_json ordered;
   try {
-    ordered = nlohmann::ordered_json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw usage_error(fmt::format("{}: not valid JSON: {}", path, e.what()));
+    ordered = detail::parse_ordered_json_text(
+        detail::read_input_file(path, path, detail::kMaxJsonFileBytes), path,
+        /*reject_duplicate_keys=*/true);
+  } catch (const Error& e) {
+    throw usage_error(e.what());
   }
   // Groups are tried in the order written: parse each group through the
   // ordered object, one at a time.

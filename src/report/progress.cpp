@@ -15,7 +15,7 @@ std::optional<ProgressMode> progress_mode_by_name(const std::string& name) {
   return std::nullopt;
 }
 
-ProgressReporter::ProgressReporter(ProgressMode mode, std::function<void(const std::string&)> sink,
+ProgressReporter::ProgressReporter(ProgressMode mode, Sink sink,
                                    std::function<double()> now)
     : mode_(mode), sink_(std::move(sink)), now_(std::move(now)) {}
 
@@ -60,14 +60,14 @@ void ProgressReporter::update(const Progress& progress) {
   const double elapsed = now - *start_;
   latest_ = progress;
   if (mode_ == ProgressMode::kBar) {
-    sink_("\r\033[Kctquant: " + line(progress, elapsed));
+    sink_(kRedraw, "ctquant: " + line(progress, elapsed));
     drawn_ = true;
     return;
   }
   const int decile = static_cast<int>(std::floor(fraction_done(progress) * 10.0 + 1e-9));
   const bool first = last_plain_decile_ < 0;
   if (first || decile > last_plain_decile_ || now - last_plain_time_ >= kPlainIntervalSeconds) {
-    sink_("ctquant: progress " + line(progress, elapsed) + "\n");
+    sink_("", "ctquant: progress " + line(progress, elapsed) + "\n");
     last_plain_time_ = now;
     last_plain_decile_ = decile;
     last_printed_ = true;
@@ -78,10 +78,10 @@ void ProgressReporter::update(const Progress& progress) {
 
 void ProgressReporter::finish() {
   if (mode_ == ProgressMode::kBar && drawn_) {
-    sink_("\r\033[K");
+    sink_(kRedraw, "");
     drawn_ = false;
   } else if (mode_ == ProgressMode::kPlain && start_ && !last_printed_) {
-    sink_("ctquant: progress " + line(latest_, now_() - *start_) + "\n");
+    sink_("", "ctquant: progress " + line(latest_, now_() - *start_) + "\n");
     last_printed_ = true;
   }
 }

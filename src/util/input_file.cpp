@@ -186,15 +186,35 @@ class StructureCheck {
 
 }  // namespace
 
-json parse_json_file_text(std::string_view text, const std::string& label,
-                          bool reject_duplicate_keys) {
+namespace {
+
+template <class Json>
+Json parse_checked(std::string_view text, const std::string& label, bool reject_duplicate_keys) {
   StructureCheck check(label, reject_duplicate_keys);
   json::sax_parse(text.begin(), text.end(), &check);
   try {
-    return json::parse(text.begin(), text.end());
+    return Json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     throw bad_input(fmt::format("{}: not valid JSON ({})", label, e.what()));
   }
+}
+
+}  // namespace
+
+json parse_json_file_text(std::string_view text, const std::string& label,
+                          bool reject_duplicate_keys) {
+  return parse_checked<json>(text, label, reject_duplicate_keys);
+}
+
+nlohmann::ordered_json parse_ordered_json_text(std::string_view text, const std::string& label,
+                                               bool reject_duplicate_keys) {
+  return parse_checked<nlohmann::ordered_json>(text, label, reject_duplicate_keys);
+}
+
+json read_json_file(const std::filesystem::path& path, const std::string& label,
+                    std::uint64_t max_bytes, bool reject_duplicate_keys) {
+  return parse_json_file_text(read_input_file(path, label, max_bytes), label,
+                              reject_duplicate_keys);
 }
 
 }  // namespace ctquant::detail

@@ -74,12 +74,31 @@ UniqueFd reopen_input_file(const std::filesystem::path& path, const std::string&
 std::string read_input_file(const std::filesystem::path& path, const std::string& label,
                             std::uint64_t max_bytes);
 
+// The JSON reader: every JSON file ctquant reads (config.json and the index
+// of INPUT, of verify's two sides and any other .json file verify compares,
+// part records and logs, the manifest, --quantization-config) goes through
+// these functions, with the bounds of docs/security.md.
+
 // Parses text as JSON. Throws Error{kBadInput} naming label when it is not
 // valid JSON, nests deeper than kMaxJsonDepth, or (when reject_duplicate_keys)
 // repeats a key inside one object: JSON parsers keep the last value of a
-// repeated key, which would silently drop an entry.
+// repeated key, which would silently drop an entry. The structure is checked
+// by a SAX pass before any tree is built, so a hostile nesting never reaches
+// a recursive function.
 nlohmann::json parse_json_file_text(std::string_view text, const std::string& label,
                                     bool reject_duplicate_keys);
+
+// The same, keeping the order of object keys (--quantization-config: its
+// groups are tried in the order written).
+nlohmann::ordered_json parse_ordered_json_text(std::string_view text, const std::string& label,
+                                               bool reject_duplicate_keys);
+
+// Reads path (a regular file of at most max_bytes) and parses it as
+// parse_json_file_text() does. Throws what read_input_file() and
+// parse_json_file_text() throw.
+nlohmann::json read_json_file(const std::filesystem::path& path, const std::string& label,
+                              std::uint64_t max_bytes = kMaxJsonFileBytes,
+                              bool reject_duplicate_keys = true);
 
 // True when inner is outer or lies below it, comparing path components
 // (both should be absolute and normalised, e.g. by fs::canonical).

@@ -651,6 +651,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   Collector c(report);
   const Labels labels{"OUTPUT", "INPUT"};
   compare_shard_files(out, src, labels, c);
+  check_alignment(out, c);
   check_index(out, c);
   compare_configs(out, src, labels, /*compare_qc=*/false, c);
   compare_other_files(out, src, labels, c);

@@ -16,6 +16,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
+#include "util/input_file.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant::detail {
@@ -475,10 +476,12 @@ void compare_other_files(const Side& a, const Side& b, const Labels& labels, Col
     const std::string ta = read_text(pa, name);
     const std::string tb = read_text(pb, name);
     if (ta == tb) continue;
+    std::string not_json;  // why the two files were not compared as JSON
     if (name.ends_with(".json")) {
       try {
-        const json ja = json::parse(ta);
-        const json jb = json::parse(tb);
+        // The JSON reader's bounds (nesting, repeated keys) hold here too.
+        const json ja = parse_json_file_text(ta, fmt::format("{} of {}", name, labels.a), true);
+        const json jb = parse_json_file_text(tb, fmt::format("{} of {}", name, labels.b), true);
         if (ja == jb) {
           c.note("file", name, "", "same JSON value, different bytes (whitespace or key order)");
           continue;
@@ -493,15 +496,17 @@ void compare_other_files(const Side& a, const Side& b, const Labels& labels, Col
                            deltas.size() == 1 ? "" : "s", names_list(texts, 3)),
                json{{"json_differences", deltas.size()}});
         continue;
-      } catch (const json::parse_error&) {
-        // Not JSON on one side: compare as bytes.
+      } catch (const Error& e) {
+        // Not JSON within the reader's bounds on one side: compare as bytes.
+        if (e.kind() != ErrorKind::kBadInput) throw;
+        not_json = fmt::format("; not compared as JSON: {}", e.what());
       }
     }
     std::size_t at = 0;
     while (at < ta.size() && at < tb.size() && ta[at] == tb[at]) ++at;
     c.diff("file", name, "",
-           fmt::format("bytes differ from offset {} ({} bytes in {}, {} in {})", at, ta.size(),
-                       labels.a, tb.size(), labels.b),
+           fmt::format("bytes differ from offset {} ({} bytes in {}, {} in {}){}", at, ta.size(),
+                       labels.a, tb.size(), labels.b, not_json),
            json{{"first_offset", at}});
   }
 }
@@ -567,6 +572,34 @@ void check_index_entries(const Side& side, Collector& c) {
            fmt::format("{}: metadata.total_size is {}, but the shards hold {} bytes of tensors",
                        side.label, short_json(*total), sum),
            json{{"total_size", *total}, {"tensor_bytes", sum}});
+  }
+}
+
+void check_alignment(const Side& side, Collector& c) {
+  constexpr std::size_t kMaxListed = 20;
+  std::size_t misaligned = 0;
+  for (const SafetensorsFile& shard : side.shards) {
+    const std::uint64_t data_start = shard.header().data_start;
+    for (const TensorEntry& t : shard.header().tensors) {
+      const int bits = dtype_bits(t.dtype);
+      if (bits < 8 || bits % 8 != 0 || t.byte_size() == 0) continue;
+      const std::uint64_t item = static_cast<std::uint64_t>(bits) / 8;
+      const std::uint64_t at = data_start + t.begin;
+      if (at % item == 0) continue;
+      if (++misaligned > kMaxListed) continue;
+      c.diff("alignment", shard.label(), t.name,
+             fmt::format("{}: its data starts at byte {} of the file (offset {} of the data "
+                         "buffer), not a multiple of its element size ({} bytes for {}); the "
+                         "safetensors writer aligns every tensor (section 5 of the format spec, "
+                         "docs/format.md) and readers that map the file need it",
+                         side.label, at, t.begin, item, dtype_tag(t.dtype)),
+             json{{"file_offset", at}, {"element_bytes", item}});
+    }
+  }
+  if (misaligned > kMaxListed) {
+    c.diff("alignment", "", "",
+           fmt::format("{}: {} more tensors are not aligned to their element size", side.label,
+                       misaligned - kMaxListed));
   }
 }
 

@@ -151,6 +151,7 @@ VerifyReport verify_checkpoints(const fs::path& output, const fs::path& golden,
   };
   const bool placement_is_note = consistent(a) && consistent(b);
   compare_tensors(a, b, labels, options, placement_is_note, c);
+  check_alignment(a, c);
   check_index(a, c);
   check_index(b, c);
   compare_indexes(a, b, labels, placement_is_note, c);

@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <system_error>
 
 #include <fmt/format.h>
 
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
+#include "util/input_file.hpp"
 
 namespace ctquant::detail {
 
@@ -18,24 +17,24 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// config.json or the index of one side, through the JSON reader and its
+// bounds (size, nesting, repeated keys); what is wrong with it is a
+// difference verify reports, not an error that stops it.
 void parse_json_file(const fs::path& path, const std::string& label, std::optional<json>& out,
                      std::string& error) {
   try {
-    out = json::parse(read_text(path, label));
-  } catch (const json::parse_error& e) {
-    error = fmt::format("not valid JSON ({})", e.what());
+    out = read_json_file(path, label);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kBadInput) throw;
+    error = e.what();
   }
 }
 
 }  // namespace
 
 std::string read_text(const fs::path& path, const std::string& label) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw io_error(fmt::format("{}: cannot open for reading", label));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw io_error(fmt::format("{}: read failed", label));
-  return text.str();
+  return read_input_file(path, label, kMaxWholeFileBytes);
 }
 
 

@@ -168,6 +168,10 @@ void compare_configs(const Side& a, const Side& b, const Labels& labels, bool co
                      Collector& c);
 // Other files: bytes, or JSON values for .json files whose bytes differ.
 void compare_other_files(const Side& a, const Side& b, const Labels& labels, Collector& c);
+// Every tensor of a side's shards starts at a multiple of its element size in
+// the file (section 5 of the format spec): each one that does not is a
+// difference of kind "alignment" (up to 20, then a count).
+void check_alignment(const Side& side, Collector& c);
 // A side's index against its own shards; returns whether it is consistent.
 bool check_index(const Side& side, Collector& c);
 // The two indexes against each other. With placement_is_note, tensors held

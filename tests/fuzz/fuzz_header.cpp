@@ -87,12 +87,15 @@ void check_header(const SafetensorsHeader& h, std::uint64_t file_size) {
     const bool empty = t.numel() == 0;
     check(empty ? t.byte_size() == 0 : bits == static_cast<unsigned __int128>(t.byte_size()) * 8,
           "byte size is numel * bits / 8");
-    const auto found = h.by_name.find(t.name);
-    check(found != h.by_name.end() && found->second == i, "by_name indexes the tensors");
+    check(h.find(t.name) == &t, "find() returns the tensor of that name");
     cursor = t.end;
   }
   check(cursor == h.data_size, "the tensors fill the buffer");
-  check(h.by_name.size() == h.tensors.size(), "names are unique");
+  check(h.by_name.size() == h.tensors.size(), "by_name indexes every tensor");
+  for (std::size_t i = 1; i < h.by_name.size(); ++i) {
+    check(h.tensors[h.by_name[i - 1]].name < h.tensors[h.by_name[i]].name,
+          "by_name is sorted and the names are unique");
+  }
 }
 
 void check_plan(const QuantizePlan& plan, const Checkpoint& ckpt) {

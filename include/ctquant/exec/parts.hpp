@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,7 +113,10 @@ std::vector<std::string> fingerprint_changes(const nlohmann::json& before,
 
 struct PartOptions {
   PartSpec part;
-  std::filesystem::path stage;  // the staging directory (created if missing; its parent must exist)
+  // The staging directory: created if missing (its parent must exist); an
+  // existing one must be empty or hold kStageMarkerName (path_policy.hpp),
+  // which run_part writes first into an absent or empty one.
+  std::filesystem::path stage;
   bool resume = false;          // keep the files an earlier run of this plan wrote and logged
   std::shared_ptr<spdlog::logger> logger;  // may be null
 };
@@ -127,13 +131,20 @@ struct PartSummary {
 };
 
 // Writes the files of options.part into options.stage and records them
-// (see the top of this file). Throws Error{kUsage} when the part is already
-// running in another process, or when resuming against a changed plan
+// (see the top of this file). Throws Error{kUsage} when the stage is not
+// one ctquant made (stage_refusal), when the part is already running in
+// another process, or when resuming against a changed plan
 // (options changed); Error{kBadInput} when resuming against a changed input;
 // and what execute_plan() throws. Whatever was finished stays in the stage
 // and logged.
 PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
                      const PartOptions& options, const ExecuteOptions& execute);
+
+// True when a process holds the lock of a part in stage: a part or finalize
+// runs there now.
+bool stage_in_use(const std::filesystem::path& stage);
+
+struct FinalizeSummary;
 
 struct FinalizeOptions {
   std::filesystem::path output;
@@ -146,6 +157,10 @@ struct FinalizeOptions {
   std::optional<unsigned> parts;
   std::shared_ptr<spdlog::logger> logger;   // may be null
   const std::atomic<bool>* cancel = nullptr;
+  // Called with the summary (every field set) once OUTPUT is assembled and
+  // flushed in its temporary directory, just before the rename that commits
+  // it (quantize --resume writes its report and recipe here). May be empty.
+  std::function<void(const FinalizeSummary&)> before_commit;
 };
 
 struct FinalizeSummary {
@@ -164,8 +179,10 @@ struct FinalizeSummary {
 // problem (a missing, incomplete, duplicated or foreign part; a file or
 // tensor missing or recorded twice; a staged file of another size; sizes
 // that do not add up), with nothing created and the stage untouched;
-// Error{kUsage} for an OUTPUT that exists (without force) or is misplaced
-// (check_output_path); Error{kIo} for a stage that cannot be read;
+// Error{kUsage} for an OUTPUT that exists (without force), or an OUTPUT or
+// stage the path policy refuses (check_run_paths: misplaced against each
+// other, the working directory or the INPUT the records name; a stage
+// ctquant did not make); Error{kIo} for a stage that cannot be read;
 // Error{kInterrupted} on cancel.
 FinalizeSummary finalize_parts(const FinalizeOptions& options);
 

@@ -28,6 +28,8 @@
 
 namespace ctquant {
 
+struct QuantizeSummary;
+
 struct QuantizeOptions {
   // Checkpoint directory or .safetensors file, or a Hugging Face repository
   // id ORG/NAME looked up in the local hub cache (resolve_checkpoint_input).
@@ -41,7 +43,7 @@ struct QuantizeOptions {
   bool dry_run = false;          // plan and lint only; write nothing
   bool fsync = true;             // flush files and directories before the rename
   // Hash every output file while it is written and write the manifest
-  // (report/manifest.hpp). Off: no SHA-256 (about 0.6 s of one core per GB
+  // (report/manifest.hpp). Off: no SHA-256 (about 0.7 s of one core per GB
   // written with SHA extensions) and no kManifestFileName; refused with part,
   // resume (their files are checked by digest) and by the CLI with a report.
   bool manifest = true;
@@ -69,6 +71,20 @@ struct QuantizeOptions {
   // the staging directory when it fails or is interrupted, and finalizes
   // OUTPUT itself.
   bool resume = false;
+  // Files the caller writes for this run (the CLI's --report and
+  // --write-recipe): checked with OUTPUT and the stage by the path policy
+  // (path_policy.hpp) before INPUT is read, and named when an earlier run
+  // left a temporary file beside them. quantize() does not write them.
+  std::optional<std::filesystem::path> report_file;
+  std::optional<std::filesystem::path> recipe_file;
+  // Called once every file of OUTPUT is written and flushed and its manifest
+  // made, just before the rename that commits OUTPUT, with the summary so far
+  // (counts, output files and digests, bytes, times). The CLI writes the
+  // report and the recipe into temporary files here, so that a failure to
+  // write them leaves no OUTPUT behind; an exception thrown here stops the
+  // run as any error does. Not called for a dry run or a --part run, which
+  // commit no OUTPUT. May be empty.
+  std::function<void(const QuantizeSummary&)> before_commit;
 };
 
 // Defaults: W4A16 (int4, symmetric, group 128), ignore ["lm_head"],

@@ -48,32 +48,39 @@ struct DTypeTraits {
   DType dtype;
   std::string_view tag;  // as written in a safetensors header
   int bits;              // width of one element
+  // The dtype's place in the safetensors writer's `Dtype` enum
+  // (huggingface/safetensors safetensors/src/tensor.rs, v0.8.0, the version
+  // model_free_ptq's stack writes with): the writer lays the tensors of a
+  // file out by this, largest first, then by name, so that every tensor's
+  // data starts at a multiple of its element size (section 5 of the format
+  // spec).
+  int writer_order;
 };
 
 // Section 1 of the format spec: tags and sizes in bits.
 inline constexpr std::array<DTypeTraits, 22> kDTypeTraits = {{
-    {DType::kBool, "BOOL", 8},
-    {DType::kU8, "U8", 8},
-    {DType::kI8, "I8", 8},
-    {DType::kF8_E4M3, "F8_E4M3", 8},
-    {DType::kF8_E5M2, "F8_E5M2", 8},
-    {DType::kF8_E8M0, "F8_E8M0", 8},
-    {DType::kF8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
-    {DType::kF8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
-    {DType::kF4, "F4", 4},
-    {DType::kF6_E2M3, "F6_E2M3", 6},
-    {DType::kF6_E3M2, "F6_E3M2", 6},
-    {DType::kI16, "I16", 16},
-    {DType::kU16, "U16", 16},
-    {DType::kF16, "F16", 16},
-    {DType::kBF16, "BF16", 16},
-    {DType::kI32, "I32", 32},
-    {DType::kU32, "U32", 32},
-    {DType::kF32, "F32", 32},
-    {DType::kC64, "C64", 64},
-    {DType::kI64, "I64", 64},
-    {DType::kU64, "U64", 64},
-    {DType::kF64, "F64", 64},
+    {DType::kBool, "BOOL", 8, 0},
+    {DType::kU8, "U8", 8, 4},
+    {DType::kI8, "I8", 8, 5},
+    {DType::kF8_E4M3, "F8_E4M3", 8, 7},
+    {DType::kF8_E5M2, "F8_E5M2", 8, 6},
+    {DType::kF8_E8M0, "F8_E8M0", 8, 8},
+    {DType::kF8_E4M3FNUZ, "F8_E4M3FNUZ", 8, 9},
+    {DType::kF8_E5M2FNUZ, "F8_E5M2FNUZ", 8, 10},
+    {DType::kF4, "F4", 4, 1},
+    {DType::kF6_E2M3, "F6_E2M3", 6, 2},
+    {DType::kF6_E3M2, "F6_E3M2", 6, 3},
+    {DType::kI16, "I16", 16, 11},
+    {DType::kU16, "U16", 16, 12},
+    {DType::kF16, "F16", 16, 13},
+    {DType::kBF16, "BF16", 16, 14},
+    {DType::kI32, "I32", 32, 15},
+    {DType::kU32, "U32", 32, 16},
+    {DType::kF32, "F32", 32, 17},
+    {DType::kC64, "C64", 64, 18},
+    {DType::kI64, "I64", 64, 20},
+    {DType::kU64, "U64", 64, 21},
+    {DType::kF64, "F64", 64, 19},
 }};
 
 // The table row of dtype (kDTypeTraits is in enum order), its header tag
@@ -84,6 +91,7 @@ constexpr const DTypeTraits& traits(DType dtype) {
 }
 constexpr std::string_view dtype_tag(DType dtype) { return traits(dtype).tag; }
 constexpr int dtype_bits(DType dtype) { return traits(dtype).bits; }
+constexpr int dtype_writer_order(DType dtype) { return traits(dtype).writer_order; }
 
 // The dtype for a header tag, or nullopt for an unknown tag.
 std::optional<DType> dtype_from_tag(std::string_view tag);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "ctquant/exec/executor.hpp"
 
@@ -29,10 +30,18 @@ class ProgressReporter {
   // further 10% of the bytes).
   static constexpr double kPlainIntervalSeconds = 5.0;
 
-  // sink receives the text to write (the CLI writes it to stderr, escaped);
+  // The reporter's own terminal control before a bar is drawn and when it
+  // is erased: carriage return, erase to the end of the line.
+  static constexpr std::string_view kRedraw = "\r\033[K";
+
+  // What receives the output: `control` is the reporter's own terminal
+  // control (kRedraw, or empty), written as it is; `text` is the line to
+  // show, which the CLI escapes (escape_for_terminal) like every line that
+  // may hold a name. The CLI writes both to stderr.
+  using Sink = std::function<void(std::string_view control, std::string_view text)>;
+
   // now returns seconds on a monotonic clock (tests pass their own).
-  ProgressReporter(ProgressMode mode, std::function<void(const std::string&)> sink,
-                   std::function<double()> now);
+  ProgressReporter(ProgressMode mode, Sink sink, std::function<double()> now);
 
   // Called with every progress update (QuantizeOptions::on_progress).
   void update(const Progress& progress);
@@ -47,7 +56,7 @@ class ProgressReporter {
 
  private:
   ProgressMode mode_;
-  std::function<void(const std::string&)> sink_;
+  Sink sink_;
   std::function<double()> now_;
   std::optional<double> start_;
   double last_plain_time_ = 0;
