@@ -36,39 +36,6 @@ struct Linted {
   std::vector<Finding> findings;
 };
 
-// The options with a finding's fix applied as the command line would be:
-// fix_removes taken out of the ignore list (or every group's targets),
-// fix_ignore appended to the ignore list (as --ignore does), fix_targets to
-// the first group's targets, fix_options set.
-PlanOptions with_fix(PlanOptions options, const Finding& f) {
-  if (!f.fix_removes.empty()) {
-    if (f.fix_removes_target) {
-      for (SchemeGroup& g : options.groups) std::erase(g.targets, f.fix_removes);
-    } else {
-      std::erase(options.ignore, f.fix_removes);
-    }
-  }
-  for (const std::string& e : f.fix_ignore) {
-    if (std::find(options.ignore.begin(), options.ignore.end(), e) == options.ignore.end()) {
-      options.ignore.push_back(e);
-    }
-  }
-  for (const std::string& t : f.fix_targets) options.groups.front().targets.push_back(t);
-  for (const std::string& o : f.fix_options) {
-    if (o == "--quantize-vision") {
-      options.quantize_vision = true;
-    } else {
-      ADD_FAILURE() << f.id << ": fix option " << o << " is not one with_fix knows";
-    }
-  }
-  return options;
-}
-
-bool has_fix(const Finding& f) {
-  return !f.fix_removes.empty() || !f.fix_ignore.empty() || !f.fix_targets.empty() ||
-         !f.fix_options.empty();
-}
-
 // Every fix lint prints passes ctquant's own lint. The machine form of each
 // fix names what the printed fix says (each entry as `--ignore 'E'`, each
 // option), and every printed `--ignore '...'` or `--targets '...'` has a
@@ -107,7 +74,7 @@ void expect_fixes_pass_lint(const Checkpoint& checkpoint, const PlanOptions& opt
       }
       continue;
     }
-    const PlanOptions fixed = with_fix(options, f);
+    const PlanOptions fixed = apply_fix(options, f);
     QuantizePlan plan;
     try {
       plan = make_plan(checkpoint, fixed);
@@ -1021,6 +988,35 @@ void check_fixes_with_provocations(const fs::path& dir, const PlanOptions& base,
   if (!q_proj.empty()) with_entry(q_proj);
   if (!expert.empty()) with_entry(expert);
   with_entry("re:.*gate");
+}
+
+// A fix's machine form changes the options as the command line would: the
+// removed entry goes, added entries are appended once, options are set.
+TEST(LintFixes, ApplyFixChangesTheOptionsAsTheCommandLineWould) {
+  PlanOptions given;
+  given.ignore = {"lm_head", "re:.*gate"};
+  Finding f;
+  f.id = "L8";
+  f.fix_removes = "re:.*gate";
+  f.fix_ignore = {"re:.*gate$", "lm_head"};
+  f.fix_options = {"--quantize-vision"};
+  EXPECT_TRUE(has_fix(f));
+  const PlanOptions fixed = apply_fix(given, f);
+  EXPECT_EQ(fixed.ignore, (std::vector<std::string>{"lm_head", "re:.*gate$"}));
+  EXPECT_TRUE(fixed.quantize_vision);
+  Finding targets;
+  targets.id = "L1";
+  targets.fix_removes = "Linaer";
+  targets.fix_removes_target = true;
+  targets.fix_targets = {"Linear"};
+  given.groups.front().targets = {"Linaer", "re:.*mlp.*"};
+  EXPECT_EQ(apply_fix(given, targets).groups.front().targets,
+            (std::vector<std::string>{"re:.*mlp.*", "Linear"}));
+  EXPECT_FALSE(has_fix(Finding{}));
+  Finding unknown;
+  unknown.id = "L15";
+  unknown.fix_options = {"--no-such-option"};
+  EXPECT_THROW(apply_fix(given, unknown), std::logic_error);
 }
 
 // Every fix lint prints, applied as the command line would apply it, passes

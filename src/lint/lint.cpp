@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -904,24 +905,11 @@ void check_option_fix(const Checkpoint& checkpoint, const QuantizePlan& plan,
                       const LintOptions& options, const std::vector<Finding>& findings,
                       Finding& f) {
   if (f.fix_removes.empty() && f.fix_options.empty()) return;
-  PlanOptions changed = plan.options;  // the given entries; make_plan adds the default ones
-  changed.ignore.assign(plan.options.ignore.begin() +
-                            static_cast<std::ptrdiff_t>(plan.n_default_ignore),
-                        plan.options.ignore.end());
-  if (f.fix_removes_target) {
-    for (SchemeGroup& g : changed.groups) std::erase(g.targets, f.fix_removes);
-  } else {
-    std::erase(changed.ignore, f.fix_removes);
-  }
-  for (const std::string& e : f.fix_ignore) {
-    if (std::find(changed.ignore.begin(), changed.ignore.end(), e) == changed.ignore.end()) {
-      changed.ignore.push_back(e);
-    }
-  }
-  if (!changed.groups.empty()) {
-    for (const std::string& t : f.fix_targets) changed.groups.front().targets.push_back(t);
-  }
-  if (!f.fix_options.empty()) changed.quantize_vision = true;  // the one option fixes set
+  PlanOptions given = plan.options;  // without the default entries make_plan adds
+  given.ignore.assign(plan.options.ignore.begin() +
+                          static_cast<std::ptrdiff_t>(plan.n_default_ignore),
+                      plan.options.ignore.end());
+  const PlanOptions changed = apply_fix(std::move(given), f);
   std::map<std::string, std::set<std::string>> before;  // rule -> tensors of its errors
   for (const Finding& g : findings) {
     if (g.severity == Severity::kError) before[g.id].insert(g.tensors.begin(), g.tensors.end());
@@ -999,6 +987,36 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
                               const LintOptions& options) {
   if (options.tp == 0) throw usage_error("--tp must be at least 1");
   return lint_all(checkpoint, plan, options, /*check_fixes=*/true);
+}
+
+bool has_fix(const Finding& f) {
+  return !f.fix_removes.empty() || !f.fix_ignore.empty() || !f.fix_targets.empty() ||
+         !f.fix_options.empty();
+}
+
+PlanOptions apply_fix(PlanOptions given, const Finding& f) {
+  if (!f.fix_removes.empty()) {
+    if (f.fix_removes_target) {
+      for (SchemeGroup& g : given.groups) std::erase(g.targets, f.fix_removes);
+    } else {
+      std::erase(given.ignore, f.fix_removes);
+    }
+  }
+  for (const std::string& e : f.fix_ignore) {
+    if (std::find(given.ignore.begin(), given.ignore.end(), e) == given.ignore.end()) {
+      given.ignore.push_back(e);
+    }
+  }
+  if (!f.fix_targets.empty() && !given.groups.empty()) {
+    for (const std::string& t : f.fix_targets) given.groups.front().targets.push_back(t);
+  }
+  for (const std::string& o : f.fix_options) {
+    if (o != "--quantize-vision") {
+      throw std::logic_error(fmt::format("{}: fix option {} is not one apply_fix knows", f.id, o));
+    }
+    given.quantize_vision = true;
+  }
+  return given;
 }
 
 std::vector<const Finding*> blocking_findings(const std::vector<Finding>& findings, bool strict,

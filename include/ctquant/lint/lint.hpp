@@ -131,6 +131,18 @@ inline constexpr unsigned kLintTpDegrees[] = {1, 2, 4, 8};
 std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options);
 
+// Whether the finding's fix has a machine form (any fix_* field set).
+bool has_fix(const Finding& f);
+
+// The options the finding's fix gives, applied as the command line would
+// apply it to `given` (the options as given, without the default entries
+// make_plan adds): fix_removes taken out of the ignore list (with
+// fix_removes_target, out of every group's targets), each fix_ignore entry
+// appended to the ignore list unless there, fix_targets appended to the
+// first group's targets, fix_options set. Throws std::logic_error for a
+// fix option it does not know (only "--quantize-vision" exists).
+PlanOptions apply_fix(PlanOptions given, const Finding& f);
+
 // The findings that stop quantize: severity error unless allow_unloadable,
 // severity warning when strict. Pointers into findings.
 std::vector<const Finding*> blocking_findings(const std::vector<Finding>& findings, bool strict,
