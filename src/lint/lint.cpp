@@ -57,11 +57,6 @@ namespace {
 
 constexpr std::size_t kMaxNearMisses = 5;
 
-std::string last_component(const std::string& module) {
-  const auto dot = module.rfind('.');
-  return dot == std::string::npos ? module : module.substr(dot + 1);
-}
-
 std::string param_of(const std::string& tensor) {
   const auto dot = tensor.rfind('.');
   return dot == std::string::npos ? tensor : tensor.substr(dot + 1);

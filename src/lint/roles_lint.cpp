@@ -12,16 +12,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string last_component(const std::string& name) {
-  const auto dot = name.rfind('.');
-  return dot == std::string::npos ? name : name.substr(dot + 1);
-}
-
-std::string parent_of(const std::string& name) {
-  const auto dot = name.rfind('.');
-  return dot == std::string::npos ? std::string() : name.substr(0, dot);
-}
-
 std::string join(const std::vector<std::string>& items, std::size_t max_items,
                  const char* separator = ", ") {
   std::string out;
@@ -646,7 +636,7 @@ void RolesLint::engine_modules(std::vector<Finding>& out) const {
   for (const ModuleInfo& m : plan_.roles.modules) {
     if (!planned_packed(m)) continue;
     const std::string last = last_component(m.module);
-    const std::string parent = last_component(parent_of(m.module));
+    const std::string parent = last_component(module_of(m.module));
     const Kind* kind = nullptr;
     if (family == "EAGLE-3 draft" && last == "fc") {
       kind = &kEagleFc;

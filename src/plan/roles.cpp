@@ -336,11 +336,6 @@ std::vector<FamilyRow> make_family_table() {
 // ---------------------------------------------------------------------------
 // Name helpers.
 
-std::string last_component(std::string_view name) {
-  const auto dot = name.rfind('.');
-  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
-}
-
 std::string parent_of(std::string_view name) {
   const auto dot = name.rfind('.');
   return dot == std::string_view::npos ? std::string() : std::string(name.substr(0, dot));

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -241,6 +242,10 @@ void check_plan_options(const PlanOptions& options);
 
 // The module a tensor belongs to: the name up to its last dot.
 std::string module_of(const std::string& tensor_name);
+
+// The last dot-separated component of a name ("q_proj" of
+// "model.layers.0.self_attn.q_proj"; the whole name when it has no dot).
+std::string last_component(std::string_view name);
 
 // The output config.json's quantization_config for the plan's groups: each
 // group's scheme with the format of its family, or null when it quantized
