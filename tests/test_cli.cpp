@@ -42,14 +42,33 @@ TEST(Cli, QuantizePrintsSummaryOnStderr) {
   const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
-  // ctquant: done: 2 tensors quantized (W4A16), 2 copied; 6.9 KiB in, 3.1 KiB out, ratio 2.21x;
-  // 0.01 s
+  // ctquant: done: 2 tensors quantized (W4A16), 2 copied; 100.0% of linear weight parameters
+  // quantized; 6.9 KiB in, 3.1 KiB out, ratio 2.21x; 0.01 s
   const std::regex summary(
-      "ctquant: done: 2 tensors quantized \\(W4A16\\), 2 copied; [0-9.]+ (B|KiB|MiB|GiB) in, "
-      "[0-9.]+ (B|KiB|MiB|GiB) out, ratio [0-9]+\\.[0-9]{2}x; [0-9]+\\.[0-9]{2} s\n");
+      "ctquant: done: 2 tensors quantized \\(W4A16\\), 2 copied; 100\\.0% of linear weight "
+      "parameters quantized; [0-9.]+ (B|KiB|MiB|GiB) in, [0-9.]+ (B|KiB|MiB|GiB) out, ratio "
+      "[0-9]+\\.[0-9]{2}x; [0-9]+\\.[0-9]{2} s\n");
   EXPECT_TRUE(std::regex_search(r.err, summary)) << r.err;
   EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
   EXPECT_TRUE(fs::exists(tmp / "out" / "config.json"));
+}
+
+// The summary says what share of the linear weights' parameters was
+// quantized; an ignore entry keeping half of them makes it smaller (and L15
+// says why on stderr).
+TEST(Cli, SummarySaysShareOfLinearWeightsQuantized) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
+                                       "--ignore", "re:.*down_proj$"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "1 tensors quantized (W4A16), 3 copied; 50.0% of linear weight "
+                              "parameters quantized;"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "L15: 50.0% of the linear layers' weight parameters would be "
+                              "quantized (2048 of 4096"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "fix: remove the ignore entry 're:.*down_proj$'")) << r.err;
 }
 
 TEST(Cli, QuietPrintsNothingOnSuccess) {
@@ -257,7 +276,9 @@ TEST(Cli, DryRunWritesNothing) {
   const CommandResult r =
       run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--dry-run"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "ctquant: dry run: 2 tensors quantized (W4A16), 2 copied")) << r.err;
+  EXPECT_TRUE(contains(r.err, "ctquant: dry run: 2 tensors quantized (W4A16), 2 copied; 100.0% "
+                              "of linear weight parameters quantized"))
+      << r.err;
   EXPECT_FALSE(fs::exists(tmp / "out"));
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }

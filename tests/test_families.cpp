@@ -57,9 +57,11 @@ std::vector<FamilyCase> family_cases() {
        {kNormWeightsCopied,
         {"re:.*(lm_head|embed_tokens)\\.weight$", C},
         {"re:.*_proj\\.weight$", Q}}},
+      // Tied, no lm_head tensor: the lm_head entry keeps transformers able to
+      // tie the head it builds (absent_head_entry).
       {Family::kQwen3Tied,
        {},
-       {"model.embed_tokens"},
+       {"lm_head", "model.embed_tokens"},
        {kNormWeightsCopied, {"model.embed_tokens.weight", C}, {"re:.*_proj\\.weight$", Q}}},
       {Family::kQwen3Moe,
        {},
@@ -124,7 +126,7 @@ std::vector<FamilyCase> family_cases() {
         {"re:.*_proj\\.weight$", Q}}},
       {Family::kGemma3,
        {},
-       {"re:^(language_model\\.model\\.|model\\.language_model\\.)embed_tokens$",
+       {"lm_head", "re:^(language_model\\.model\\.|model\\.language_model\\.)embed_tokens$",
         "re:^(model\\.)?vision_tower\\..*"},
        {{"re:^model\\.(vision_tower|multi_modal_projector)\\.", C},
         kNormWeightsCopied,
@@ -158,7 +160,8 @@ std::vector<FamilyCase> family_cases() {
       {Family::kMistralConsolidated,
        {},
        {"lm_head", "model.embed_tokens"},
-       {{"model.layers.0.self_attn.rotary_emb.inv_freq", D},
+       // The buffer the index omits is part of the model: written.
+       {{"model.layers.0.self_attn.rotary_emb.inv_freq", C},
         kNormWeightsCopied,
         {"re:.*(lm_head|embed_tokens)\\.weight$", C},
         {"re:.*_proj\\.weight$", Q}}},
@@ -495,16 +498,18 @@ TEST(FamilyOptions, LmHeadEntryOnPrefixedHeadGetsTheMatchingForm) {
             "ignore entry 'lm_head' matched 0 modules: this checkpoint's module is "
             "'language_model.lm_head'");
   EXPECT_EQ(l1[0]->fix,
-            "--ignore 're:^(language_model\\.)?lm_head$' (matches the checkpoint's and vLLM's "
-            "names)");
+            "use --ignore 're:^(language_model\\.)?lm_head$' instead (matches the checkpoint's "
+            "and vLLM's names)");
   EXPECT_EQ(l1[1]->message,
             "ignore entry 'language_model.model.layers.0.mlp.down_proj.weight' matched 0 "
             "modules: 'language_model.model.layers.0.mlp.down_proj.weight' names a tensor of "
             "module 'language_model.model.layers.0.mlp.down_proj'; entries name modules");
+  // The module's entry as vLLM matches it too; the plain module name would
+  // then fail L2.
   EXPECT_EQ(l1[1]->fix,
-            "--ignore 'language_model.model.layers.0.mlp.down_proj' (as vLLM matches it: --ignore "
+            "use --ignore "
             "'re:^(language_model\\.model\\.|model\\.language_model\\.)layers\\.0\\.mlp\\.down_"
-            "proj$')");
+            "proj$' instead");
 }
 
 // Writes every family into $CTQUANT_FAMILIES_DIR/<name> (random weights),

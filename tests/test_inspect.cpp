@@ -115,8 +115,11 @@ TEST(InspectPlan, LlamaLayerShowsGateProjTakenByGateRegex) {
   EXPECT_TRUE(contains(text, "ignored by 're:.*gate'\n"));
   // inspect's text carries the lint findings after the plan.
   const std::string all = render_inspect_text(r);
-  EXPECT_TRUE(contains(all, "lint: 1 error, 1 warning, 1 info\n"));
+  // L1 for lm_head, L3 for the split gate/up, L8 for the prefix match, L15
+  // for a third of the layer kept in 16 bits.
+  EXPECT_TRUE(contains(all, "lint: 1 error, 2 warnings, 1 info\n")) << all;
   EXPECT_TRUE(contains(all, "L3 error: fused layer gate_up_proj"));
+  EXPECT_TRUE(contains(all, "L15 warning: 66.7% of the linear layers' weight parameters")) << all;
 }
 
 TEST(InspectPlan, JsonListsFatesRulesAndMatches) {
@@ -144,8 +147,11 @@ TEST(InspectPlan, JsonListsFatesRulesAndMatches) {
             json({"layers.0.self_attn.g_proj", "layers.1.self_attn.g_proj"}));
   EXPECT_EQ(plan["groups"][0]["targets"][0]["modules"].size(), 13u);
   EXPECT_EQ(plan["outputs"].size(), 2u);
-  EXPECT_TRUE(j["lint"].is_array());
-  EXPECT_TRUE(j["lint"].empty());
+  // fc is packed: L16 says what each engine does with it.
+  ASSERT_TRUE(j["lint"].is_array());
+  ASSERT_EQ(j["lint"].size(), 1u) << j["lint"].dump();
+  EXPECT_EQ(j["lint"][0]["id"], "L16");
+  EXPECT_EQ(j["lint"][0]["tensors"], json({"fc.weight"}));
 }
 
 TEST(InspectPlan, ExpectedOutputSizeIsWhatQuantizeWrites) {
@@ -252,15 +258,19 @@ TEST(InspectPlan, Nvfp4ShowsWhichModulesShareAGlobalScale) {
 // findings themselves are on stderr.
 TEST(InspectCli, DryRunEndsWithTheLintCount) {
   test::TempDir dir;
-  const auto clean =
+  // The draft's defaults: fc is packed, which L16 reports (what each engine
+  // does with it).
+  const auto defaults =
       test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run"});
-  ASSERT_EQ(clean.exit_code, 0) << clean.err;
-  EXPECT_TRUE(clean.out.ends_with("lint: no findings\n")) << clean.out;
+  ASSERT_EQ(defaults.exit_code, 0) << defaults.err;
+  EXPECT_TRUE(defaults.out.ends_with("lint: 0 errors, 1 warning, 0 info (each on stderr)\n"))
+      << defaults.out;
+  EXPECT_TRUE(contains(defaults.err, "L16")) << defaults.err;
   const auto warned =
       test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run",
                          "--ignore", "no_such_module"});
   ASSERT_EQ(warned.exit_code, 0) << warned.err;
-  EXPECT_TRUE(contains(warned.out, "\nlint: 0 errors, 1 warning, "))
+  EXPECT_TRUE(contains(warned.out, "\nlint: 0 errors, 2 warnings, "))
       << warned.out;
   EXPECT_TRUE(contains(warned.out, "info (each on stderr)\n")) << warned.out;
   EXPECT_TRUE(contains(warned.err, "L1")) << warned.err;
@@ -315,10 +325,11 @@ TEST(InspectCli, InventoryPlanAndJson) {
       {"inspect", input, "--no-default-ignore", "--ignore", "re:.*qkv_proj$", "--json"});
   EXPECT_EQ(planned.exit_code, 0);
   const json p = json::parse(planned.out);
-  ASSERT_EQ(p["lint"].size(), 1u);
+  ASSERT_EQ(p["lint"].size(), 2u);
   EXPECT_EQ(p["lint"][0]["id"], "L5");
   EXPECT_EQ(p["lint"][0]["tensors"],
             json({"layers.0.self_attn.g_proj.weight", "layers.1.self_attn.g_proj.weight"}));
+  EXPECT_EQ(p["lint"][1]["id"], "L16");  // fc packed: what each engine does with it
   EXPECT_EQ(p["plan"]["roles"]["family"], "DFlash draft");
   EXPECT_EQ(p["plan"]["ignore"][0]["default"], false);
 
@@ -326,7 +337,8 @@ TEST(InspectCli, InventoryPlanAndJson) {
   EXPECT_EQ(defaults.exit_code, 0);
   EXPECT_TRUE(contains(defaults.out, "\nplan: W4A16"));
   EXPECT_TRUE(contains(defaults.out, "ignore ['re:.*qkv_proj$', 're:.*g_proj$']"));
-  EXPECT_TRUE(contains(defaults.out, "lint: no findings"));
+  EXPECT_TRUE(contains(defaults.out, "lint: 0 errors, 1 warning, 0 info\nL16 warning: DFlash fc"))
+      << defaults.out;
   const auto without = test::run_ctquant({"inspect", input, "--no-default-ignore"});
   EXPECT_EQ(without.exit_code, 0);
   EXPECT_TRUE(contains(without.out, "L4 error: DFlash draft"));

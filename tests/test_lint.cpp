@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
@@ -17,6 +20,7 @@
 #include "ctquant/plan/quant_config.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "fake_checkpoint.hpp"
+#include "families.hpp"
 #include "golden_support.hpp"
 #include "test_support.hpp"
 
@@ -32,6 +36,64 @@ struct Linted {
   std::vector<Finding> findings;
 };
 
+// Every fix lint prints passes ctquant's own lint. The machine form of each
+// fix names what the printed fix says (each entry as `--ignore 'E'`, each
+// option), and every printed `--ignore '...'` or `--targets '...'` has a
+// machine form. Applied alone to the options that printed it, a fix leads
+// into no error-level finding the first run did not have: every tensor of
+// an error after the fix was in an error of the same rule before (rules
+// regroup tensors), and the fix's own finding, when an error, is gone.
+void expect_fixes_pass_lint(const Checkpoint& checkpoint, const PlanOptions& options,
+                            const std::vector<Finding>& findings, unsigned tp) {
+  std::map<std::string, std::set<std::string>> errors_before;  // rule -> tensors
+  for (const Finding& f : findings) {
+    if (f.severity != Severity::kError) continue;
+    errors_before[f.id].insert(f.tensors.begin(), f.tensors.end());
+  }
+  const auto is_new = [&](const Finding& g) {
+    const auto it = errors_before.find(g.id);
+    if (it == errors_before.end()) return true;
+    return std::any_of(g.tensors.begin(), g.tensors.end(),
+                       [&](const std::string& t) { return !it->second.contains(t); });
+  };
+  for (const Finding& f : findings) {
+    SCOPED_TRACE(format_finding(f));
+    for (const std::string& e : f.fix_ignore) {
+      EXPECT_NE(f.fix.find("--ignore '" + e + "'"), std::string::npos);
+    }
+    for (const std::string& e : f.fix_targets) {
+      EXPECT_NE(f.fix.find("--targets '" + e + "'"), std::string::npos);
+    }
+    for (const std::string& o : f.fix_options) EXPECT_NE(f.fix.find(o), std::string::npos);
+    if (!has_fix(f)) {
+      // A fix lint found would lead into an error says so, and has no
+      // machine form; any other printed entry has one.
+      if (f.fix.find("; but lint would then stop the run (") == std::string::npos) {
+        EXPECT_EQ(f.fix.find("--ignore '"), std::string::npos) << "a printed entry, no machine form";
+        EXPECT_EQ(f.fix.find("--targets '"), std::string::npos) << "a printed entry, no machine form";
+      }
+      continue;
+    }
+    const PlanOptions fixed = apply_fix(options, f);
+    QuantizePlan plan;
+    try {
+      plan = make_plan(checkpoint, fixed);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "after the fix, the plan is refused: " << e.what();
+      continue;
+    }
+    for (const Finding& g : run_lint(checkpoint, plan, LintOptions{tp})) {
+      // L9 (nothing left to quantize) only says that the layout has no
+      // other module than the ones a "keep them in 16 bits" fix keeps.
+      if (g.severity != Severity::kError || g.id == "L9") continue;
+      EXPECT_FALSE(is_new(g)) << "after the fix, " << format_finding(g);
+      if (f.severity == Severity::kError && g.id == f.id) {
+        EXPECT_FALSE(g.tensors == f.tensors) << "the fix leaves its own error: " << format_finding(g);
+      }
+    }
+  }
+}
+
 Linted lint_layout(const std::vector<FakeSpec>& specs, const json& config,
                    std::vector<std::string> ignore, std::vector<std::string> targets = {"Linear"},
                    unsigned tp = 1) {
@@ -45,6 +107,8 @@ Linted lint_layout(const std::vector<FakeSpec>& specs, const json& config,
   Linted out;
   out.plan = make_plan(checkpoint, options);
   out.findings = run_lint(checkpoint, out.plan, LintOptions{tp});
+  // Every case a lint test builds also checks that its fixes pass lint.
+  expect_fixes_pass_lint(checkpoint, options, out.findings, tp);
   return out;
 }
 
@@ -145,7 +209,7 @@ TEST(LintL1, LlamaLayerGateRegexAlsoCatchesGateProj) {
   ASSERT_EQ(l8.size(), 1u);
   EXPECT_EQ(l8[0].severity, Severity::kInfo);
   EXPECT_EQ(l8[0].tensors, std::vector<std::string>{"model.layers.0.mlp.gate_proj.weight"});
-  EXPECT_EQ(l8[0].fix, "if you meant whole names, write --ignore 're:.*gate$'");
+  EXPECT_EQ(l8[0].fix, "if you meant whole names, write --ignore 're:.*gate$' instead");
   ASSERT_EQ(with_id(r.findings, "L3").size(), 1u);
 }
 
@@ -160,7 +224,7 @@ TEST(LintL1, NearMissForLiteralWithModelPrefix) {
                        "near misses (names containing 'qkv_proj'): "
                        "layers.0.self_attn.qkv_proj, layers.1.self_attn.qkv_proj"));
   EXPECT_EQ(l1[0].fix,
-            "the names differ by a prefix: use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$'");
+            "the names differ by a prefix: use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$' instead");
   EXPECT_EQ(l1[0].tensors, (std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight",
                                                      "layers.1.self_attn.qkv_proj.weight"}));
 }
@@ -191,14 +255,15 @@ TEST(LintL1, DefaultEntriesAreNotReported) {
   test::write_sparse_checkpoint(dir.path(), dflash_layers(), kDFlashConfig);
   const Checkpoint checkpoint = open_checkpoint(dir.path());
   PlanOptions options;
-  options.ignore = {"lm_head"};
+  options.ignore = {"output_head"};
   const QuantizePlan plan = make_plan(checkpoint, options);
-  EXPECT_EQ(plan.options.ignore, (std::vector<std::string>{"re:.*qkv_proj$", "lm_head"}));
+  EXPECT_EQ(plan.options.ignore, (std::vector<std::string>{"re:.*qkv_proj$", "output_head"}));
   EXPECT_EQ(plan.n_default_ignore, 1u);
   const auto l1 = with_id(run_lint(checkpoint, plan, LintOptions{}), "L1");
   ASSERT_EQ(l1.size(), 1u);
   EXPECT_EQ(l1[0].severity, Severity::kWarning);
-  EXPECT_TRUE(contains(l1[0].message, "ignore entry 'lm_head' matched 0 modules")) << l1[0].message;
+  EXPECT_TRUE(contains(l1[0].message, "ignore entry 'output_head' matched 0 modules"))
+      << l1[0].message;
 }
 
 // The default targets ({"Linear"}) are never reported by L1, even with
@@ -586,7 +651,7 @@ TEST(LintL6, TiedEmbeddingsWithQuantizedLmHeadIsError) {
   ASSERT_EQ(l6.size(), 1u);
   EXPECT_EQ(l6[0].severity, Severity::kError);
   EXPECT_EQ(l6[0].tensors, std::vector<std::string>{"lm_head.weight"});
-  EXPECT_EQ(l6[0].fix, "--ignore lm_head (the default ignore list has it)");
+  EXPECT_EQ(l6[0].fix, "--ignore 'lm_head' (the default ignore list has it)");
   EXPECT_TRUE(with_id(lint_layout(specs, config, {"lm_head"}).findings, "L6").empty());
   EXPECT_TRUE(
       with_id(lint_layout(specs, kLlamaConfig, {"model.embed_tokens"}).findings, "L6").empty());
@@ -598,7 +663,9 @@ TEST(LintL6, TextConfigTieCounts) {
   const auto l6 = with_id(
       lint_layout({{"language_model.lm_head.weight", {1024, 256}}}, config, {}).findings, "L6");
   ASSERT_EQ(l6.size(), 1u);
-  EXPECT_EQ(l6[0].fix, "--ignore 're:.*\\.lm_head$'");
+  // The entry for this head under the checkpoint's and vLLM's names.
+  EXPECT_EQ(l6[0].fix,
+            "--ignore 're:^(language_model\\.)?lm_head$' (the default ignore list has it)");
 }
 
 // ---- L7 ----
@@ -624,9 +691,15 @@ TEST(LintL7, StackedExpertsVllmReadsPerExpertAreRefused) {
 // ---- policy ----
 
 TEST(LintPolicy, BlockingFindings) {
-  const std::vector<Finding> findings = {{"L1", Severity::kWarning, {}, "w", ""},
-                                         {"L4", Severity::kError, {}, "e", ""},
-                                         {"L8", Severity::kInfo, {}, "i", ""}};
+  const auto finding = [](const char* id, Severity severity) {
+    Finding f;
+    f.id = id;
+    f.severity = severity;
+    return f;
+  };
+  const std::vector<Finding> findings = {finding("L1", Severity::kWarning),
+                                         finding("L4", Severity::kError),
+                                         finding("L8", Severity::kInfo)};
   const auto ids = [&](bool strict, bool allow) {
     std::vector<std::string> out;
     for (const Finding* f : blocking_findings(findings, strict, allow)) out.push_back(f->id);
@@ -732,14 +805,14 @@ TEST(QuantizeLint, StrictTurnsWarningsIntoErrors) {
   test::TempDir dir;
   test::write_random_checkpoint(dir / "in", small_dflash(), kDFlashConfig);
   QuantizeOptions o = small_options(dir / "in", dir / "out");
-  o.plan.ignore = {"re:.*qkv_proj$", "lm_head"};  // lm_head: L1 warning
+  o.plan.ignore = {"re:.*qkv_proj$", "output_head"};  // output_head: L1 warning
   o.strict = true;
   try {
     quantize(o);
     FAIL() << "expected a lint error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kLint);
-    EXPECT_TRUE(contains(e.what(), "L1 warning: ignore entry 'lm_head' matched 0 modules"));
+    EXPECT_TRUE(contains(e.what(), "L1 warning: ignore entry 'output_head' matched 0 modules"));
     EXPECT_TRUE(contains(e.what(), "--strict"));
   }
   EXPECT_FALSE(fs::exists(dir / "out"));
@@ -793,6 +866,13 @@ TEST(QuantizeLintCli, StrictAndTensorParallelFlags) {
   EXPECT_TRUE(contains(r.err, "fc.weight"));
   std::vector<std::string> tp2 = base;
   tp2.insert(tp2.end(), {"--tp", "2", "--strict", "--dry-run"});
+  // Shapes run at tp 2; under --strict only L16 stops it (fc packed, which
+  // older SGLang releases cannot load).
+  const auto r2 = test::run_ctquant(tp2);
+  EXPECT_EQ(r2.exit_code, 1);
+  EXPECT_TRUE(contains(r2.err, "L16 warning: DFlash fc would be packed")) << r2.err;
+  EXPECT_FALSE(contains(r2.err, "L5")) << r2.err;
+  tp2.erase(std::find(tp2.begin(), tp2.end(), "--strict"));
   EXPECT_EQ(test::run_ctquant(tp2).exit_code, 0);
 }
 
@@ -807,6 +887,7 @@ Linted lint_groups(const std::vector<FakeSpec>& specs, std::vector<SchemeGroup> 
   Linted out;
   out.plan = make_plan(checkpoint, options);
   out.findings = run_lint(checkpoint, out.plan, LintOptions{1});
+  expect_fixes_pass_lint(checkpoint, options, out.findings, 1);
   return out;
 }
 
@@ -848,6 +929,370 @@ TEST(LintL11, LinearGroupBeforePatternGroupIsError) {
                                                 group_for("W4A16", {"Linear"})});
   EXPECT_TRUE(with_id(ok.findings, "L11").empty());
   EXPECT_EQ(ok.plan.group_modules, (std::vector<std::size_t>{3, 4}));
+}
+
+
+// ---- fixes pass lint ----
+
+// Lints `dir` with options and checks every fix (expect_fixes_pass_lint);
+// options that make_plan refuses for this checkpoint are skipped.
+void check_fixes(const fs::path& dir, const PlanOptions& options, unsigned tp,
+                 const std::string& what) {
+  SCOPED_TRACE(what);
+  const Checkpoint checkpoint = open_checkpoint(dir);
+  QuantizePlan plan;
+  try {
+    plan = make_plan(checkpoint, options);
+  } catch (const Error&) {
+    return;
+  }
+  expect_fixes_pass_lint(checkpoint, options, run_lint(checkpoint, plan, LintOptions{tp}), tp);
+}
+
+// Options that provoke findings with fixes on any checkpoint: no default
+// list, a tensor name, an unprefixed module name, one member of a fused
+// group, one expert, an unanchored pattern, a TP degree the shapes do not
+// split into.
+void check_fixes_with_provocations(const fs::path& dir, const PlanOptions& base,
+                                   const std::string& what) {
+  const Checkpoint checkpoint = open_checkpoint(dir);
+  std::string linear;  // a quantized module
+  std::string q_proj;
+  std::string expert;
+  QuantizePlan plan;
+  try {
+    plan = make_plan(checkpoint, base);
+  } catch (const Error&) {
+    return;  // a case ctquant refuses (SKIP_UNLESS_SUPPORTED in test_golden.cpp)
+  }
+  for (const PlannedModule& m : plan.modules) {
+    if (m.kind != PlannedModule::Kind::kQuantize) continue;
+    if (linear.empty()) linear = m.name;
+    if (q_proj.empty() && m.name.ends_with(".q_proj")) q_proj = m.name;
+    if (expert.empty() && m.name.find(".experts.") != std::string::npos) expert = m.name;
+  }
+  check_fixes(dir, base, 1, what + ", as given");
+  check_fixes(dir, base, 3, what + ", --tp 3");
+  PlanOptions no_default = base;
+  no_default.default_ignore = false;
+  check_fixes(dir, no_default, 1, what + ", --no-default-ignore");
+  const auto with_entry = [&](const std::string& entry) {
+    PlanOptions o = base;
+    o.ignore.push_back(entry);
+    check_fixes(dir, o, 1, what + ", --ignore '" + entry + "'");
+  };
+  if (!linear.empty()) {
+    with_entry(linear + ".weight");
+    with_entry(linear.substr(linear.rfind('.') + 1));
+  }
+  if (!q_proj.empty()) with_entry(q_proj);
+  if (!expert.empty()) with_entry(expert);
+  with_entry("re:.*gate");
+}
+
+// A fix's machine form changes the options as the command line would: the
+// removed entry goes, added entries are appended once, options are set.
+TEST(LintFixes, ApplyFixChangesTheOptionsAsTheCommandLineWould) {
+  PlanOptions given;
+  given.ignore = {"lm_head", "re:.*gate"};
+  Finding f;
+  f.id = "L8";
+  f.fix_removes = "re:.*gate";
+  f.fix_ignore = {"re:.*gate$", "lm_head"};
+  f.fix_options = {"--quantize-vision"};
+  EXPECT_TRUE(has_fix(f));
+  const PlanOptions fixed = apply_fix(given, f);
+  EXPECT_EQ(fixed.ignore, (std::vector<std::string>{"lm_head", "re:.*gate$"}));
+  EXPECT_TRUE(fixed.quantize_vision);
+  Finding targets;
+  targets.id = "L1";
+  targets.fix_removes = "Linaer";
+  targets.fix_removes_target = true;
+  targets.fix_targets = {"Linear"};
+  given.groups.front().targets = {"Linaer", "re:.*mlp.*"};
+  EXPECT_EQ(apply_fix(given, targets).groups.front().targets,
+            (std::vector<std::string>{"re:.*mlp.*", "Linear"}));
+  EXPECT_FALSE(has_fix(Finding{}));
+  Finding unknown;
+  unknown.id = "L15";
+  unknown.fix_options = {"--no-such-option"};
+  EXPECT_THROW(apply_fix(given, unknown), std::logic_error);
+}
+
+// Every fix lint prints, applied as the command line would apply it, passes
+// lint: on every golden input with its case's options and with options that
+// provoke findings, and on every model family (the cases the lint tests
+// build check their own fixes the same way, in lint_layout).
+TEST(LintFixes, EveryFixPassesLintOnGoldenInputsAndFamilies) {
+  for (const test::GoldenCase& c : test::golden_cases()) {
+    check_fixes_with_provocations(test::input_of(c), test::plan_of(c),
+                                  "golden " + c.name);
+  }
+  for (const test::Family family : test::all_families()) {
+    test::TempDir dir;
+    test::write_family(dir.path(), family, /*random=*/false);
+    check_fixes_with_provocations(dir.path(), PlanOptions{},
+                                  std::string("family ") + test::family_name(family));
+  }
+}
+
+// Regression: an ignore entry naming a tensor got the plain module name as
+// its first fix, which L2 then refused in a DFlash draft (vLLM prefixes the
+// names with model.); the fix is now the entry vLLM matches too.
+TEST(LintL1, TensorNameFixIsAnEntryVllmMatchesToo) {
+  const Linted r = lint_layout(dflash_layers(), kDFlashConfig,
+                               {"re:.*qkv_proj$", "layers.0.mlp.down_proj.weight"});
+  const auto l1 = with_id(r.findings, "L1");
+  ASSERT_EQ(l1.size(), 1u);
+  EXPECT_EQ(l1[0].fix_removes, "layers.0.mlp.down_proj.weight");
+  ASSERT_EQ(l1[0].fix_ignore.size(), 1u);
+  EXPECT_NE(l1[0].fix_ignore[0], "layers.0.mlp.down_proj");
+  EXPECT_EQ(l1[0].fix, "use --ignore '" + l1[0].fix_ignore[0] + "' instead");
+  const Linted fixed =
+      lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$", l1[0].fix_ignore[0]});
+  EXPECT_TRUE(with_id(fixed.findings, "L2").empty());
+  EXPECT_TRUE(with_id(fixed.findings, "L1").empty());
+}
+
+// Regression: L5's fix for experts kept only the experts whose shape vLLM
+// cannot run, which split the MoE layer (L3) and disagreed with vLLM's
+// experts.0 probes (L13); it now keeps every expert of the layer.
+TEST(LintL5, ExpertFixKeepsEveryExpertOfTheLayer) {
+  std::vector<FakeSpec> specs = {{"model.layers.0.mlp.gate.weight", {4, 2048}},
+                                 {"model.layers.0.self_attn.o_proj.weight", {2048, 2048}}};
+  for (int e = 0; e < 4; ++e) {
+    const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+    specs.push_back({p + "gate_proj.weight", {768, 2048}});
+    specs.push_back({p + "up_proj.weight", {768, 2048}});
+    specs.push_back({p + "down_proj.weight", {2048, 768}});
+  }
+  json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                 {"model_type", "qwen3_moe"},
+                 {"num_experts", 4},
+                 {"hidden_size", 2048},
+                 {"moe_intermediate_size", 768},
+                 {"tie_word_embeddings", false}};
+  // 768 / 8 = 96 columns of down_proj per shard: not a multiple of the group size.
+  const Linted r = lint_layout(specs, config, {"re:.*mlp\\.gate$"}, {"Linear"}, 8);
+  const auto l5 = with_id(r.findings, "L5");
+  ASSERT_FALSE(l5.empty());
+  const Finding* down = nullptr;
+  for (const Finding& f : l5) {
+    if (f.severity == Severity::kError) down = &f;
+  }
+  ASSERT_NE(down, nullptr);
+  EXPECT_TRUE(contains(down->fix, "with every expert of 1 MoE layer")) << down->fix;
+  std::vector<std::string> ignore = {"re:.*mlp\\.gate$"};
+  ignore.insert(ignore.end(), down->fix_ignore.begin(), down->fix_ignore.end());
+  const Linted fixed = lint_layout(specs, config, ignore, {"Linear"}, 8);
+  EXPECT_TRUE(with_id(fixed.findings, "L3").empty());
+  EXPECT_TRUE(with_id(fixed.findings, "L13").empty());
+  EXPECT_TRUE(blocking_findings(fixed.findings, false, false).empty());
+}
+
+// Regression: L13 asks for an entry that keeps an empty weight (written as it
+// is) unquantized in vLLM; L1 then called that entry pointless. An entry
+// that keeps a module vLLM would build quantized is not reported.
+TEST(LintL1, EntryKeepingAnEmptyWeightFromVllmIsNotPointless) {
+  std::vector<FakeSpec> specs = llama_layer();
+  specs.push_back({"model.layers.0.mlp.extra_proj.weight", {0, 2048}});
+  const Linted r = lint_layout(specs, kLlamaConfig, {});
+  const auto l13 = with_id(r.findings, "L13");
+  ASSERT_EQ(l13.size(), 1u);
+  ASSERT_EQ(l13[0].fix_ignore.size(), 1u);
+  const Linted fixed = lint_layout(specs, kLlamaConfig, l13[0].fix_ignore);
+  EXPECT_TRUE(with_id(fixed.findings, "L1").empty());
+  EXPECT_TRUE(with_id(fixed.findings, "L13").empty());
+}
+
+// ---- tied heads ----
+
+// A family checkpoint planned and linted with the default ignore list (or
+// the options given).
+Linted lint_family(test::Family family, PlanOptions options = {}, unsigned tp = 1) {
+  test::TempDir dir;
+  test::write_family(dir.path(), family, /*random=*/false);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  Linted out;
+  out.plan = make_plan(checkpoint, options);
+  out.findings = run_lint(checkpoint, out.plan, LintOptions{tp});
+  expect_fixes_pass_lint(checkpoint, options, out.findings, tp);
+  return out;
+}
+
+// Regression: a tied Qwen3 without an lm_head tensor got no lm_head entry, and
+// transformers 5.12 + compressed-tensors 0.18 failed to load the output
+// (AttributeError: Linear has no attribute 'weight'). The default list has it
+// first, with its reason; lint says nothing about it.
+TEST(DefaultIgnore, TiedModelWithoutHeadTensorGetsLmHeadEntry) {
+  const Linted r = lint_family(test::Family::kQwen3Tied);
+  ASSERT_GE(r.plan.options.ignore.size(), 2u);
+  EXPECT_EQ(r.plan.options.ignore[0], "lm_head");
+  EXPECT_TRUE(contains(r.plan.ignore_reasons[0], "AttributeError: Linear has no attribute"));
+  EXPECT_EQ(r.plan.options.ignore[1], "model.embed_tokens");
+  EXPECT_TRUE(r.findings.empty()) << render_findings_text(r.findings);
+  // An untied model keeps its own head's entry only.
+  const Linted llama = lint_family(test::Family::kLlama);
+  EXPECT_EQ(std::count(llama.plan.options.ignore.begin(), llama.plan.options.ignore.end(),
+                       "lm_head"),
+            1);
+}
+
+// Without the default list the missing entry is a warning whose fix, given
+// as --ignore, is not then called an entry that matched nothing (L1).
+TEST(LintL6, TiedModelWithoutLmHeadEntryWarnsForTransformers) {
+  PlanOptions options;
+  options.default_ignore = false;
+  const Linted r = lint_family(test::Family::kQwen3Tied, options);
+  const auto l6 = with_id(r.findings, "L6");
+  ASSERT_EQ(l6.size(), 1u);
+  EXPECT_EQ(l6[0].severity, Severity::kWarning);
+  EXPECT_TRUE(contains(l6[0].message, "AttributeError: Linear has no attribute 'weight'"));
+  EXPECT_EQ(l6[0].fix_ignore, std::vector<std::string>{"lm_head"});
+  options.ignore = {"lm_head"};
+  const Linted fixed = lint_family(test::Family::kQwen3Tied, options);
+  EXPECT_TRUE(with_id(fixed.findings, "L6").empty());
+  EXPECT_TRUE(with_id(fixed.findings, "L1").empty());
+  EXPECT_TRUE(with_id(fixed.findings, "L2").empty());
+}
+
+// ---- L15: what stays in 16 bits ----
+
+// Regression: gpt-oss's stacked experts stay in BF16 (vLLM reads them only
+// stacked) and a W4A16 run said so only in info lines; most of the model's
+// linear weights are there, so it is a warning naming why and that no
+// option changes it.
+TEST(LintL15, GptOssStackedExpertsKeptInSixteenBitsWarn) {
+  const Linted r = lint_family(test::Family::kGptOss);
+  const auto l15 = with_id(r.findings, "L15");
+  ASSERT_EQ(l15.size(), 1u);
+  EXPECT_EQ(l15[0].severity, Severity::kWarning);
+  EXPECT_LT(r.plan.linear_params_quantized * 2, r.plan.linear_params);
+  EXPECT_TRUE(contains(l15[0].message, "below 80%")) << l15[0].message;
+  EXPECT_TRUE(contains(l15[0].message, "the experts of 2 MoE layers stay in 16 bits as a whole"))
+      << l15[0].message;
+  EXPECT_TRUE(contains(l15[0].message, "no option changes it")) << l15[0].message;
+  EXPECT_TRUE(contains(l15[0].message, "model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_FALSE(has_fix(l15[0]));
+  // --strict stops the run on it.
+  EXPECT_EQ(blocking_findings(r.findings, true, false).size(), 1u);
+}
+
+// Ignore entries that keep most of a dense model: the fix is to remove them.
+TEST(LintL15, IgnoreEntriesKeepingMostWeightsWarnWithTheEntry) {
+  const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"re:.*mlp\\..*"});
+  const auto l15 = with_id(r.findings, "L15");
+  ASSERT_EQ(l15.size(), 1u);
+  EXPECT_TRUE(contains(l15[0].message, "your ignore entry 're:.*mlp\\..*'")) << l15[0].message;
+  EXPECT_EQ(l15[0].fix_removes, "re:.*mlp\\..*");
+  EXPECT_EQ(l15[0].fix, "remove the ignore entry 're:.*mlp\\..*'");
+  // A default dense run quantizes every linear weight: nothing to say.
+  EXPECT_TRUE(with_id(lint_family(test::Family::kLlama).findings, "L15").empty());
+}
+
+// A vision tower kept by default: the option that changes it is
+// --quantize-vision.
+TEST(LintL15, KeptVisionTowerNamesQuantizeVision) {
+  // The tower and projector of this layout are about a third of its linear
+  // weights.
+  const Linted r = lint_family(test::Family::kQwen25Vl);
+  const auto l15 = with_id(r.findings, "L15");
+  ASSERT_EQ(l15.size(), 1u);
+  EXPECT_TRUE(contains(l15[0].message, "--quantize-vision quantizes vision and audio towers"))
+      << l15[0].message;
+  EXPECT_EQ(l15[0].fix_options, std::vector<std::string>{"--quantize-vision"});
+  PlanOptions vision;
+  vision.quantize_vision = true;
+  EXPECT_TRUE(with_id(lint_family(test::Family::kQwen25Vl, vision).findings, "L15").empty());
+}
+
+// ---- L16: draft modules each engine builds differently ----
+
+TEST(LintL16, Eagle3FcPackedNamesVllmAndSglang) {
+  const Linted r = lint_family(test::Family::kEagle3);
+  const auto l16 = with_id(r.findings, "L16");
+  ASSERT_EQ(l16.size(), 1u);
+  EXPECT_EQ(l16[0].severity, Severity::kWarning);
+  EXPECT_EQ(l16[0].tensors, std::vector<std::string>{"fc.weight"});
+  EXPECT_TRUE(contains(l16[0].message, "vllm/model_executor/models/llama_eagle3.py"));
+  EXPECT_TRUE(contains(l16[0].message, "python/sglang/srt/models/llama_eagle3.py"));
+  EXPECT_TRUE(contains(l16[0].message, "random initial values"));
+  PlanOptions fixed;
+  fixed.ignore = l16[0].fix_ignore;
+  EXPECT_TRUE(with_id(lint_family(test::Family::kEagle3, fixed).findings, "L16").empty());
+}
+
+TEST(LintL16, DFlashFcAndMtpFcPackedNameTheEngines) {
+  const Linted dflash = lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$"});
+  const auto l16 = with_id(dflash.findings, "L16");
+  ASSERT_EQ(l16.size(), 1u);
+  EXPECT_TRUE(contains(l16[0].message, "DFlash fc would be packed (fc)"));
+  EXPECT_TRUE(contains(l16[0].message, "qwen3_dflash.py"));
+  EXPECT_TRUE(contains(l16[0].message, "python/sglang/srt/models/dflash.py"));
+  // Qwen3-Next's MTP layer: vLLM packs mtp.fc, SGLang reads a plain Linear.
+  const Linted mtp = lint_layout({{"mtp.fc.weight", {2048, 4096}},
+                                  {"model.layers.0.mlp.down_proj.weight", {2048, 2048}}},
+                                 json{{"architectures", {"Qwen3NextForCausalLM"}},
+                                      {"model_type", "qwen3_next"}},
+                                 {});
+  const auto mtp16 = with_id(mtp.findings, "L16");
+  ASSERT_EQ(mtp16.size(), 1u);
+  EXPECT_TRUE(contains(mtp16[0].message, "MTP fc would be packed (mtp.fc)"));
+  EXPECT_TRUE(contains(mtp16[0].message, "qwen3_next_mtp.py"));
+}
+
+// DFlash2's selector and convolution projections are read as 16-bit
+// tensors by the engines that run them: kept by default, warned when packed.
+TEST(LintL16, DFlash2SelectorKeptByDefaultAndWarnedWhenPacked) {
+  std::vector<FakeSpec> specs = dflash_layers();
+  specs.push_back({"candidate_selector.hidden_projection.weight", {256, 3072}});
+  specs.push_back({"layers.0.attention_conv.kernel_projection.weight", {384, 3072}});
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), specs, kDFlashConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  const QuantizePlan plan = make_plan(checkpoint, PlanOptions{});
+  for (const TensorDecision& d : plan.decisions) {
+    if (d.name.find("projection") != std::string::npos) {
+      EXPECT_NE(d.fate, Fate::kQuantize) << d.name;
+    }
+  }
+  // fc is packed by default (L16 says what each engine does with it); the
+  // selector and convolution projections are not.
+  const auto by_default = with_id(run_lint(checkpoint, plan, {}), "L16");
+  ASSERT_EQ(by_default.size(), 1u);
+  EXPECT_EQ(by_default[0].tensors, std::vector<std::string>{"fc.weight"});
+  const Linted packed = lint_layout(specs, kDFlashConfig, {"re:.*qkv_proj$"});
+  const auto l16 = with_id(packed.findings, "L16");
+  ASSERT_EQ(l16.size(), 2u);
+  EXPECT_TRUE(contains(l16[1].message, "DFlash2 candidate selector"));
+  EXPECT_TRUE(contains(l16[1].message, "xllm/python/models/qwen3_dflash2.py"));
+  EXPECT_EQ(l16[1].tensors.size(), 2u);
+}
+
+// ---- L17: an untied config without a head ----
+
+TEST(LintL17, UntiedConfigWithoutHeadTensorWarnsAndStrictStops) {
+  std::vector<FakeSpec> model = llama_layer();
+  model.push_back({"model.embed_tokens.weight", {32000, 2048}});
+  const Linted r = lint_layout(model, kLlamaConfig, {});
+  const auto l17 = with_id(r.findings, "L17");
+  ASSERT_EQ(l17.size(), 1u);
+  EXPECT_EQ(l17[0].severity, Severity::kWarning);
+  EXPECT_TRUE(contains(l17[0].message, "tie_word_embeddings: false"));
+  EXPECT_TRUE(contains(l17[0].message, "uninitialised head"));
+  EXPECT_FALSE(blocking_findings(r.findings, true, false).empty());
+  // With a head, or tied, or a draft: nothing.
+  std::vector<FakeSpec> with_head = model;
+  with_head.push_back({"lm_head.weight", {32000, 2048}});
+  EXPECT_TRUE(with_id(lint_layout(with_head, kLlamaConfig, {"lm_head"}).findings, "L17").empty());
+  json tied = kLlamaConfig;
+  tied["tie_word_embeddings"] = true;
+  EXPECT_TRUE(with_id(lint_layout(model, tied, {}).findings, "L17").empty());
+  // A sample of some layers (no embedding either) is not a model missing its head.
+  EXPECT_TRUE(with_id(lint_layout(llama_layer(), kLlamaConfig, {}).findings, "L17").empty());
+  EXPECT_TRUE(with_id(lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$"}).findings,
+                      "L17")
+                  .empty());
 }
 
 }  // namespace

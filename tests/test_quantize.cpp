@@ -33,6 +33,8 @@
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/report/inspect.hpp"
+#include "ctquant/verify/verify.hpp"
+#include "fake_checkpoint.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {
@@ -349,50 +351,210 @@ TEST(Quantize, ShardedOutputAndIndex) {
 
 // A .safetensors file the index does not list (say a consolidated copy next
 // to the shards) is not part of the checkpoint: neither read nor copied,
-// with a warning; a tensor a shard holds that the index does not list is not
-// written, with a warning. The plan lists both under "not written".
-TEST(Quantize, FilesAndTensorsTheIndexDoesNotListAreNotWritten) {
+// with a warning (vLLM reads only the files the index lists). The plan
+// lists it under "not written".
+TEST(Quantize, FilesTheIndexDoesNotListAreNotCopied) {
   TempDir tmp;
-  write_sharded(tmp / "in",
-                {{weight("a.q_proj.weight", DType::kBF16, 8, 128),
-                  zeros("a.rotary_emb.inv_freq", DType::kF32, {64})}},
-                [](json& m) { m.erase("a.rotary_emb.inv_freq"); });
+  write_sharded(tmp / "in", {{weight("a.q_proj.weight", DType::kBF16, 8, 128)}});
   write_safetensors(tmp / "in" / "consolidated.safetensors",
                     {weight("layers.0.wq.weight", DType::kBF16, 8, 128)});
   std::ostringstream log_text;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(log_text);
   QuantizeOptions options = test_options(tmp / "in", tmp / "out");
   options.logger = std::make_shared<spdlog::logger>("test", sink);
-  const QuantizeSummary summary = quantize(options);
+  quantize(options);
   EXPECT_NE(log_text.str().find("consolidated.safetensors: a .safetensors file "
                                 "model.safetensors.index.json does not list; not copied to OUTPUT"),
             std::string::npos)
       << log_text.str();
-  EXPECT_NE(log_text.str().find("model-00001-of-00001.safetensors: tensor 'a.rotary_emb.inv_freq' "
-                                "is not listed in model.safetensors.index.json; not written"),
-            std::string::npos)
-      << log_text.str();
   EXPECT_FALSE(fs::exists(tmp / "out" / "consolidated.safetensors"));
-  const SafetensorsHeader h =
-      read_header(tmp / "out" / "model-00001-of-00001.safetensors", "out");
-  EXPECT_EQ(h.find("a.rotary_emb.inv_freq"), nullptr);
-  EXPECT_NE(h.find("a.q_proj.weight_packed"), nullptr);
-  EXPECT_EQ(summary.plan.n_unindexed, 1u);
-  EXPECT_EQ(summary.plan.n_dropped, 0u);
   const json index = read_json(tmp / "out" / "model.safetensors.index.json");
   EXPECT_FALSE(index["weight_map"].contains("layers.0.wq.weight"));
-  EXPECT_FALSE(index["weight_map"].contains("a.rotary_emb.inv_freq"));
-  // The plan names both.
   const Checkpoint ckpt = open_checkpoint(tmp / "in");
   EXPECT_EQ(ckpt.unlisted_files, std::vector<std::string>{"consolidated.safetensors"});
-  const PlanOptions defaults;
-  const std::string plan_text = render_plan_text(ckpt, make_plan(ckpt, defaults));
+  const std::string plan_text = render_plan_text(ckpt, make_plan(ckpt, PlanOptions{}));
   EXPECT_NE(plan_text.find("not written (not listed in model.safetensors.index.json):\n"
-                           "  file consolidated.safetensors\n"
-                           "  tensor a.rotary_emb.inv_freq in model-00001-of-00001.safetensors\n"),
+                           "  file consolidated.safetensors\n"),
             std::string::npos)
       << plan_text;
-  EXPECT_NE(plan_text.find("drop      a.rotary_emb.inv_freq"), std::string::npos) << plan_text;
+}
+
+// Regression: an untied lm_head held by a listed shard but missing from
+// weight_map was dropped with exit 0. vLLM reads every tensor of each file
+// the index lists (weight_utils.py), so it is part of the model: planned like
+// any other tensor (kept in 16 bits by the default ignore list), written,
+// listed in the output index, and named in a warning; verify --against-source
+// accounts for it.
+TEST(Quantize, TensorTheIndexOmitsIsWrittenAndIndexed) {
+  TempDir tmp;
+  const FakeTensor head = weight("lm_head.weight", DType::kBF16, 64, 128, 9);
+  write_sharded(tmp / "in",
+                {{weight("model.layers.0.self_attn.o_proj.weight", DType::kBF16, 128, 128, 3)},
+                 {weight("model.layers.0.mlp.down_proj.weight", DType::kBF16, 128, 128, 4),
+                  zeros("model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {64}), head}},
+                [](json& m) {
+                  m.erase("lm_head.weight");
+                  m.erase("model.layers.0.self_attn.rotary_emb.inv_freq");
+                });
+  std::ostringstream log_text;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(log_text);
+  QuantizeOptions options = test_options(tmp / "in", tmp / "out");
+  options.logger = std::make_shared<spdlog::logger>("test", sink);
+  options.strict = true;  // a warning of lint would stop the run; the index's is not lint's
+  const QuantizeSummary summary = quantize(options);
+  const std::string warned = log_text.str();
+  EXPECT_NE(warned.find("model.safetensors.index.json: incomplete: weight_map omits 2 tensor(s) "
+                        "that the listed shard model-00002-of-00002.safetensors holds ("),
+            std::string::npos)
+      << warned;
+  EXPECT_NE(warned.find("'lm_head.weight'"), std::string::npos) << warned;
+  EXPECT_NE(warned.find("vLLM reads every tensor of a listed shard, so they are part of the "
+                        "model: planned like any other tensor and listed in OUTPUT's index"),
+            std::string::npos)
+      << warned;
+  const fs::path shard2 = tmp / "out" / "model-00002-of-00002.safetensors";
+  EXPECT_EQ(read_tensor(shard2, "lm_head.weight"), head.data);  // kept in 16 bits, as given
+  EXPECT_NE(read_header(shard2, "out").find("model.layers.0.self_attn.rotary_emb.inv_freq"),
+            nullptr);
+  const json index = read_json(tmp / "out" / "model.safetensors.index.json");
+  EXPECT_EQ(index["weight_map"]["lm_head.weight"], "model-00002-of-00002.safetensors");
+  EXPECT_EQ(index["weight_map"]["model.layers.0.self_attn.rotary_emb.inv_freq"],
+            "model-00002-of-00002.safetensors");
+  EXPECT_EQ(summary.plan.n_dropped, 0u);
+  const std::string plan_text =
+      render_plan_text(open_checkpoint(tmp / "in"), make_plan(open_checkpoint(tmp / "in"), {}));
+  EXPECT_NE(plan_text.find("  tensor lm_head.weight in model-00002-of-00002.safetensors\n"),
+            std::string::npos)
+      << plan_text;
+
+  // verify --against-source accounts for every tensor of every listed shard:
+  // the output is the same as its source, and one without the head is not.
+  EXPECT_TRUE(verify_against_source(tmp / "out", tmp / "in", {}).same());
+  test::copy_dir(tmp / "out", tmp / "dropped");
+  test::drop_tensor(tmp / "dropped" / "model-00002-of-00002.safetensors", "lm_head.weight");
+  const VerifyReport dropped = verify_against_source(tmp / "dropped", tmp / "in", {});
+  ASSERT_FALSE(dropped.same());
+  EXPECT_TRUE(std::any_of(dropped.differences.begin(), dropped.differences.end(),
+                          [](const VerifyItem& d) { return d.tensor == "lm_head.weight"; }));
+}
+
+// Regression: tie_word_embeddings: "false" (a JSON string) turned the head
+// lints off and, with --no-default-ignore, lm_head was packed with exit 0.
+// transformers 5 refuses such a config; vLLM and transformers 4 read the
+// string as true. ctquant refuses it, naming the file, the key and the value.
+TEST(Quantize, TieFlagOfWrongJsonTypeIsRefused) {
+  TempDir tmp;
+  const std::vector<FakeTensor> tensors = {
+      weight("model.layers.0.self_attn.o_proj.weight", DType::kBF16, 128, 128, 2),
+      weight("lm_head.weight", DType::kBF16, 64, 128, 3)};
+  for (const json& bad : {json("false"), json(""), json(0), json(nullptr)}) {
+    SCOPED_TRACE(bad.dump());
+    for (const bool in_text_config : {false, true}) {
+      json config = kConfig;
+      if (in_text_config) {
+        config["text_config"] = {{"tie_word_embeddings", bad}};
+      } else {
+        config["tie_word_embeddings"] = bad;
+      }
+      fs::remove_all(tmp / "in");
+      write_checkpoint(tmp / "in", tensors, config);
+      try {
+        quantize(test_options(tmp / "in", tmp / "out"));
+        ADD_FAILURE() << "not refused";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+        expect_message(e.what(), {"config.json: ",
+                                  std::string(in_text_config ? "text_config." : "") +
+                                      "tie_word_embeddings is ",
+                                  bad.dump(), "expected true or false",
+                                  "transformers 5 refuses", "Python truthiness"});
+      }
+      EXPECT_FALSE(fs::exists(tmp / "out"));
+    }
+  }
+  // The binary, as the report had it: exit 1, nothing written.
+  json config = kConfig;
+  config["tie_word_embeddings"] = "false";
+  fs::remove_all(tmp / "in");
+  write_checkpoint(tmp / "in", tensors, config);
+  const test::CommandResult r = test::run_ctquant(
+      {"quantize", (tmp / "in").string(), (tmp / "out").string(), "--no-default-ignore"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("tie_word_embeddings is the JSON string \"false\""), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+// Regression: one .safetensors file of a sharded checkpoint given as INPUT
+// wrote half a model with exit 0. It is refused (exit 2) before anything is
+// written, naming the directory to give instead: by its shard name, or
+// because the index beside it lists it.
+TEST(Quantize, ShardOfShardedCheckpointIsRefusedNamingTheDirectory) {
+  TempDir tmp;
+  write_sharded(tmp / "in", {{weight("a.q_proj.weight", DType::kBF16, 8, 128)},
+                             {weight("b.o_proj.weight", DType::kBF16, 8, 128)}});
+  const fs::path shard = tmp / "in" / "model-00001-of-00002.safetensors";
+  const test::CommandResult r =
+      test::run_ctquant({"quantize", shard.string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {shard.string() + ": one file of a sharded checkpoint",
+                         "its name says it is shard 00001 of 00002",
+                         "give the directory as INPUT instead: " + (tmp / "in").string()});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  // A shard with another name, listed by the index beside it.
+  fs::rename(shard, tmp / "in" / "first.safetensors");
+  json index = read_json(tmp / "in" / "model.safetensors.index.json");
+  index["weight_map"]["a.q_proj.weight"] = "first.safetensors";
+  write_file(tmp / "in" / "model.safetensors.index.json", index.dump());
+  try {
+    open_checkpoint(tmp / "in" / "first.safetensors");
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    expect_message(e.what(), {"model.safetensors.index.json beside it lists it as a shard "
+                              "(tensor 'a.q_proj.weight')"});
+  }
+  // A consolidated copy the index does not list is a checkpoint of its own;
+  // a single file shard 1 of 1 too.
+  write_safetensors(tmp / "in" / "consolidated.safetensors",
+                    {weight("layers.0.wq.weight", DType::kBF16, 8, 128)});
+  EXPECT_EQ(open_checkpoint(tmp / "in" / "consolidated.safetensors").shards.size(), 1u);
+  fs::create_directories(tmp / "one");
+  write_safetensors(tmp / "one" / "model-00001-of-00001.safetensors",
+                    {weight("layers.0.wq.weight", DType::kBF16, 8, 128)});
+  EXPECT_EQ(open_checkpoint(tmp / "one" / "model-00001-of-00001.safetensors").shards.size(), 1u);
+}
+
+// Regression: a single-file model given as its file did not read the
+// config.json beside it, so a DFlash draft lost its defaults and g_proj was
+// packed. The config is read (and written, with quantization_config, to
+// OUTPUT): qkv_proj and g_proj stay in 16 bits as they do for the directory.
+TEST(Quantize, SingleFileReadsTheConfigBesideIt) {
+  TempDir tmp;
+  const FakeTensor g_proj = weight("layers.0.self_attn.g_proj.weight", DType::kBF16, 2, 256, 5);
+  const FakeTensor qkv = weight("layers.0.self_attn.qkv_proj.weight", DType::kBF16, 512, 256, 6);
+  write_checkpoint(tmp / "in",
+                   {g_proj, qkv, weight("layers.0.self_attn.o_proj.weight", DType::kBF16, 256, 256, 7),
+                    weight("fc.weight", DType::kBF16, 256, 768, 8)},
+                   json{{"architectures", {"DFlashLagunaForCausalLM"}},
+                        {"model_type", "laguna"},
+                        {"hidden_size", 256},
+                        {"dflash_config", {{"block_size", 16}}}});
+  const fs::path file = tmp / "in" / "model.safetensors";
+  const test::CommandResult r =
+      test::run_ctquant({"quantize", file.string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("a single .safetensors file; the model's config.json is read from " +
+                       (tmp / "in" / "config.json").string()),
+            std::string::npos)
+      << r.err;
+  const fs::path out = tmp / "out" / "model.safetensors";
+  EXPECT_EQ(read_tensor(out, "layers.0.self_attn.g_proj.weight"), g_proj.data);
+  EXPECT_EQ(read_tensor(out, "layers.0.self_attn.qkv_proj.weight"), qkv.data);
+  EXPECT_NE(read_header(out, "out").find("layers.0.self_attn.o_proj.weight_packed"), nullptr);
+  const json config = read_json(tmp / "out" / "config.json");
+  EXPECT_EQ(config["architectures"], json({"DFlashLagunaForCausalLM"}));
+  EXPECT_TRUE(config.contains("quantization_config"));
 }
 
 // Row chunking never changes the bytes, for odd row counts and bit widths
@@ -1059,8 +1221,9 @@ TEST(QuantizeOutput, MissingParentDirectoryIsUsageError) {
 }
 
 // A single .safetensors file: the output directory holds the same file name
-// and a config.json with only quantization_config; files beside the input
-// file are not part of the checkpoint and are not copied.
+// and the config.json beside it with quantization_config set (only
+// quantization_config without one); the other files beside the input file
+// are not part of the checkpoint and are not copied.
 TEST(QuantizeOutput, SingleFileInput) {
   TempDir tmp;
   fs::create_directories(tmp / "dir");
@@ -1068,7 +1231,7 @@ TEST(QuantizeOutput, SingleFileInput) {
                     {weight("a.q_proj.weight", DType::kBF16, 8, 128),
                      zeros("a.input_layernorm.weight", DType::kBF16, {128})});
   write_file(tmp / "dir" / "README.md", "not copied");
-  write_file(tmp / "dir" / "config.json", "{\"model_type\": \"not read\"}");
+  write_file(tmp / "dir" / "config.json", "{\"model_type\": \"llama\"}");
   const QuantizeSummary summary =
       quantize(test_options(tmp / "dir" / "weights.safetensors", tmp / "out"));
   EXPECT_EQ(summary.tensors_quantized, 1u);
@@ -1079,8 +1242,12 @@ TEST(QuantizeOutput, SingleFileInput) {
                                              "model.safetensors.index.json",
                                              "weights.safetensors"}));
   const json config = read_json(tmp / "out" / "config.json");
-  EXPECT_EQ(config.size(), 1u);
+  EXPECT_EQ(config.size(), 2u);
+  EXPECT_EQ(config.at("model_type"), "llama");
   EXPECT_EQ(config.at("quantization_config").at("format"), "pack-quantized");
+  fs::remove(tmp / "dir" / "config.json");
+  quantize(test_options(tmp / "dir" / "weights.safetensors", tmp / "alone"));
+  EXPECT_EQ(read_json(tmp / "alone" / "config.json").size(), 1u);
   EXPECT_NE(SafetensorsFile(tmp / "out" / "weights.safetensors", "w")
                 .header()
                 .find("a.q_proj.weight_packed"),

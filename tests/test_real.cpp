@@ -305,13 +305,15 @@ void verify_output(const fs::path& input, const fs::path& out, const QuantizeSum
     }
   }
 
-  // config.json: the input's (if any) plus quantization_config; the other
-  // files of an input directory are copied byte for byte.
+  // config.json: the input's (if any; a single file's directory's) plus
+  // quantization_config; the other files of an input directory are copied
+  // byte for byte.
   json config = read_json(out / "config.json");
   ASSERT_TRUE(config.contains("quantization_config"));
   config.erase("quantization_config");
-  if (fs::is_directory(input) && fs::exists(input / "config.json")) {
-    EXPECT_EQ(config, read_json(input / "config.json"));
+  const fs::path config_dir = fs::is_directory(input) ? input : input.parent_path();
+  if (fs::exists(config_dir / "config.json")) {
+    EXPECT_EQ(config, read_json(config_dir / "config.json"));
   } else {
     EXPECT_EQ(config, json::object());
   }

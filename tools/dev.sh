@@ -13,6 +13,8 @@
 #                         against an arm64 sysroot: the host's packages are
 #                         not touched) and run the kernel tests and the
 #                         golden cases under qemu-user (README)
+#   tools/dev.sh realref-check [--keep]  load ctquant's outputs in transformers +
+#                         compressed-tensors (tools/realref-check.sh; root)
 # Each command prints how long its steps took; docs/build.md lists them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -170,6 +172,13 @@ case "${1:-}" in
   cross-arm64)
     cross_arm64
     ;;
+  realref-check)
+    BUILD_TARGET=ctquant build
+    BUILD_TARGET=ctquant_make_checkpoint build
+    as_root env ${REALREF_DIR:+REALREF_DIR="$REALREF_DIR"} ${REALREF_ROOT:+REALREF_ROOT="$REALREF_ROOT"} \
+      ${CT_REPO:+CT_REPO="$CT_REPO"} ${LLMC_REPO:+LLMC_REPO="$LLMC_REPO"} BUILD_DIR="$BUILD_DIR" \
+      bash tools/realref-check.sh "${@:2}"
+    ;;
   sanitize-build)
     # Used by tools/fuzz.sh: configure and build one target of the sanitizer build.
     install_packages "${PACKAGES[@]}" "${SANITIZE_PACKAGES[@]}"
@@ -177,7 +186,7 @@ case "${1:-}" in
     cmake --build "$SANITIZE_BUILD_DIR" -j "$(nproc)" --target "${2:?target}"
     ;;
   *)
-    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build|deps|cross-arm64" >&2
+    echo "usage: tools/dev.sh sample|test|sanitize|fuzz [SECONDS]|build|deps|cross-arm64|realref-check" >&2
     exit 2
     ;;
 esac

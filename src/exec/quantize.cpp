@@ -224,22 +224,25 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     log->info("{}: {} shard(s), {} tensors, {} bytes of tensor data", options.input.string(),
               checkpoint.shards.size(), checkpoint.tensors.size(), checkpoint.total_tensor_bytes());
   }
+  if (log && checkpoint.config_beside_file) {
+    log->info("{}: a single .safetensors file; the model's config.json is read from {}",
+              options.input.string(), (checkpoint.root / kConfigFileName).string());
+  }
   if (log) {
     for (const std::string& entry : checkpoint.skipped_entries) {
       log->warn("{}: {}: not a regular file; not copied to OUTPUT", options.input.string(), entry);
     }
   }
   if (log) {
-    // Not part of the checkpoint the index describes: not written (vLLM and
-    // model_free_ptq read only the listed shards and tensors).
+    // Not part of the checkpoint the index describes: not written (vLLM
+    // reads only the files the index lists).
     for (const std::string& name : checkpoint.unlisted_files) {
       log->warn("{}: a .safetensors file {} does not list; not copied to OUTPUT", name,
                 kIndexFileName);
     }
-    for (const auto& [file, tensor] : checkpoint.unindexed) {
-      log->warn("{}: tensor '{}' is not listed in {}; not written", file, tensor,
-                kIndexFileName);
-    }
+    // Tensors of listed shards that weight_map omits are part of the model
+    // (vLLM reads every tensor of a listed file): written like any other.
+    for (const std::string& line : index_omission_lines(checkpoint)) log->warn("{}", line);
   }
   QuantizeSummary summary;
   summary.phases.open = lap();

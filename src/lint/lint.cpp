@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -55,11 +56,6 @@ bool names_prefixed_at_load(const Checkpoint& checkpoint) {
 namespace {
 
 constexpr std::size_t kMaxNearMisses = 5;
-
-std::string last_component(const std::string& module) {
-  const auto dot = module.rfind('.');
-  return dot == std::string::npos ? module : module.substr(dot + 1);
-}
 
 std::string param_of(const std::string& tensor) {
   const auto dot = tensor.rfind('.');
@@ -178,6 +174,8 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
   const std::size_t first_given =
       role == ModuleMatcher::Role::kIgnore ? ctx.plan.n_default_ignore : 0;
   const ModuleMatcher matcher(entries, role);
+  // A group's only targets entry cannot simply go: its fix is to correct it.
+  const bool removable = role == ModuleMatcher::Role::kIgnore || entries.size() > 1;
   for (std::size_t i = first_given; i < entries.size(); ++i) {
     if (i < matches.size() && !matches[i].empty()) continue;
     const std::string& entry = entries[i];
@@ -185,7 +183,17 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
     Finding f;
     f.id = "L1";
     if (!anywhere.empty()) {
-      // It names real modules, but none the quantizer could take.
+      // It names real modules, but none the quantizer could take. Where
+      // vLLM would build one of them quantized, the entry is what keeps
+      // vLLM from looking for weight_packed (an empty weight is written as
+      // it is): not pointless, so nothing to say.
+      if (std::any_of(anywhere.begin(), anywhere.end(), [&](const std::string& m) {
+            const ModuleInfo* info = ctx.plan.roles.find(m);
+            return role == ModuleMatcher::Role::kIgnore && info != nullptr &&
+                   info->build == VllmBuild::kQuantizable;
+          })) {
+        continue;
+      }
       f.severity = Severity::kInfo;
       std::vector<std::string> described;
       for (const auto& m : anywhere) {
@@ -198,8 +206,21 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
           "ctquant never quantizes, so the entry changes nothing",
           what, entry, join(described, kMaxNearMisses));
       f.fix = "none needed; remove the entry to silence this";
+      if (removable) {
+        f.fix_removes = entry;
+        f.fix_removes_target = role == ModuleMatcher::Role::kTargets;
+      }
       out.push_back(std::move(f));
       continue;
+    }
+    // An ignore entry for the head transformers builds although the
+    // checkpoint has none (a tied model or a draft; absent_head_entry())
+    // keeps transformers able to load.
+    if (role == ModuleMatcher::Role::kIgnore) {
+      if (const auto head = absent_head_entry(ctx.plan.roles, /*drafts=*/true);
+          head && matcher.entry_matches(i, *head)) {
+        continue;
+      }
     }
     f.severity = Severity::kWarning;
     const std::string word = last_word(entry);
@@ -212,9 +233,14 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
     for (const auto& m : near) {
       if (const TensorDecision* w = ctx.weight_of(m)) f.tensors.push_back(w->name);
     }
+    if (removable) {
+      f.fix_removes = entry;
+      f.fix_removes_target = role == ModuleMatcher::Role::kTargets;
+    }
     if (const auto hint = detail::entry_near_miss(ctx.plan, ctx.modules, entry, what)) {
-      f.message = fmt::format("{} entry '{}' matched 0 modules: {}", what, entry, hint->first);
-      f.fix = hint->second;
+      f.message = fmt::format("{} entry '{}' matched 0 modules: {}", what, entry, hint->found);
+      f.fix = hint->fix;
+      (f.fix_removes_target ? f.fix_targets : f.fix_ignore) = hint->entries;
     } else if (near.empty()) {
       f.message = word.empty()
                       ? fmt::format("{} entry '{}' matched 0 modules", what, entry)
@@ -232,8 +258,10 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
         return !regex_pattern(entry) && (entry.ends_with("." + m) || m.ends_with("." + entry));
       });
       if (prefixed != near.end()) {
-        f.fix = fmt::format("the names differ by a prefix: use --{} 're:.*{}$'", what,
-                            regex_escape(prefixed->size() < entry.size() ? *prefixed : entry));
+        const std::string both =
+            "re:.*" + regex_escape(prefixed->size() < entry.size() ? *prefixed : entry) + "$";
+        f.fix = fmt::format("the names differ by a prefix: use --{} '{}' instead", what, both);
+        (f.fix_removes_target ? f.fix_targets : f.fix_ignore) = {both};
       } else {
         f.fix =
             "write the entry against the names as stored (see the near misses and `ctquant "
@@ -369,7 +397,7 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
       std::vector<std::string> members;
       for (const auto& t : s.tensors) members.push_back(module_of(t));
       f.fix = fmt::format("quantize all experts of a layer or none: {}",
-                          detail::ignore_fix(ctx.plan.roles, members));
+                          detail::set_ignore_fix(f, ctx.plan.roles, members));
     } else {
       f.message = fmt::format(
           "fused layer {} is split in {} ({}): {} quantized but {} not, or not the same way ({}); "
@@ -380,7 +408,7 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
       for (const auto& t : s.tensors) members.push_back(module_of(t));
       f.fix = fmt::format(
           "quantize them all (narrow the ignore entry that takes {} out) or none ({})",
-          join(kept, 8), detail::ignore_fix(ctx.plan.roles, members));
+          join(kept, 8), detail::set_ignore_fix(f, ctx.plan.roles, members));
     }
     out.push_back(std::move(f));
   }
@@ -410,7 +438,8 @@ void lint_dflash_qkv(const LintContext& ctx, std::vector<Finding>& out) {
       "with it in 16 bits; {} would be quantized: {}",
       plural(f.tensors.size(), "tensor"), join(f.tensors, 4));
   // re:.*[qkv]_proj$ also takes qkv_proj.
-  f.fix = separate ? "--ignore 're:.*[qkv]_proj$'" : "--ignore 're:.*qkv_proj$'";
+  f.fix_ignore = {separate ? "re:.*[qkv]_proj$" : "re:.*qkv_proj$"};
+  f.fix = detail::option_list("ignore", f.fix_ignore);
   out.push_back(std::move(f));
 }
 
@@ -537,10 +566,28 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
         unloadable ? "" : " (current vLLM pads these shapes and runs them)",
         unloadable ? "that" : "these releases",
         working.empty() ? fmt::format("none of {}", join(tried, 8)) : join(working, 8));
-    // Exactly these modules and the rest of their fused groups, no more.
+    // Exactly these modules and the rest of their fused groups, no more:
+    // an expert takes every expert of its MoE layer with it (vLLM loads the
+    // layer's experts as one fused layer with one scheme: L3, and decides
+    // the layer by its experts.0 probes: L13).
     std::vector<std::string> keep;
+    std::set<std::string> moe_layers;
     for (const auto& t : s.tensors) {
       const std::string module = module_of(t);
+      if (const auto group = fused_group_of(module); group && group->first == "experts") {
+        moe_layers.insert(group->second);
+      }
+    }
+    for (const LintWeight& w : ctx.weights) {
+      const auto group = fused_group_of(w.module);
+      if (group && group->first == "experts" && moe_layers.contains(group->second) &&
+          std::find(keep.begin(), keep.end(), w.module) == keep.end()) {
+        keep.push_back(w.module);
+      }
+    }
+    for (const auto& t : s.tensors) {
+      const std::string module = module_of(t);
+      if (std::find(keep.begin(), keep.end(), module) != keep.end()) continue;
       keep.push_back(module);
       for (const auto& sibling : s.fused_siblings) {
         const std::string other =
@@ -554,9 +601,12 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
     const std::vector<std::string> siblings(s.fused_siblings.begin(), s.fused_siblings.end());
     f.fix = fmt::format(
         "keep {}{} in 16 bits: {}{}", s.tensors.size() == 1 ? "it" : "them",
-        siblings.empty() ? std::string()
-                         : fmt::format(" with the rest of the fused group ({})", join(siblings, 8)),
-        detail::ignore_fix(ctx.plan.roles, keep),
+        !moe_layers.empty()
+            ? fmt::format(" with every expert of {}", plural(moe_layers.size(), "MoE layer"))
+        : siblings.empty()
+            ? std::string()
+            : fmt::format(" with the rest of the fused group ({})", join(siblings, 8)),
+        detail::set_ignore_fix(f, ctx.plan.roles, keep),
         working.empty() ? std::string()
                         : fmt::format(", or serve with --tp {}", join(working, 8, " or ")));
     out.push_back(std::move(f));
@@ -652,20 +702,10 @@ void lint_kernel_args(const LintContext& ctx, std::vector<Finding>& out) {
 }
 
 // ---- L6: tied embeddings with a quantized lm_head ----
-bool ties_word_embeddings(const Checkpoint& checkpoint) {
-  if (!checkpoint.config) return false;
-  const auto tied = [](const json& c) {
-    const auto it = c.find("tie_word_embeddings");
-    return it != c.end() && it->is_boolean() && it->get<bool>();
-  };
-  const json& config = *checkpoint.config;
-  if (tied(config)) return true;
-  const auto text = config.find("text_config");
-  return text != config.end() && text->is_object() && tied(*text);
-}
-
+// config.json's flag as vLLM and transformers read it (a flag that is not a
+// JSON boolean is refused before: check_tie_flag in roles.hpp).
 void lint_tied_lm_head(const LintContext& ctx, std::vector<Finding>& out) {
-  if (!ties_word_embeddings(ctx.checkpoint)) return;
+  if (!ctx.plan.roles.dims.tied) return;
   for (const LintWeight& d : ctx.weights) {
     if (!d.quantized || last_component(d.module) != "lm_head") continue;
     Finding f;
@@ -676,10 +716,33 @@ void lint_tied_lm_head(const LintContext& ctx, std::vector<Finding>& out) {
         "config.json has tie_word_embeddings: true, so vLLM shares lm_head with the embedding "
         "and never loads '{}'; quantizing it makes a layer that no loader reads",
         d.tensor);
-    f.fix = d.module == "lm_head" ? "--ignore lm_head (the default ignore list has it)"
-                                  : fmt::format("--ignore 're:.*\\.lm_head$'");
+    f.fix = fmt::format("{} (the default ignore list has it)",
+                        detail::set_ignore_fix(f, ctx.plan.roles, {d.module}));
     out.push_back(std::move(f));
   }
+  // No lm_head tensor: transformers still builds the head as a Linear and
+  // ties it after compressed-tensors has converted the targeted Linear
+  // layers, so the ignore list must name it (absent_head_entry()).
+  const std::optional<std::string> head = absent_head_entry(ctx.plan.roles, /*drafts=*/false);
+  if (!head) return;
+  const ModuleMatcher ignore(ctx.plan.options.ignore, ModuleMatcher::Role::kIgnore);
+  for (std::size_t i = 0; i < ctx.plan.options.ignore.size(); ++i) {
+    if (ignore.entry_matches(i, *head)) return;
+  }
+  Finding f;
+  f.id = "L6";
+  f.severity = Severity::kWarning;
+  f.message = fmt::format(
+      "config.json has tie_word_embeddings: true and the checkpoint has no lm_head tensor, but "
+      "no ignore entry names '{}': transformers builds the head as a Linear, compressed-tensors "
+      "converts it with the other targeted layers, and tying it to the embedding then fails "
+      "(transformers 5.12, compressed-tensors 0.18: AttributeError: Linear has no attribute "
+      "'weight'); vLLM loads the model either way",
+      *head);
+  f.fix_ignore = {*head};
+  f.fix = fmt::format("{} (the default ignore list has it)",
+                      detail::option_list("ignore", f.fix_ignore));
+  out.push_back(std::move(f));
 }
 
 // ---- L8: re: entries that take modules by a prefix of their names ----
@@ -714,7 +777,10 @@ void lint_prefix_matches(const std::vector<std::string>& entries,
         "{} entry '{}' matches {} only by a prefix of the name (re: entries are anchored at the "
         "start, not the end): {}",
         what, entries[i], plural(prefix_only.size(), "module"), join(prefix_only, kMaxNearMisses));
-    f.fix = fmt::format("if you meant whole names, write --{} 're:{}'", what, anchored);
+    f.fix = fmt::format("if you meant whole names, write --{} 're:{}' instead", what, anchored);
+    f.fix_removes = entries[i];
+    f.fix_removes_target = role == ModuleMatcher::Role::kTargets;
+    (f.fix_removes_target ? f.fix_targets : f.fix_ignore) = {"re:" + anchored};
     out.push_back(std::move(f));
   }
 }
@@ -818,9 +884,61 @@ void lint_nothing_quantized(const LintContext& ctx, std::vector<Finding>& out) {
 
 }  // namespace
 
-std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
-                              const LintOptions& options) {
-  if (options.tp == 0) throw usage_error("--tp must be at least 1");
+namespace {
+
+std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                              const LintOptions& options, bool check_fixes);
+
+// A fix that takes an entry out (or rewrites it) or sets an option can
+// quantize modules the run keeps, and so lead into an error of its own (an
+// unanchored pattern anchored, an ignore entry removed, --quantize-vision):
+// the changed options are planned and linted once, and the fix is kept only
+// when no error appears that the run did not have (a tensor of an error of
+// the same rule). Fixes that only add ignore entries keep whole fused and
+// MoE layers (keep_entries) and are checked by the tests.
+void check_option_fix(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                      const LintOptions& options, const std::vector<Finding>& findings,
+                      Finding& f) {
+  if (f.fix_removes.empty() && f.fix_options.empty()) return;
+  PlanOptions given = plan.options;  // without the default entries make_plan adds
+  given.ignore.assign(plan.options.ignore.begin() +
+                          static_cast<std::ptrdiff_t>(plan.n_default_ignore),
+                      plan.options.ignore.end());
+  const PlanOptions changed = apply_fix(std::move(given), f);
+  std::map<std::string, std::set<std::string>> before;  // rule -> tensors of its errors
+  for (const Finding& g : findings) {
+    if (g.severity == Severity::kError) before[g.id].insert(g.tensors.begin(), g.tensors.end());
+  }
+  std::string stopped;
+  try {
+    const QuantizePlan again = make_plan(checkpoint, changed);
+    for (const Finding& g : lint_all(checkpoint, again, options, /*check_fixes=*/false)) {
+      if (g.severity != Severity::kError) continue;
+      const auto it = before.find(g.id);
+      const bool known =
+          it != before.end() && std::all_of(g.tensors.begin(), g.tensors.end(),
+                                            [&](const std::string& t) { return it->second.contains(t); });
+      if (!known) {
+        stopped = fmt::format("{} error: {}", g.id, g.message);
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    stopped = e.what();
+  }
+  if (stopped.empty()) return;
+  constexpr std::size_t kShown = 200;
+  if (stopped.size() > kShown) stopped = stopped.substr(0, kShown) + " ...";
+  f.fix = fmt::format("{}; but lint would then stop the run ({})", f.fix, stopped);
+  f.fix_removes.clear();
+  f.fix_removes_target = false;
+  f.fix_ignore.clear();
+  f.fix_targets.clear();
+  f.fix_options.clear();
+}
+
+std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                              const LintOptions& options, bool check_fixes) {
   const LintContext ctx(checkpoint, plan);
   const detail::RolesLint roles(checkpoint, plan);
   std::vector<Finding> findings;
@@ -848,7 +966,52 @@ std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& 
   lint_unshared_global_scales(ctx, findings);
   roles.unloadable_modules(findings);
   roles.vllm_expectations(findings);
+  roles.sixteen_bit_share(findings);
+  roles.engine_modules(findings);
+  roles.missing_head(findings);
+  if (check_fixes) {
+    const std::vector<Finding> as_found = findings;
+    for (Finding& f : findings) check_option_fix(checkpoint, plan, options, as_found, f);
+  }
   return findings;
+}
+
+}  // namespace
+
+std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                              const LintOptions& options) {
+  if (options.tp == 0) throw usage_error("--tp must be at least 1");
+  return lint_all(checkpoint, plan, options, /*check_fixes=*/true);
+}
+
+bool has_fix(const Finding& f) {
+  return !f.fix_removes.empty() || !f.fix_ignore.empty() || !f.fix_targets.empty() ||
+         !f.fix_options.empty();
+}
+
+PlanOptions apply_fix(PlanOptions given, const Finding& f) {
+  if (!f.fix_removes.empty()) {
+    if (f.fix_removes_target) {
+      for (SchemeGroup& g : given.groups) std::erase(g.targets, f.fix_removes);
+    } else {
+      std::erase(given.ignore, f.fix_removes);
+    }
+  }
+  for (const std::string& e : f.fix_ignore) {
+    if (std::find(given.ignore.begin(), given.ignore.end(), e) == given.ignore.end()) {
+      given.ignore.push_back(e);
+    }
+  }
+  if (!f.fix_targets.empty() && !given.groups.empty()) {
+    for (const std::string& t : f.fix_targets) given.groups.front().targets.push_back(t);
+  }
+  for (const std::string& o : f.fix_options) {
+    if (o != "--quantize-vision") {
+      throw std::logic_error(fmt::format("{}: fix option {} is not one apply_fix knows", f.id, o));
+    }
+    given.quantize_vision = true;
+  }
+  return given;
 }
 
 std::vector<const Finding*> blocking_findings(const std::vector<Finding>& findings, bool strict,

@@ -8,6 +8,8 @@
 
 namespace ctquant::detail {
 
+using nlohmann::json;
+
 namespace {
 
 std::string join(const std::vector<std::string>& items, std::size_t max_items,
@@ -59,20 +61,67 @@ std::vector<std::string> all_targets(const PlanOptions& options) {
   return out;
 }
 
-std::string ignore_fix(const RoleAnalysis& roles, const std::vector<std::string>& modules) {
+std::string option_list(const char* option, const std::vector<std::string>& entries) {
   std::string out;
-  for (const std::string& e : narrow_ignore_entries(roles, modules)) {
-    out += fmt::format("{}--ignore '{}'", out.empty() ? "" : " ", e);
+  for (const std::string& e : entries) {
+    out += fmt::format("{}--{} '{}'", out.empty() ? "" : " ", option, e);
   }
   return out;
 }
 
-RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
-    : plan_(plan),
-      rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
-  for (const TensorDecision& d : plan.decisions) {
-    if (checkpoint.holds(d.source)) by_tensor_.emplace(d.name, &d);
+std::vector<std::string> with_layer_members(const RoleAnalysis& roles,
+                                            std::vector<std::string> modules) {
+  // A vLLM layer built from several modules (a draft's fused layers too,
+  // whose shards vLLM names by the fused name).
+  std::map<std::string, std::size_t> members_of;
+  for (const ModuleInfo& m : roles.modules) ++members_of[m.vllm_layer];
+  const auto shares_a_layer = [&](const ModuleInfo& m) {
+    return m.vllm_layer != m.vllm_name || members_of[m.vllm_layer] > 1 ||
+           m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts;
+  };
+  std::set<std::string> layers;
+  for (const std::string& name : modules) {
+    const ModuleInfo* m = roles.find(name);
+    if (m != nullptr && shares_a_layer(*m)) layers.insert(m->vllm_layer);
   }
+  if (layers.empty()) return modules;
+  for (const ModuleInfo& m : roles.modules) {
+    if (shares_a_layer(m) && layers.contains(m.vllm_layer) &&
+        std::find(modules.begin(), modules.end(), m.module) == modules.end()) {
+      modules.push_back(m.module);
+    }
+  }
+  return modules;
+}
+
+// " (with the rest of ...)" when with_layer_members() adds modules.
+std::string layer_note(const RoleAnalysis& roles, const std::vector<std::string>& modules) {
+  return with_layer_members(roles, modules).size() == modules.size()
+             ? std::string()
+             : std::string(" (with the rest of its fused or MoE layer: vLLM builds the layer "
+                           "with one scheme)");
+}
+
+std::vector<std::string> keep_entries(const RoleAnalysis& roles,
+                                      const std::vector<std::string>& modules) {
+  return narrow_ignore_entries(roles, with_layer_members(roles, modules));
+}
+
+std::string ignore_fix(const RoleAnalysis& roles, const std::vector<std::string>& modules) {
+  return option_list("ignore", keep_entries(roles, modules));
+}
+
+std::string set_ignore_fix(Finding& f, const RoleAnalysis& roles,
+                           const std::vector<std::string>& modules) {
+  f.fix_ignore = keep_entries(roles, modules);
+  return option_list("ignore", f.fix_ignore);
+}
+
+RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
+    : checkpoint_(checkpoint),
+      plan_(plan),
+      rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
+  for (const TensorDecision& d : plan.decisions) by_tensor_.emplace(d.name, &d);
 }
 
 const TensorDecision* RolesLint::decision_of(const ModuleInfo& m) const {
@@ -157,8 +206,12 @@ void RolesLint::literal_entries(std::vector<Finding>& out) const {
                              "16 bits"
                            : "(another entry keeps it in 16 bits in vLLM, so nothing breaks)",
         "");
-    f.fix = miss.consequential ? fmt::format("use {} instead", ignore_fix(plan_.roles, modules))
-                               : "none needed; remove the entry to silence this";
+    if (miss.consequential) {
+      f.fix = fmt::format("use {} instead", set_ignore_fix(f, plan_.roles, modules));
+    } else {
+      f.fix = "none needed; remove the entry to silence this";
+    }
+    f.fix_removes = entry;
     out.push_back(std::move(f));
   }
 }
@@ -240,7 +293,7 @@ void RolesLint::stacked_experts(std::vector<Finding>& out) const {
         "there): {}",
         unignored.size(), unignored.size() == 1 ? "tensor" : "tensors", join(why, 2, "; "));
     f.fix = fmt::format("keep the MoE layers unquantized in vLLM: {}",
-                        ignore_fix(plan_.roles, unignored_modules));
+                        set_ignore_fix(f, plan_.roles, unignored_modules));
     out.push_back(std::move(f));
   }
 }
@@ -280,7 +333,7 @@ void RolesLint::unloadable_modules(std::vector<Finding>& out) const {
         plural(f.tensors.size(), role_name(role)), join(modules[role], 4),
         f.tensors.size() == 1 ? "it" : "them", join(why, 2, "; "));
     f.fix = fmt::format("keep {} in 16 bits: {}{}", f.tensors.size() == 1 ? "it" : "them",
-                        ignore_fix(plan_.roles, modules[role]),
+                        set_ignore_fix(f, plan_.roles, modules[role]),
                         plan_.options.default_ignore
                             ? ""
                             : " (the default ignore list has them; --no-default-ignore dropped it)");
@@ -304,9 +357,18 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
       planned_states[m.vllm_layer].insert(planned_packed(m));
     }
   }
+  // Every mismatch of a layer L3 reports (the experts of a MoE layer, q/k/v,
+  // gate/up): its fix, keeping all or none, is the one that resolves vLLM's
+  // reading too; an entry for vLLM's probes alone would move the mismatch
+  // to the other members.
+  const auto l3_reports = [](const ModuleInfo& m) {
+    static const std::set<std::string> kFusedMembers = {"q_proj", "k_proj", "v_proj",
+                                                        "gate_proj", "up_proj"};
+    return m.role == ModuleRole::kExpert || kFusedMembers.contains(last_component(m.module));
+  };
   for (const Mismatch& mm : all) {
-    if (mm.expectation.state == VllmExpectation::State::kRefused &&
-        planned_states[mm.module->vllm_layer].size() > 1) {
+    if (planned_states[mm.module->vllm_layer].size() > 1 &&
+        (mm.expectation.state == VllmExpectation::State::kRefused || l3_reports(*mm.module))) {
       explained.insert(mm.module);
     }
   }
@@ -356,7 +418,7 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
             plural(layers.size(), "layer"), g.why);
         f.fix = fmt::format(
             "keep the whole fused layer or MoE layer in 16 bits, or none of it: {}",
-            ignore_fix(plan_.roles, g.modules));
+            set_ignore_fix(f, plan_.roles, g.modules));
         break;
       case 1:
         f.message = fmt::format(
@@ -364,7 +426,7 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
             "and leaves {} unquantized ({}), so it would look for a 16-bit .weight",
             modules, layers.size() == 1 ? "its layer" : "their layers", g.why);
         f.fix = "narrow the ignore entry that matches vLLM's name, or keep the module in 16 bits "
-                "too: " + ignore_fix(plan_.roles, g.modules);
+                "too: " + set_ignore_fix(f, plan_.roles, g.modules);
         break;
       case 2:
         f.message = fmt::format(
@@ -372,7 +434,7 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
             "so vLLM would build it quantized and look for weight_packed",
             modules, layers.size() == 1 ? "it" : "them", join(layers, 3), g.why);
         f.fix = fmt::format("add an entry that matches both names: {}",
-                            ignore_fix(plan_.roles, g.modules));
+                            set_ignore_fix(f, plan_.roles, g.modules));
         break;
       default:
         f.message = fmt::format(
@@ -380,17 +442,279 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
             g.modules.size() == 1 ? "is" : "are", g.why);
         f.fix = fmt::format("name {} in the ignore list: {}",
                             g.modules.size() == 1 ? "it" : "them",
-                            ignore_fix(plan_.roles, g.modules));
+                            set_ignore_fix(f, plan_.roles, g.modules));
         break;
     }
     out.push_back(std::move(f));
   }
 }
 
-std::optional<std::pair<std::string, std::string>> entry_near_miss(
-    const QuantizePlan& plan, const std::vector<std::string>& modules, const std::string& entry,
-    const char* option) {
+// ---- L15 ----
+namespace {
+
+bool is_tower(Component c) {
+  return c == Component::kVision || c == Component::kAudio || c == Component::kProjector;
+}
+
+std::string percent(std::uint64_t part, std::uint64_t whole) {
+  return fmt::format("{:.1f}%", whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) /
+                                                        static_cast<double>(whole));
+}
+
+}  // namespace
+
+void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
+  const std::uint64_t total = plan_.linear_params;
+  if (total == 0 || plan_.n_quantized == 0) return;  // nothing quantized is L9's
+  // Parameters kept in 16 bits, by why.
+  struct Kept {
+    std::uint64_t params = 0;
+    std::vector<std::string> modules;
+    std::string option;   // what changes it ("" none)
+    std::string removes;  // a user ignore entry whose removal changes it
+    bool vision = false;  // --quantize-vision changes it
+    // Some of its modules are ones the default list keeps (vLLM needs them
+    // in 16 bits): no option changes that.
+    std::string needed;
+  };
+  std::map<std::string, Kept> kept;
+  std::vector<std::string> order;
+  std::vector<std::string> tensors;
+  const auto add = [&](const ModuleInfo& m, const std::string& module, std::uint64_t params,
+                       const std::optional<std::size_t>& ignore_entry, const std::string& rule) {
+    std::string key;
+    Kept proto;
+    if (ignore_entry && *ignore_entry >= plan_.n_default_ignore) {
+      const std::string& entry = plan_.options.ignore[*ignore_entry];
+      key = fmt::format("your ignore entry '{}'", entry);
+      proto.option = fmt::format("remove the ignore entry '{}'", entry);
+      proto.removes = entry;
+    } else if (ignore_entry) {
+      key = fmt::format("the default ignore list ({})",
+                        *ignore_entry < plan_.ignore_reasons.size()
+                            ? plan_.ignore_reasons[*ignore_entry]
+                            : plan_.options.ignore[*ignore_entry]);
+      if (is_tower(m.component)) {
+        proto.option = "--quantize-vision quantizes vision and audio towers and projectors";
+        proto.vision = true;
+      }
+    } else {
+      key = rule;
+    }
+    auto [it, inserted] = kept.try_emplace(key, std::move(proto));
+    if (inserted) order.push_back(key);
+    it->second.params += params;
+    it->second.modules.push_back(module);
+    if (m.action == DefaultAction::kKeep && !is_tower(m.component) &&
+        it->second.needed.empty()) {
+      it->second.needed = m.reason;
+    }
+    if (std::find(tensors.begin(), tensors.end(), m.tensor) == tensors.end()) {
+      tensors.push_back(m.tensor);
+    }
+  };
+  // MoE layers whose experts all stay in 16 bits: (packed seen, kept seen).
+  std::map<std::string, std::pair<bool, bool>> moe;
+  for (const ModuleInfo& m : plan_.roles.modules) {
+    if (!is_linear_weight_role(m.role)) continue;
+    const TensorDecision* d = decision_of(m);
+    if (d == nullptr) continue;
+    const bool expert = m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts;
+    const std::string layer = m.role == ModuleRole::kStackedExperts && m.stacked
+                                  ? plan_.roles.stacked[*m.stacked].moe_layer
+                                  : m.vllm_layer;
+    if (d->modules.empty()) {  // copied whole
+      std::uint64_t params = 1;
+      for (const std::uint64_t n : m.shape) params *= n;
+      add(m, m.module, params, d->ignore_entry, d->rule);
+      if (expert) moe[layer].second = true;
+      continue;
+    }
+    for (const std::size_t mi : d->modules) {
+      const PlannedModule& pm = plan_.modules[mi];
+      const bool packed = pm.kind == PlannedModule::Kind::kQuantize;
+      if (expert) (packed ? moe[layer].first : moe[layer].second) = true;
+      if (!packed) add(m, pm.name, pm.source.rows * pm.source.cols, pm.ignore_entry, pm.rule);
+    }
+  }
+  std::size_t whole_layers = 0;
+  for (const auto& [layer, state] : moe) {
+    if (!state.first && state.second) ++whole_layers;
+  }
+  const std::uint64_t quantized = plan_.linear_params_quantized;
+  const bool low = static_cast<double>(quantized) <
+                   kMinQuantizedShare * static_cast<double>(total);
+  if (!low && whole_layers == 0) return;
+  std::stable_sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+    return kept.at(a).params > kept.at(b).params;
+  });
+  std::vector<std::string> reasons;
+  std::vector<std::string> options;
+  Finding f;
+  f.id = "L15";
+  f.severity = Severity::kWarning;
+  f.tensors = tensors;
+  for (const std::string& key : order) {
+    Kept& k = kept.at(key);
+    if (!k.needed.empty()) {  // what the default list would keep too
+      k.option.clear();
+      k.removes.clear();
+      k.vision = false;
+    }
+    reasons.push_back(fmt::format(
+        "{} in {} ({}, e.g. {}): {}{}", percent(k.params, total), plural(k.modules.size(), "weight"),
+        k.option.empty() ? "no option changes it" : k.option, k.modules.front(), key,
+        k.needed.empty() || key.find(k.needed) != std::string::npos
+            ? std::string()
+            : fmt::format(", which also keeps what vLLM needs in 16 bits ({})", k.needed)));
+    if (!k.option.empty() &&
+        std::find(options.begin(), options.end(), k.option) == options.end()) {
+      options.push_back(k.option);
+      // The machine-applicable fix: the first (largest) reason an option
+      // changes.
+      if (f.fix_removes.empty() && f.fix_options.empty()) {
+        if (!k.removes.empty()) f.fix_removes = k.removes;
+        if (k.vision) f.fix_options = {"--quantize-vision"};
+      }
+    }
+  }
+  f.message = fmt::format(
+      "{} of the linear layers' weight parameters would be quantized ({} of {}; embeddings and "
+      "output heads not counted){}{}; in 16 bits: {}",
+      percent(quantized, total), quantized, total,
+      low ? fmt::format(", below {:.0f}%", 100.0 * kMinQuantizedShare) : "",
+      whole_layers == 0
+          ? std::string()
+          : fmt::format(", and the experts of {} stay in 16 bits as a whole",
+                        plural(whole_layers, "MoE layer")),
+      join(reasons, 4, "; "));
+  // The option for the largest share an option changes (run_lint keeps it
+  // only if the changed run passes lint).
+  f.fix = options.empty()
+              ? "no option of ctquant quantizes these weights loadably (see why above); the output "
+                "keeps them in 16 bits, which is what vLLM loads"
+              : options.front();
+  out.push_back(std::move(f));
+}
+
+// ---- L16 ----
+void RolesLint::engine_modules(std::vector<Finding>& out) const {
+  struct Kind {
+    const char* what;
+    const char* engines;
+  };
+  // What each engine builds for the module (the files read, at their commits).
+  static const Kind kEagleFc{
+      "EAGLE-3 fc",
+      "vLLM builds fc as ReplicatedLinear with the draft's quantization config and loads it "
+      "packed (vllm/model_executor/models/llama_eagle3.py@00bd1493); SGLang builds a plain "
+      "torch.nn.Linear (python/sglang/srt/models/llama_eagle3.py@03d5a777) and its loader skips "
+      "tensors it has no parameter for, so fc.weight_packed is dropped and fc keeps its random "
+      "initial values"};
+  static const Kind kDflashFc{
+      "DFlash fc",
+      "vLLM builds fc as ReplicatedLinear with the draft's quantization config and loads it "
+      "packed (vllm/model_executor/models/qwen3_dflash.py@036a00d1); SGLang's DFlash draft "
+      "builds it as a plain torch.nn.Linear in older releases "
+      "(python/sglang/srt/models/dflash.py@7f151c5e, which cannot load it packed) and as "
+      "ReplicatedLinear with the quantization config in current ones (dflash.py@003b23d7)"};
+  static const Kind kMtpFc{
+      "MTP fc",
+      "vLLM builds mtp.fc as ColumnParallelLinear with the model's quantization config and "
+      "loads it packed (vllm/model_executor/models/qwen3_next_mtp.py@055e47c2); SGLang builds "
+      "a plain torch.nn.Linear (python/sglang/srt/models/qwen3_next_mtp.py@00534216), which "
+      "cannot load it packed"};
+  static const Kind kSelector{
+      "DFlash2 candidate selector and convolution projections",
+      "vLLM's DFlash drafts build no candidate selector or convolutions "
+      "(vllm/model_executor/models/qwen3_dflash.py@036a00d1); xLLM's DFlash2 copies "
+      "hidden_projection.weight and kernel_projection.weight as 16-bit tensors "
+      "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so packed they load nowhere"};
+  const std::string family = plan_.roles.family != nullptr ? plan_.roles.family->name : "";
+  std::map<const Kind*, std::vector<const ModuleInfo*>> found;
+  std::vector<const Kind*> order;
+  for (const ModuleInfo& m : plan_.roles.modules) {
+    if (!planned_packed(m)) continue;
+    const std::string last = last_component(m.module);
+    const std::string parent = last_component(module_of(m.module));
+    const Kind* kind = nullptr;
+    if (family == "EAGLE-3 draft" && last == "fc") {
+      kind = &kEagleFc;
+    } else if (family == "DFlash draft" && last == "fc") {
+      kind = &kDflashFc;
+    } else if ((last == "hidden_projection" && parent == "candidate_selector") ||
+               (last == "kernel_projection" && parent.ends_with("_conv"))) {
+      kind = &kSelector;
+    } else if (m.component == Component::kMtp && last == "fc") {
+      kind = &kMtpFc;
+    }
+    if (kind == nullptr) continue;
+    auto [it, inserted] = found.try_emplace(kind);
+    if (inserted) order.push_back(kind);
+    it->second.push_back(&m);
+  }
+  for (const Kind* kind : order) {
+    Finding f;
+    f.id = "L16";
+    f.severity = Severity::kWarning;
+    std::vector<std::string> modules;
+    for (const ModuleInfo* m : found.at(kind)) {
+      f.tensors.push_back(m->tensor);
+      modules.push_back(m->module);
+    }
+    f.message = fmt::format("{} would be packed ({}): {}", kind->what, join(modules, 4),
+                            kind->engines);
+    f.fix = fmt::format("to serve the output with every engine, keep {} in 16 bits: {}",
+                        modules.size() == 1 ? "it" : "them",
+                        set_ignore_fix(f, plan_.roles, modules));
+    out.push_back(std::move(f));
+  }
+}
+
+// ---- L17 ----
+void RolesLint::missing_head(std::vector<Finding>& out) const {
+  if (!checkpoint_.config || plan_.roles.dims.tied) return;
+  // Said explicitly: transformers' default differs between releases.
+  const json& config = *checkpoint_.config;
+  const auto untied = [](const json& c) {
+    const auto it = c.find("tie_word_embeddings");
+    return it != c.end() && it->is_boolean() && !it->get<bool>();
+  };
+  const auto text = config.find("text_config");
+  if (!untied(config) && !(text != config.end() && text->is_object() && untied(*text))) return;
+  // Drafts are served with their target's head; only generative models
+  // have one.
+  if (plan_.roles.family != nullptr && !plan_.roles.family->top_level_quant_config) return;
+  const std::string& arch = plan_.roles.architecture;
+  if (!(arch.ends_with("ForCausalLM") || arch.ends_with("ForConditionalGeneration"))) return;
+  // A model with its embedding (a sample of some layers has neither).
+  bool embedding = false;
+  for (const ModuleInfo& m : plan_.roles.modules) {
+    if (m.role == ModuleRole::kHead) return;
+    embedding = embedding || m.role == ModuleRole::kEmbedding;
+  }
+  if (!embedding) return;
+  Finding f;
+  f.id = "L17";
+  f.severity = Severity::kWarning;
+  f.message = fmt::format(
+      "config.json says tie_word_embeddings: false, so {} has an output head of its own, but "
+      "the checkpoint holds no lm_head tensor (nor a [vocab_size, hidden_size] head): vLLM "
+      "builds ParallelLMHead and checks that every weight was loaded only for unquantized "
+      "models (default_loader.py@00b5ad07), so the quantized OUTPUT would load with an "
+      "uninitialised head; transformers would initialise it randomly",
+      arch);
+  f.fix =
+      "add the head's tensor to INPUT (a partial download or a --only-layers sample lacks it), "
+      "or set tie_word_embeddings: true if the model shares the embedding";
+  out.push_back(std::move(f));
+}
+
+std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan,
+                                        const std::vector<std::string>& modules,
+                                        const std::string& entry, const char* option) {
   if (regex_pattern(entry)) return std::nullopt;
+  const bool ignore = std::string(option) == "ignore";
   const std::set<std::string> known(modules.begin(), modules.end());
   // A tensor or wrapper name: drop trailing components until a module.
   std::string cut = entry;
@@ -401,14 +725,15 @@ std::optional<std::pair<std::string, std::string>> entry_near_miss(
     cut = cut.substr(0, dot);
     if (known.contains(cut)) {
       const bool tensor = tail == "weight" || tail == "bias" || tail.starts_with("weight_");
-      return std::make_pair(
-          fmt::format("'{}' names {} of module '{}'; entries name modules", entry,
-                      tensor ? "a tensor" : "something inside", cut),
-          fmt::format("--{} '{}'{}", option, cut,
-                      std::string(option) == "ignore"
-                          ? fmt::format(" (as vLLM matches it: {})",
-                                        ignore_fix(plan.roles, {cut}))
-                          : ""));
+      NearMiss miss;
+      miss.found = fmt::format("'{}' names {} of module '{}'; entries name modules", entry,
+                               tensor ? "a tensor" : "something inside", cut);
+      // An ignore entry is written as vLLM matches it too (a plain name
+      // may not be vLLM's name of the module: L2).
+      miss.entries = ignore ? keep_entries(plan.roles, {cut}) : std::vector<std::string>{cut};
+      miss.fix = fmt::format("use {} instead{}", option_list(option, miss.entries),
+                             ignore ? layer_note(plan.roles, {cut}) : "");
+      return miss;
     }
   }
   // The module's name without the prefix the checkpoint has.
@@ -416,12 +741,15 @@ std::optional<std::pair<std::string, std::string>> entry_near_miss(
   for (const std::string& m : modules) {
     if (m.ends_with("." + entry)) suffixed.push_back(m);
   }
-  if (!suffixed.empty() && std::string(option) == "ignore") {
-    return std::make_pair(
-        fmt::format("this checkpoint's {} '{}'", suffixed.size() == 1 ? "module is" : "modules are",
-                    join(suffixed, 4, "', '")),
-        fmt::format("{} (matches the checkpoint's and vLLM's names)",
-                    ignore_fix(plan.roles, suffixed)));
+  if (!suffixed.empty() && ignore) {
+    NearMiss miss;
+    miss.found = fmt::format("this checkpoint's {} '{}'",
+                             suffixed.size() == 1 ? "module is" : "modules are",
+                             join(suffixed, 4, "', '"));
+    miss.entries = keep_entries(plan.roles, suffixed);
+    miss.fix = fmt::format("use {} instead (matches the checkpoint's and vLLM's names){}",
+                           option_list(option, miss.entries), layer_note(plan.roles, suffixed));
+    return miss;
   }
   return std::nullopt;
 }

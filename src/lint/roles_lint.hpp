@@ -14,6 +14,17 @@
 //                on vLLM's names, disagree with what OUTPUT holds (or vLLM
 //                raises on them); warning for a quantizable layer matched by
 //                neither (older vLLM raises, newer loads it unquantized)
+//   L15 warning  less than kMinQuantizedShare of the linear layers' weight
+//                parameters would be quantized, or the experts of a whole
+//                MoE layer stay in 16 bits: why, and the option that
+//                changes it (run_lint keeps that fix only when the changed
+//                run passes lint)
+//   L16 warning  a draft or MTP module that vLLM loads packed but another
+//                engine reads as a plain 16-bit weight would be packed
+//                (EAGLE-3 and DFlash fc, MTP fc, DFlash2 selector and
+//                convolution projections), naming each engine's file
+//   L17 warning  config.json says the head is not tied, but the checkpoint
+//                holds the embedding and no output head tensor
 #pragma once
 
 #include <optional>
@@ -35,6 +46,9 @@ class RolesLint {
   void stacked_experts(std::vector<Finding>& out) const;     // L7
   void unloadable_modules(std::vector<Finding>& out) const;  // L12
   void vllm_expectations(std::vector<Finding>& out) const;   // L13
+  void sixteen_bit_share(std::vector<Finding>& out) const;   // L15
+  void engine_modules(std::vector<Finding>& out) const;      // L16
+  void missing_head(std::vector<Finding>& out) const;        // L17
 
  private:
   struct Mismatch {
@@ -56,6 +70,7 @@ class RolesLint {
   };
   std::vector<LiteralMiss> literal_misses(const std::vector<Mismatch>& mismatches) const;
 
+  const Checkpoint& checkpoint_;
   const QuantizePlan& plan_;
   VllmLoadRules rules_;
   std::unordered_map<std::string, const TensorDecision*> by_tensor_;  // tensors the plan holds
@@ -64,17 +79,42 @@ class RolesLint {
 // A hint for an ignore or targets entry that matched nothing: the entry
 // names a tensor or a wrapper of a module (`...down_proj.weight`,
 // `...q_proj.linear`), or is a module's name without the prefix the
-// checkpoint has (`lm_head` for `language_model.lm_head`). Returns (what was
-// found, the fix), or nullopt.
-std::optional<std::pair<std::string, std::string>> entry_near_miss(
-    const QuantizePlan& plan, const std::vector<std::string>& modules, const std::string& entry,
-    const char* option);
+// checkpoint has (`lm_head` for `language_model.lm_head`): what was found,
+// the entries to use instead (for ignore, as vLLM matches them too, with the
+// rest of the module's fused or MoE layer: keep_entries()) and the fix
+// saying so. nullopt otherwise.
+struct NearMiss {
+  std::string found;
+  std::vector<std::string> entries;
+  std::string fix;
+};
+std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan,
+                                        const std::vector<std::string>& modules,
+                                        const std::string& entry, const char* option);
 
 // Every targets entry of every scheme group.
 std::vector<std::string> all_targets(const PlanOptions& options);
 
-// The ignore entries that keep exactly `modules`, as `--ignore 'a' --ignore
-// 'b'` (narrow_ignore_entries()).
+// modules with the other members of the vLLM layers they are part of (the
+// shards of a fused layer such as qkv_proj, the experts of a MoE layer):
+// keeping one member alone in 16 bits splits the layer, which vLLM refuses
+// (L3).
+std::vector<std::string> with_layer_members(const RoleAnalysis& roles,
+                                            std::vector<std::string> modules);
+
+// The ignore entries that keep modules in 16 bits loadably:
+// narrow_ignore_entries() of with_layer_members().
+std::vector<std::string> keep_entries(const RoleAnalysis& roles,
+                                      const std::vector<std::string>& modules);
+
+// Entries as options: "--ignore 'a' --ignore 'b'".
+std::string option_list(const char* option, const std::vector<std::string>& entries);
+
+// keep_entries() as `--ignore 'a' --ignore 'b'`.
 std::string ignore_fix(const RoleAnalysis& roles, const std::vector<std::string>& modules);
+
+// The same, also stored as the finding's fix_ignore.
+std::string set_ignore_fix(Finding& f, const RoleAnalysis& roles,
+                           const std::vector<std::string>& modules);
 
 }  // namespace ctquant::detail

@@ -42,6 +42,11 @@ std::string module_of(const std::string& tensor_name) {
   return dot == std::string::npos ? std::string() : tensor_name.substr(0, dot);
 }
 
+std::string last_component(std::string_view name) {
+  const auto dot = name.rfind('.');
+  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
+}
+
 const SchemeFamily* SchemeGroup::family() const {
   return family_for(weights, !input_activations.is_null());
 }
@@ -546,6 +551,25 @@ void assign_amax_sets(const Checkpoint& checkpoint, QuantizePlan& plan) {
   }
 }
 
+// QuantizePlan::linear_params and linear_params_quantized.
+void count_linear_params(const Checkpoint& checkpoint, QuantizePlan& plan) {
+  std::map<std::string, const ModuleInfo*> role_of;  // tensor -> its role
+  for (const ModuleInfo& m : plan.roles.modules) role_of.emplace(m.tensor, &m);
+  for (const TensorDecision& d : plan.decisions) {
+    const auto it = role_of.find(d.name);
+    if (it == role_of.end() || !is_linear_weight_role(it->second->role)) continue;
+    std::uint64_t params = 1;
+    for (const std::uint64_t n : checkpoint.entry(d.source).shape) params *= n;
+    plan.linear_params += params;
+    for (const std::size_t mi : d.modules) {
+      const PlannedModule& m = plan.modules[mi];
+      if (m.kind == PlannedModule::Kind::kQuantize) {
+        plan.linear_params_quantized += m.source.rows * m.source.cols;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
@@ -605,11 +629,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
       const auto key = stacked_key(t.name, both_keys);
       // Stacked experts vLLM reads only stacked (roles.hpp): kept whole.
       const ModuleInfo* role = key && t.shape.size() == 3 ? plan.roles.find(t.name) : nullptr;
-      if (!checkpoint.holds(d.source)) {
-        d.fate = Fate::kDrop;
-        d.rule = fmt::format("not listed in {} (not written)", kIndexFileName);
-        ++plan.n_unindexed;
-      } else if (role != nullptr && role->action == DefaultAction::kKeep) {
+      if (role != nullptr && role->action == DefaultAction::kKeep) {
         d.rule = role->reason;
       } else if (t.name.find(':') != std::string::npos) {
         d.rule = "unknown layout (':' in the name)";
@@ -845,7 +865,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
           break;
         }
         case Fate::kDrop:
-          if (checkpoint.holds(d.source)) ++plan.n_dropped;
+          ++plan.n_dropped;
           break;
         case Fate::kSplit:
           ++plan.n_split;
@@ -944,6 +964,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   plan.config = output_config(checkpoint.config,
                               plan_quantization_config(options, plan.group_modules));
   plan.copied_files = checkpoint.other_files;
+  count_linear_params(checkpoint, plan);
   return plan;
 }
 

@@ -9,6 +9,7 @@
 
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/util/error.hpp"
 
 namespace ctquant {
 
@@ -302,6 +303,15 @@ std::vector<FamilyRow> make_family_table() {
          "DFlash attention gate g_proj: out_features is the number of heads, too narrow for "
          "Marlin (out_features % 64), kept in 16 bits",
          "re:.*g_proj$"},
+        {"re:(.*\\.)?candidate_selector\\.hidden_projection$", ModuleRole::kDraftKeep,
+         VllmBuild::kQuantizable,
+         "DFlash2 candidate selector hidden_projection: vLLM's DFlash drafts build no candidate "
+         "selector, and xLLM's DFlash2 copies hidden_projection.weight as a 16-bit tensor "
+         "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so it stays in 16 bits"},
+        {"re:.*_conv\\.kernel_projection$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
+         "DFlash2 convolution kernel_projection: vLLM's DFlash drafts build no convolutions, "
+         "and xLLM's DFlash2 copies kernel_projection.weight as a 16-bit tensor "
+         "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so it stays in 16 bits"},
         {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
          "draft output head: vLLM builds ParallelLMHead without quant_config"},
         {"re:(.*\\.)?embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
@@ -313,6 +323,11 @@ std::vector<FamilyRow> make_family_table() {
     r.load_prefix = "model.";
     r.top_level_quant_config = false;
     r.fused = kLlamaFused;
+    // transformers has no DFlash class: without the draft's own modeling
+    // code it builds the class of config.json's model_type (Qwen3ForCausalLM
+    // for the z-lab drafts), whose decoder layers are model.layers.N (the
+    // draft's own code names them as the checkpoint does).
+    r.hf_prefix = {{"layers.", "model.layers."}};
     rows.push_back(std::move(r));
   }
   return rows;
@@ -320,11 +335,6 @@ std::vector<FamilyRow> make_family_table() {
 
 // ---------------------------------------------------------------------------
 // Name helpers.
-
-std::string last_component(std::string_view name) {
-  const auto dot = name.rfind('.');
-  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
-}
 
 std::string parent_of(std::string_view name) {
   const auto dot = name.rfind('.');
@@ -891,12 +901,31 @@ std::string hf_module_name(const FamilyRow* family, const std::string& module) {
   return module;
 }
 
+void check_tie_flag(const std::optional<json>& config) {
+  if (!config || !config->is_object()) return;
+  const auto check = [](const json& object, const std::string& where) {
+    const auto it = object.find("tie_word_embeddings");
+    if (it == object.end() || it->is_boolean()) return;
+    throw bad_input(fmt::format(
+        "{}: {}tie_word_embeddings is {} {}, expected true or false: transformers 5 refuses "
+        "this config (its config classes check the type: expected bool), and vLLM and "
+        "transformers 4 read it with Python truthiness (any non-empty string, any non-zero "
+        "number is true), so whether the head is tied is ambiguous; write true or false",
+        kConfigFileName, where, it->is_string() ? "the JSON string" : "the JSON value",
+        it->dump()));
+  };
+  check(*config, "");
+  if (const auto text = config->find("text_config"); text != config->end() && text->is_object()) {
+    check(*text, "text_config.");
+  }
+}
+
 RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options) {
+  check_tie_flag(checkpoint.config);
   std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors;
   for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
     const auto& entries = checkpoint.shards[s].header().tensors;
     for (std::size_t e = 0; e < entries.size(); ++e) {
-      if (!checkpoint.holds(TensorLocation{s, e})) continue;
       tensors.emplace_back(entries[e].name, entries[e].shape);
     }
   }
@@ -1363,6 +1392,15 @@ std::string role_reason(const ModuleInfo& m) {
 
 }  // namespace
 
+std::optional<std::string> absent_head_entry(const RoleAnalysis& roles, bool drafts) {
+  const bool draft = roles.family != nullptr && !roles.family->top_level_quant_config;
+  if (draft ? !drafts : !roles.dims.tied) return std::nullopt;
+  for (const ModuleInfo& m : roles.modules) {
+    if (m.role == ModuleRole::kHead && last_component(m.module) == "lm_head") return std::nullopt;
+  }
+  return std::string("lm_head");
+}
+
 std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles) {
   // Group the kept modules: towers by root, MoE layers of stacked experts by
   // layer template, the rest by role and name template.
@@ -1454,6 +1492,24 @@ std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles
            std::make_tuple(rank(groups[b]), rule(groups[b]), name(groups[b]));
   });
   std::vector<DefaultIgnoreEntry> out;
+  // A tied model without an lm_head tensor: transformers still builds
+  // lm_head as a Linear and ties its weight to the embedding after
+  // compressed-tensors has replaced the Linear layers the targets match, so
+  // without an entry for it the tie fails (transformers 5.12 with
+  // compressed-tensors 0.18: "AttributeError: Linear has no attribute
+  // 'weight'"). vLLM builds no head layer of its own for a tied model
+  // (qwen3.py: lm_head = model.embed_tokens) or one that shares the
+  // embedding's weight (llama.py), so the entry changes nothing there.
+  if (const std::optional<std::string> entry = absent_head_entry(roles, /*drafts=*/false)) {
+    out.push_back(DefaultIgnoreEntry{
+        *entry,
+        "tied output head: config.json says tie_word_embeddings and the checkpoint has no "
+        "lm_head tensor; transformers builds lm_head as a Linear and ties it to the embedding "
+        "after compressed-tensors has replaced the Linear layers its targets match, so without "
+        "this entry it fails to load (AttributeError: Linear has no attribute 'weight'); vLLM "
+        "shares the embedding and builds no quantized layer for it",
+        {}});
+  }
   for (std::size_t i : order) {
     const Group& g = groups[i];
     std::vector<std::string> modules;

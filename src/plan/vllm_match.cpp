@@ -4,14 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/plan/plan.hpp"
+
 namespace ctquant {
 
 namespace {
-
-std::string last_component(const std::string& name) {
-  const auto dot = name.rfind('.');
-  return dot == std::string::npos ? name : name.substr(dot + 1);
-}
 
 // Python str.replace: every occurrence.
 std::string replace_all(std::string text, const std::string& from, const std::string& to) {

@@ -61,9 +61,15 @@ std::string render_roles_text(const Checkpoint& checkpoint, const QuantizePlan& 
         s.vllm_loads_stacked ? "the stacked layout only" : "per-expert tensors",
         s.problem.empty() ? "" : "; " + s.problem);
   }
-  if (!checkpoint.unlisted_files.empty() || !checkpoint.unindexed.empty()) {
+  if (!checkpoint.unlisted_files.empty()) {
     text += fmt::format("not written (not listed in {}):\n", kIndexFileName);
     for (const auto& f : checkpoint.unlisted_files) text += fmt::format("  file {}\n", f);
+  }
+  if (!checkpoint.unindexed.empty()) {
+    text += fmt::format(
+        "missing from {}'s weight_map, written and listed in OUTPUT's index (vLLM reads every "
+        "tensor of a listed shard):\n",
+        kIndexFileName);
     for (const auto& [file, tensor] : checkpoint.unindexed) {
       text += fmt::format("  tensor {} in {}\n", tensor, file);
     }
@@ -132,7 +138,8 @@ json roles_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
               {"fallback", r.fallback.empty() ? json(nullptr) : json(r.fallback)},
               {"modules", modules},
               {"stacked_experts", stacked},
-              {"not_written", {{"files", checkpoint.unlisted_files}, {"tensors", unindexed}}}};
+              {"not_written", {{"files", checkpoint.unlisted_files}}},
+              {"index_omitted", unindexed}};
 }
 
 json ignore_json(const QuantizePlan& plan) {

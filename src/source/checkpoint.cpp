@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <regex>
 #include <set>
 #include <system_error>
 
@@ -19,11 +20,6 @@ using nlohmann::json;
 const TensorEntry* Checkpoint::find(const std::string& name) const {
   const auto it = tensors.find(name);
   return it == tensors.end() ? nullptr : &entry(it->second);
-}
-
-bool Checkpoint::holds(const TensorLocation& at) const {
-  const auto it = tensors.find(entry(at).name);
-  return it != tensors.end() && it->second.shard == at.shard && it->second.entry == at.entry;
 }
 
 std::uint64_t Checkpoint::total_tensor_bytes() const {
@@ -92,7 +88,95 @@ std::string directory_entry_kind(const fs::directory_entry& item) {
   return "a special file (FIFO, socket or device)";
 }
 
+// Refuses one file of a sharded checkpoint given as INPUT (Error{kUsage}):
+// its name is a shard's (NAME-0000i-of-0000N.safetensors with N > 1), or the
+// index beside it lists it. A file the index does not list (a consolidated
+// copy beside the shards) is a checkpoint of its own.
+void refuse_shard_of_directory(const fs::path& file, const fs::path& dir) {
+  const std::string name = file.filename().string();
+  const auto why = [&]() -> std::string {
+    static const std::regex kShard(R"((.+)-(\d+)-of-(\d+)\.safetensors)");
+    std::smatch match;
+    if (std::regex_match(name, match, kShard)) {
+      const std::string n = match[3].str();
+      const auto first = n.find_first_not_of('0');
+      if (first != std::string::npos && (n.size() - first > 1 || n[first] > '1')) {
+        return fmt::format("its name says it is shard {} of {}", match[2].str(), n);
+      }
+    }
+    const fs::path index = dir / kIndexFileName;
+    std::error_code ec;
+    if (!fs::is_regular_file(index, ec)) return {};
+    json parsed;
+    try {
+      parsed = read_json_file(index, kIndexFileName, /*reject_duplicate_keys=*/false);
+    } catch (const Error&) {
+      return fmt::format("{} sits beside it", kIndexFileName);
+    }
+    const json* map = parsed.is_object() && parsed.contains("weight_map")
+                          ? &parsed["weight_map"] : nullptr;
+    if (map == nullptr || !map->is_object()) {
+      return fmt::format("{} sits beside it", kIndexFileName);
+    }
+    for (const auto& [tensor, shard] : map->items()) {
+      if (shard.is_string() && shard.get_ref<const std::string&>() == name) {
+        return fmt::format("{} beside it lists it as a shard (tensor '{}')", kIndexFileName,
+                           tensor);
+      }
+    }
+    return {};
+  }();
+  if (why.empty()) return;
+  throw usage_error(fmt::format(
+      "{}: one file of a sharded checkpoint ({}); quantizing it alone would write part of the "
+      "model: give the directory as INPUT instead: {}",
+      file.string(), why, dir.string()));
+}
+
+// A symbolic link at path must resolve inside dir (or the Hugging Face
+// cache's blob store of the snapshot dir is) unless follow_links_outside,
+// as list_checkpoint_files() requires of the files of a directory.
+void check_link_inside(const fs::path& path, const fs::path& dir, bool follow_links_outside) {
+  std::error_code ec;
+  if (follow_links_outside || !fs::is_symlink(fs::symlink_status(path, ec))) return;
+  const fs::path root = fs::canonical(dir, ec);
+  const fs::path target = fs::canonical(path, ec);
+  const std::optional<fs::path> blob_store = ec ? std::nullopt : hf_snapshot_blob_store(root);
+  if (!ec && (detail::path_is_within(target, root) ||
+              (blob_store && detail::path_is_within(target, *blob_store)))) {
+    return;
+  }
+  throw bad_input(fmt::format(
+      "{}: is a symbolic link to {}, outside the checkpoint directory {}; ctquant reads only "
+      "files inside INPUT's directory unless --follow-symlinks is given",
+      path.string(), ec ? std::string("a missing file") : target.string(), dir.string()));
+}
+
 }  // namespace
+
+std::vector<std::string> index_omission_lines(const Checkpoint& checkpoint) {
+  constexpr std::size_t kNamed = 5;
+  std::vector<std::string> lines;
+  for (std::size_t i = 0; i < checkpoint.unindexed.size();) {
+    const std::string& file = checkpoint.unindexed[i].first;
+    std::size_t end = i;
+    std::string names;
+    while (end < checkpoint.unindexed.size() && checkpoint.unindexed[end].first == file) {
+      if (end - i < kNamed) {
+        names += fmt::format("{}'{}'", end == i ? "" : ", ", checkpoint.unindexed[end].second);
+      }
+      ++end;
+    }
+    if (end - i > kNamed) names += fmt::format(" ... and {} more", end - i - kNamed);
+    lines.push_back(fmt::format(
+        "{}: incomplete: weight_map omits {} tensor(s) that the listed shard {} holds ({}); "
+        "vLLM reads every tensor of a listed shard, so they are part of the model: planned "
+        "like any other tensor and listed in OUTPUT's index",
+        kIndexFileName, end - i, file, names));
+    i = end;
+  }
+  return lines;
+}
 
 bool is_safetensors_name(std::string_view name) {
   return name.size() > 12 && name.ends_with(".safetensors");
@@ -172,7 +256,21 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     }
     ckpt.single_file = true;
     ckpt.root = input.parent_path().empty() ? fs::path(".") : input.parent_path();
+    refuse_shard_of_directory(input, ckpt.root);
     shard_names.push_back(input.filename().string());
+    // The model's config.json beside the file: the architecture and the
+    // flags the module roles are read from (a draft's defaults).
+    const fs::path config = ckpt.root / kConfigFileName;
+    std::error_code config_ec;
+    if (fs::is_regular_file(config, config_ec)) {  // follows links
+      check_link_inside(config, ckpt.root, options.follow_links_outside);
+      ckpt.config = read_json_file(config, kConfigFileName, /*reject_duplicate_keys=*/false);
+      if (!ckpt.config->is_object()) {
+        throw bad_input(fmt::format("{}: is a JSON {}, expected an object", config.string(),
+                                    ckpt.config->type_name()));
+      }
+      ckpt.config_beside_file = true;
+    }
   } else if (fs::is_directory(status)) {
     ckpt.root = input;
     const std::vector<std::string> files =
@@ -283,10 +381,11 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     for (std::size_t e = 0; e < header.tensors.size(); ++e) {
       const std::string& name = header.tensors[e].name;
       if (ckpt.has_index && !ckpt.index["weight_map"].contains(name)) {
-        // A tensor the index does not list is not part of the checkpoint
-        // (model_free_ptq and vLLM read only the listed ones).
+        // Still part of the model: vLLM reads every tensor of each file the
+        // index lists (weight_utils.py: filter_duplicate_safetensors_files
+        // keeps the listed files, safetensors_weights_iterator yields all
+        // of a file's keys). The index was incomplete; callers say so.
         ckpt.unindexed.emplace_back(ckpt.shards[s].label(), name);
-        continue;
       }
       const auto [it, inserted] = ckpt.tensors.emplace(name, TensorLocation{s, e});
       if (!inserted) {

@@ -3,7 +3,7 @@
 //
 // run_lint() looks at the checkpoint's headers and config.json and at the
 // plan (each tensor's fate, the modules each ignore and targets entry
-// matched) and returns findings. Each finding has an id (L1..L14), a
+// matched) and returns findings. Each finding has an id (L1..L17), a
 // severity, the tensors concerned, what was found and the fix. The reasons
 // behind the rules are section 7 of the format spec:
 //
@@ -25,7 +25,10 @@
 //               Marlin; a warning where only older releases do, e.g.
 //               out_features % 64); the fix covers its whole fused q/k/v or
 //               gate/up group
-//   L6 error    tie_word_embeddings is true and lm_head.weight is quantized
+//   L6 error    tie_word_embeddings is true and lm_head.weight is quantized;
+//      warning  tied, no lm_head tensor, and no ignore entry names lm_head
+//               (transformers fails to tie the head it builds:
+//               absent_head_entry() in roles.hpp)
 //   L7 error    a 3-D .weight that is not a stacked gate_up_proj / down_proj
 //               tensor (those are split) and that no ignore entry covers;
 //               stacked experts that are not split while the family's vLLM
@@ -51,9 +54,21 @@
 //               model_free_ptq writes them: vLLM serves the layer with one
 //               (compressed_tensors_moe.py takes the gate's; vLLM issue
 //               54150; compressed_tensors_w4a4_nvfp4.py for dense layers)
+//   L15 warning less than kMinQuantizedShare of the linear layers' weight
+//               parameters quantized, or a whole MoE layer's experts kept in
+//               16 bits: the share of each reason and the option changing it
+//   L16 warning a draft or MTP module vLLM loads packed that another engine
+//               reads as a plain weight would be packed (EAGLE-3 / DFlash
+//               fc, MTP fc, DFlash2 selector), naming each engine's file
+//   L17 warning tie_word_embeddings is false, the embedding is there and no
+//               output head is (vLLM checks loaded weights only for
+//               unquantized models)
 //
-// L2, L7 (stacked experts), L12 and L13 read the module roles
+// L2, L7 (stacked experts), L12, L13, L15, L16 and L17 read the module roles
 // (src/lint/roles_lint.hpp); docs/loadability.md lists them with sources.
+// L1 also tells an entry that matched nothing apart from one vLLM or
+// transformers need (an empty weight vLLM would build quantized, the head
+// transformers builds for a tied model).
 //
 // Whether findings stop `quantize` is decided by blocking_findings(): errors
 // unless allow_unloadable, warnings under strict; infos never.
@@ -77,16 +92,34 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L14"
+  std::string id;  // "L1" .. "L17"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes
   std::string fix;                   // what to change, usually an --ignore entry to add
+  // The fix as a change of the command line, when `fix` is one (it names
+  // the same entries): --ignore entries to add, and an entry of the ignore
+  // list (or, with fix_removes_target, of the targets) to take out; a fix
+  // that rewrites an entry does both. Applied, it passes lint: no error
+  // remains of this finding, and none of another (tests/test_lint.cpp).
+  std::vector<std::string> fix_ignore;
+  std::string fix_removes;
+  bool fix_removes_target = false;
+  std::vector<std::string> fix_targets;  // --targets entries that replace fix_removes
+  std::vector<std::string> fix_options;  // options without a value to add ("--quantize-vision")
 };
 
 struct LintOptions {
   unsigned tp = 1;  // tensor-parallel degree the checkpoint will be served with (L5)
 };
+
+// L15 warns when less than this share of the linear layers' weight
+// parameters (QuantizePlan::linear_params) would be quantized. Default runs
+// of dense and MoE models quantize nearly all of them (routers are tiny),
+// DFlash drafts, whose qkv_proj stays in 16 bits, 81% (Laguna's layout) to
+// 88% (Qwen3-8B's); a model whose vision tower, experts or ignore entries
+// keep a fifth or more in 16 bits is told why.
+inline constexpr double kMinQuantizedShare = 0.80;
 
 // Tensor-parallel degrees L5 tries when it lists the ones that work.
 inline constexpr unsigned kLintTpDegrees[] = {1, 2, 4, 8};
@@ -97,6 +130,18 @@ inline constexpr unsigned kLintTpDegrees[] = {1, 2, 4, 8};
 // options.tp is 0.
 std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options);
+
+// Whether the finding's fix has a machine form (any fix_* field set).
+bool has_fix(const Finding& f);
+
+// The options the finding's fix gives, applied as the command line would
+// apply it to `given` (the options as given, without the default entries
+// make_plan adds): fix_removes taken out of the ignore list (with
+// fix_removes_target, out of every group's targets), each fix_ignore entry
+// appended to the ignore list unless there, fix_targets appended to the
+// first group's targets, fix_options set. Throws std::logic_error for a
+// fix option it does not know (only "--quantize-vision" exists).
+PlanOptions apply_fix(PlanOptions given, const Finding& f);
 
 // The findings that stop quantize: severity error unless allow_unloadable,
 // severity warning when strict. Pointers into findings.

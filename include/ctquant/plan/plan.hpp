@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -42,9 +43,8 @@ enum class Fate {
   kCopy,        // written unchanged under the same name
   kQuantize,    // replaced by its scheme's output tensors (weight_packed, weight_scale, ...)
   kDequantize,  // an FP8 weight not quantized: written as a BF16 .weight (section 6)
-  kDrop,        // not written: an FP8 weight's scale (consumed by its dequantization), an
-                // activation / KV-cache parameter of an FP8 input (kActivationParams), or a
-                // shard tensor the index does not list
+  kDrop,        // not written: an FP8 weight's scale (consumed by its dequantization) or an
+                // activation / KV-cache parameter of an FP8 input (kActivationParams)
   kSplit,       // a stacked 3-D expert tensor: written as one 2-D weight per expert and
                 // projection, each quantized or kept in 16 bits (schemes.md 8)
 };
@@ -194,8 +194,13 @@ struct QuantizePlan {
   std::size_t n_copied = 0;            // input tensors copied
   std::size_t n_dequantized = 0;       // FP8 weights written as BF16
   std::size_t n_dropped = 0;           // FP8 scales and activation parameters not written
-  std::size_t n_unindexed = 0;         // shard tensors the index does not list, not written
   std::size_t n_split = 0;             // stacked expert tensors split
+  // Parameters of the linear layers' weights: every 2-D weight and stacked
+  // expert tensor whose role (roles.hpp) is not an embedding, output head,
+  // norm or raw parameter; and of those, the ones quantized. The summary
+  // and lint (L15) say what share stays in 16 bits.
+  std::uint64_t linear_params = 0;
+  std::uint64_t linear_params_quantized = 0;
   std::uint64_t tensor_bytes_out = 0;  // sum of output tensor byte sizes
   std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
 
@@ -237,6 +242,10 @@ void check_plan_options(const PlanOptions& options);
 
 // The module a tensor belongs to: the name up to its last dot.
 std::string module_of(const std::string& tensor_name);
+
+// The last dot-separated component of a name ("q_proj" of
+// "model.layers.0.self_attn.q_proj"; the whole name when it has no dot).
+std::string last_component(std::string_view name);
 
 // The output config.json's quantization_config for the plan's groups: each
 // group's scheme with the format of its family, or null when it quantized

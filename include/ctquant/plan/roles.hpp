@@ -78,6 +78,14 @@ enum class DefaultAction : std::uint8_t {
   kRefuse,    // cannot be written loadably (stacked experts vLLM reads only per expert)
 };
 
+// Whether a weight of this role is a linear layer's (counted in
+// QuantizePlan::linear_params): not an embedding, output head, norm or raw
+// parameter.
+inline bool is_linear_weight_role(ModuleRole role) {
+  return role != ModuleRole::kEmbedding && role != ModuleRole::kHead &&
+         role != ModuleRole::kNorm && role != ModuleRole::kParameter;
+}
+
 const char* role_name(ModuleRole role);
 const char* component_name(Component component);
 const char* vllm_build_name(VllmBuild build);
@@ -253,8 +261,15 @@ struct RoleAnalysis {
   std::map<std::string, std::size_t, std::less<>> index;  // module -> position in modules
 };
 
+// Throws Error{kBadInput} when config.json's tie_word_embeddings (top level
+// or text_config) is present but not a JSON boolean: transformers 5 refuses
+// such a config (its strict config classes, configuration_utils.py), vLLM
+// and transformers 4 read it with Python truthiness ("false" is true).
+void check_tie_flag(const std::optional<nlohmann::json>& config);
+
 // Roles of the weights of a checkpoint: every 2-D tensor and every 3-D
-// tensor of an `experts` module, from headers and config.json only.
+// tensor of an `experts` module, from headers and config.json only. Throws
+// what check_tie_flag throws.
 RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options = {});
 
 // The same from config.json and a list of (tensor name, shape): every 2-D
@@ -289,9 +304,23 @@ struct DefaultIgnoreEntry {
   std::vector<std::string> modules;  // checkpoint modules it keeps
 };
 
+// The ignore entry for an output head the checkpoint does not hold
+// ("lm_head", transformers' name of the head module), or nullopt: for a
+// tied model (tie_word_embeddings, top level or text_config) without an
+// lm_head tensor, and with `drafts` for a draft without one (served with its
+// target's head). transformers builds lm_head as a Linear all the same (a
+// draft: in the class of its model_type, without the draft's own modeling
+// code) after compressed-tensors has converted the targeted Linear layers,
+// so the entry must keep it out of the targets: a tied head then fails to
+// tie, a draft's to decompress (docs/loadability.md). The default list has
+// the tied model's entry; a draft's default list stays the reference
+// recipe's, and L1 does not call a given draft entry pointless.
+std::optional<std::string> absent_head_entry(const RoleAnalysis& roles, bool drafts);
+
 // The ignore entries that keep every module whose action is kKeep, in a
-// fixed role order (heads, embeddings, routers, shared-expert gates, plain
-// modules, draft modules, stacked experts, towers and projectors). Each
+// fixed role order (the tied head's entry, heads, embeddings, routers,
+// shared-expert gates, plain modules, draft modules, stacked experts,
+// towers and projectors). Each
 // entry matches its modules under their checkpoint, vLLM and transformers
 // names (and, for MoE layers, vLLM's experts.0.{gate,up,down}_proj probes)
 // and no other module of the checkpoint under any of those names.

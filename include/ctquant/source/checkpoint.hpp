@@ -39,6 +39,7 @@ struct TensorLocation {
 struct Checkpoint {
   std::filesystem::path root;            // the input directory (a file's parent for a single file)
   bool single_file = false;              // INPUT was a .safetensors file, not a directory
+  bool config_beside_file = false;       // single_file, and config.json was read from root
   bool has_index = false;                // model.safetensors.index.json was present
   nlohmann::json index;                  // its content, when has_index
   std::vector<SafetensorsFile> shards;   // sorted by file name
@@ -47,24 +48,22 @@ struct Checkpoint {
   // Entries of the directory that are not read or copied (subdirectories,
   // FIFOs, ...), each "name (what it is)", sorted.
   std::vector<std::string> skipped_entries;
-  // Every tensor of every shard, except the ones the index does not list.
+  // Every tensor of every shard (with an index, of every file it lists).
   std::unordered_map<std::string, TensorLocation> tensors;
   // With an index: .safetensors files of the directory it does not list (a
   // consolidated copy beside the shards), sorted. Neither read nor copied.
   std::vector<std::string> unlisted_files;
-  // With an index: tensors a shard holds that the index does not list, as
-  // (shard file, tensor). They are not written (model_free_ptq reads only
-  // what the index lists). A tensor the index lists for another shard is an
-  // error, as before.
+  // With an index: tensors a listed shard holds that its weight_map omits,
+  // as (shard file, tensor), in shard order. They are part of the model
+  // (vLLM reads every tensor of each listed file) and in `tensors` like any
+  // other; the index was incomplete, which callers report. A tensor the
+  // index lists for another shard is an error.
   std::vector<std::pair<std::string, std::string>> unindexed;
 
   const TensorEntry& entry(const TensorLocation& at) const {
     return shards[at.shard].header().tensors[at.entry];
   }
   const TensorEntry* find(const std::string& name) const;
-  // Whether the tensor at `at` is part of the checkpoint (false for a tensor
-  // the index does not list).
-  bool holds(const TensorLocation& at) const;
   std::uint64_t total_tensor_bytes() const;
   std::uint64_t total_file_bytes() const;  // shards plus copied files
 };
@@ -77,6 +76,12 @@ struct OpenOptions {
   // (docs/security.md).
   bool follow_links_outside = false;
 };
+
+// One line per shard whose tensors the index's weight_map omits
+// (Checkpoint::unindexed), naming the shard, how many and the first few, and
+// saying they are written and listed in OUTPUT's index; empty when the
+// index is complete or absent.
+std::vector<std::string> index_omission_lines(const Checkpoint& checkpoint);
 
 // True for a file name ending in ".safetensors" with at least one character
 // before it.
@@ -96,7 +101,11 @@ std::vector<std::string> list_checkpoint_files(const std::filesystem::path& dir,
                                                bool follow_links_outside,
                                                std::vector<std::string>& skipped);
 
-// Opens and validates the checkpoint at input. Only regular files are read:
+// Opens and validates the checkpoint at input. A single .safetensors file is
+// a checkpoint of its own, with the config.json of its directory when there
+// is one; a file of a sharded checkpoint (named NAME-0000i-of-0000N with
+// N > 1, or listed by the index beside it) is refused with Error{kUsage}
+// naming the directory to give instead. Only regular files are read:
 // in a directory, a symbolic link is followed when it resolves to a regular
 // file inside the directory (or inside the blob store of the Hugging Face
 // cache snapshot the directory is), and when it resolves to one elsewhere
@@ -112,9 +121,10 @@ std::vector<std::string> list_checkpoint_files(const std::filesystem::path& dir,
 // several safetensors files without an index; a config.json that is not a
 // JSON object) or has such entries, listing every problem of the phase at
 // once; Error{kIo} when a file cannot be read. With an index, a .safetensors
-// file it does not list goes to unlisted_files and a shard tensor it does not
-// list at all goes to unindexed (callers warn about both): neither is an
-// error.
+// file it does not list goes to unlisted_files (not read: vLLM reads only
+// the listed files) and a tensor of a listed shard that weight_map omits
+// goes to unindexed as well as tensors (callers warn about both): neither
+// is an error.
 Checkpoint open_checkpoint(const std::filesystem::path& input, const OpenOptions& options = {});
 
 }  // namespace ctquant
