@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -25,20 +24,14 @@
 
 #include <fmt/format.h>
 
+#include "test_support.hpp"
+
 namespace ctquant::test {
 namespace {
 
 namespace fs = std::filesystem;
 
 fs::path source_dir() { return CTQUANT_SOURCE_DIR; }
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 // ---- Markdown ----
 
@@ -207,13 +200,13 @@ const SourceTree& tree() {
         const fs::path rel = fs::relative(e.path(), root);
         out.files.push_back(rel);
         if (!is_source_file(rel)) continue;
-        std::set<std::string> ids = identifiers_of(strip_comments(read_text(e.path())));
+        std::set<std::string> ids = identifiers_of(strip_comments(read_file(e.path())));
         const bool product = std::string(top) == "include" || std::string(top) == "src";
         (product ? out.product_identifiers : out.test_identifiers).insert(ids.begin(), ids.end());
         out.identifiers_by_file[rel.generic_string()] = std::move(ids);
       }
     }
-    const std::set<std::string> cmake = identifiers_of(read_text(root / "CMakeLists.txt"));
+    const std::set<std::string> cmake = identifiers_of(read_file(root / "CMakeLists.txt"));
     out.product_identifiers.insert(cmake.begin(), cmake.end());
     for (const auto& e : fs::directory_iterator(root / "src")) {
       if (e.is_directory()) out.areas.insert(e.path().filename().string());
@@ -291,7 +284,7 @@ bool names_code(const Span& s) {
 }
 
 std::vector<Span> architecture_spans() {
-  return code_spans(read_text(source_dir() / "docs" / "ARCHITECTURE.md"));
+  return code_spans(read_file(source_dir() / "docs" / "ARCHITECTURE.md"));
 }
 
 // ---- The tests ----
@@ -404,8 +397,8 @@ std::set<std::string> lint_ids(const std::string& markdown) {
 }
 
 TEST(ArchitectureDoc, LintTableListsTheRulesOfCliMd) {
-  const std::set<std::string> cli = lint_ids(read_text(source_dir() / "docs" / "cli.md"));
-  const std::set<std::string> arch = lint_ids(read_text(source_dir() / "docs" / "ARCHITECTURE.md"));
+  const std::set<std::string> cli = lint_ids(read_file(source_dir() / "docs" / "cli.md"));
+  const std::set<std::string> arch = lint_ids(read_file(source_dir() / "docs" / "ARCHITECTURE.md"));
   ASSERT_GE(cli.size(), 10u) << "docs/cli.md's lint rule table";
   if (arch.empty()) GTEST_SKIP() << "docs/ARCHITECTURE.md has no lint rule table";
   EXPECT_EQ(arch, cli) << "the lint rules of docs/ARCHITECTURE.md and of docs/cli.md";

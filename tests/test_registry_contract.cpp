@@ -447,8 +447,8 @@ std::string case_name(const ::testing::TestParamInfo<ContractCase>& info) {
   return info.param.name;
 }
 
-// The bytes every case's rows write for each shape and weight dtype, by the
-// reference, and the weights they came from.
+// Calls check(dtype, shape, weight) for every shape of the case and every
+// weight dtype, with the case's seeded weights.
 template <class Check>
 void for_each_weight(const ContractCase& c, Check check) {
   const std::vector<Shape> all = shapes(c);
@@ -461,6 +461,26 @@ void for_each_weight(const ContractCase& c, Check check) {
   }
 }
 
+// What dequantize reads for the outputs q holds: each kRows output in
+// `in`, each kWhole one in `whole`, both in outputs() order.
+DequantIo decoder_input(const Written& q, DType dtype, Shape shape, std::vector<float>& values) {
+  DequantIo io;
+  io.dtype = dtype;
+  io.n_rows = shape.rows;
+  io.n_cols = shape.cols;
+  std::size_t in = 0;
+  std::size_t whole = 0;
+  for (std::size_t i = 0; i < q.specs.size(); ++i) {
+    if (q.specs[i].fill == OutputTensorSpec::Fill::kRows) {
+      io.in[in++] = q.tensors[i].data();
+    } else {
+      io.whole[whole++] = q.tensors[i].data();
+    }
+  }
+  io.values = values.data();
+  return io;
+}
+
 TEST_P(RegistryContract, DequantizeRowsEqualsDequantize) {
   const ContractCase& c = GetParam();
   if (c.family->dequantize_rows == nullptr) {
@@ -469,21 +489,8 @@ TEST_P(RegistryContract, DequantizeRowsEqualsDequantize) {
   for_each_weight(c, [&](DType dtype, Shape shape, const std::vector<std::byte>& weight) {
     const Written q = run_kernel(*c.family, c.family->quantize_ref, c.args, dtype, shape, weight);
     ASSERT_FALSE(q.bad.has_value()) << describe(c, dtype, shape);
-    DequantIo io;
-    io.dtype = dtype;
-    io.n_rows = shape.rows;
-    io.n_cols = shape.cols;
-    std::size_t in = 0;
-    std::size_t whole = 0;
-    for (std::size_t i = 0; i < q.specs.size(); ++i) {
-      if (q.specs[i].fill == OutputTensorSpec::Fill::kRows) {
-        io.in[in++] = q.tensors[i].data();
-      } else {
-        io.whole[whole++] = q.tensors[i].data();
-      }
-    }
     std::vector<float> values(shape.rows * shape.cols);
-    io.values = values.data();
+    const DequantIo io = decoder_input(q, dtype, shape, values);
     c.family->dequantize(c.args, io);
     // Every band [r0, r1) the weight error takes: single rows and the rest.
     for (const auto& [r0, r1] : {std::pair<std::uint64_t, std::uint64_t>{0, shape.rows},
@@ -506,21 +513,8 @@ TEST_P(RegistryContract, DequantizedWithinFormatBound) {
   for_each_weight(c, [&](DType dtype, Shape shape, const std::vector<std::byte>& weight) {
     const Written q = run_kernel(*c.family, c.family->quantize_ref, c.args, dtype, shape, weight);
     ASSERT_FALSE(q.bad.has_value()) << describe(c, dtype, shape);
-    DequantIo io;
-    io.dtype = dtype;
-    io.n_rows = shape.rows;
-    io.n_cols = shape.cols;
-    std::size_t in = 0;
-    std::size_t whole = 0;
-    for (std::size_t i = 0; i < q.specs.size(); ++i) {
-      if (q.specs[i].fill == OutputTensorSpec::Fill::kRows) {
-        io.in[in++] = q.tensors[i].data();
-      } else {
-        io.whole[whole++] = q.tensors[i].data();
-      }
-    }
     std::vector<float> values(shape.rows * shape.cols);
-    io.values = values.data();
+    const DequantIo io = decoder_input(q, dtype, shape, values);
     c.family->dequantize(c.args, io);
     const std::size_t esize = element_size(dtype);
     const auto w_at = [&](std::uint64_t r, std::uint64_t k) {
