@@ -21,6 +21,10 @@ const std::vector<SimdLevel>& simd_levels() {
   return levels;
 }
 
+namespace {
+thread_local const SimdLevel* scoped_level = nullptr;  // ScopedSimdLevel
+}  // namespace
+
 const SimdLevel& simd_best_level() {
   static const SimdLevel best = [] {
     for (const SimdLevel& level : simd_levels()) {
@@ -28,7 +32,13 @@ const SimdLevel& simd_best_level() {
     }
     return SimdLevel{};
   }();
-  return best;
+  return scoped_level != nullptr ? *scoped_level : best;
 }
+
+ScopedSimdLevel::ScopedSimdLevel(const SimdLevel& level) : previous_(scoped_level) {
+  scoped_level = &level;
+}
+
+ScopedSimdLevel::~ScopedSimdLevel() { scoped_level = previous_; }
 
 }  // namespace ctquant::detail

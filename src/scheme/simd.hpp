@@ -28,7 +28,24 @@ struct SimdLevel {
 const std::vector<SimdLevel>& simd_levels();
 
 // The first level of simd_levels() this CPU runs, or the scalar level
-// (target 0, "scalar") when it runs none. Checked once.
+// (target 0, "scalar") when it runs none. Checked once. On a thread where a
+// ScopedSimdLevel lives, its level instead.
 const SimdLevel& simd_best_level();
+
+// For tests: while it lives, simd_best_level() returns `level` on the
+// calling thread, so every fast path that looks the level up per call (each
+// SchemeFamily::quantize) runs that level's vector kernel, or its scalar
+// reference where this CPU does not run the level. A kernel pointer cached
+// in a function-local static keeps the level of its first call. Nests.
+class ScopedSimdLevel {
+ public:
+  explicit ScopedSimdLevel(const SimdLevel& level);
+  ~ScopedSimdLevel();
+  ScopedSimdLevel(const ScopedSimdLevel&) = delete;
+  ScopedSimdLevel& operator=(const ScopedSimdLevel&) = delete;
+
+ private:
+  const SimdLevel* previous_;
+};
 
 }  // namespace ctquant::detail
