@@ -19,6 +19,7 @@
 
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/fs.hpp"
 #include "ctquant/util/sha256.hpp"
 #include "util/input_file.hpp"
 
@@ -329,14 +330,7 @@ ManifestEntry write_manifest(const fs::path& dir, const std::vector<ManifestEntr
   if (!fsync) return entry;
   file.sync_and_close();
   // The manifest's directory entry, so that it survives a power loss with the rest.
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    throw io_error(fmt::format("{}: cannot open to flush: {}", dir.string(), std::strerror(errno)));
-  }
-  const int rc = ::fsync(dir_fd);
-  const int error = errno;
-  ::close(dir_fd);
-  if (rc != 0 && error != EINVAL) throw_write_error(dir.string(), error);
+  fsync_directory(dir);
   return entry;
 }
 
