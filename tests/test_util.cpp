@@ -1,20 +1,61 @@
-// The directory flush of util/fs.hpp: what it throws and what it ignores;
-// the write errors of util/error.hpp.
+// The text helpers of util/text.hpp on exact inputs, and the directory
+// flush of util/fs.hpp: what it throws and what it ignores.
 #include <gtest/gtest.h>
 
 #include <cerrno>
 #include <filesystem>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/fs.hpp"
+#include "ctquant/util/text.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {
 namespace {
 
 namespace fs = std::filesystem;
+
+TEST(Plural, AddsAnSUnlessTheCountIsOne) {
+  EXPECT_EQ(plural(0, "file"), "0 files");
+  EXPECT_EQ(plural(1, "file"), "1 file");
+  EXPECT_EQ(plural(2, "tensor"), "2 tensors");
+  EXPECT_EQ(plural(1000, "shard"), "1000 shards");
+}
+
+TEST(Join, ListsAtMostMaxItemsThenCountsTheRest) {
+  const std::vector<std::string> items{"q_proj", "k_proj", "v_proj", "o_proj"};
+  EXPECT_EQ(join(items, 10), "q_proj, k_proj, v_proj, o_proj");
+  EXPECT_EQ(join(items, 4), "q_proj, k_proj, v_proj, o_proj");
+  EXPECT_EQ(join(items, 2), "q_proj, k_proj ... and 2 more");
+  EXPECT_EQ(join(items, 0), " ... and 4 more");
+  EXPECT_EQ(join(items, 3, " | "), "q_proj | k_proj | v_proj ... and 1 more");
+  EXPECT_EQ(join({}, 5), "");
+}
+
+TEST(ReplaceAll, ReplacesEveryOccurrenceLikePythonStrReplace) {
+  EXPECT_EQ(replace_all("a,b,c", ",", "."), "a.b.c");
+  EXPECT_EQ(replace_all("layers.0.gate_proj", "gate_proj", "gate_up_proj"),
+            "layers.0.gate_up_proj");
+  // What was inserted is not searched again ("aa".replace("a", "aa") == "aaaa").
+  EXPECT_EQ(replace_all("aa", "a", "aa"), "aaaa");
+  // Matches do not overlap ("aaa".replace("aa", "b") == "ba").
+  EXPECT_EQ(replace_all("aaa", "aa", "b"), "ba");
+  EXPECT_EQ(replace_all("abc", "x", "y"), "abc");
+  // An empty pattern leaves the text unchanged.
+  EXPECT_EQ(replace_all("abc", "", "-"), "abc");
+}
+
+TEST(Upper, UpperCasesAsciiLettersOnly) {
+  EXPECT_EQ(upper("w4a16"), "W4A16");
+  EXPECT_EQ(upper("nvfp4a16"), "NVFP4A16");
+  EXPECT_EQ(upper("FP8_dynamic"), "FP8_DYNAMIC");
+  // Bytes outside ASCII (here UTF-8 for "é") are left as they are.
+  EXPECT_EQ(upper("caf\xc3\xa9"), "CAF\xc3\xa9");
+  EXPECT_EQ(upper(""), "");
+}
 
 TEST(FsyncDirectory, FlushesAnExistingDirectory) {
   TempDir dir;
