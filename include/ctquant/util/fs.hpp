@@ -5,7 +5,8 @@
 // The callers differ in what a failed flush means, so there are two entry
 // points over one implementation:
 //   - fsync_directory, where the flush is part of writing the result (the
-//     shards and the manifest of a staged OUTPUT): a failure fails the run;
+//     directory execute_plan writes the shards into, the manifest's
+//     directory): a failure fails the run;
 //   - fsync_directory_best_effort, after a rename has already put the result
 //     in place (StagedOutput, StagedFile), where failing would report as
 //     lost an output that is there, and for the stage directory of a split
