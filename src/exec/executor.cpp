@@ -30,6 +30,7 @@
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/fs.hpp"
 #include "exec/phase_times.hpp"
 #include "exec/write_queue.hpp"
 #include "util/input_file.hpp"
@@ -962,18 +963,7 @@ class Executor {
       if (options_.fsync) file->sync_and_close();
     }
     outputs_.clear();
-    if (options_.fsync) {
-      const int dir_fd = ::open(out_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dir_fd < 0) {
-        throw io_error(
-            fmt::format("{}: cannot open to flush: {}", out_dir_.string(), std::strerror(errno)));
-      }
-      const int rc = ::fsync(dir_fd);
-      const int error = errno;
-      ::close(dir_fd);
-      // Some filesystems cannot fsync a directory (EINVAL); nothing to flush then.
-      if (rc != 0 && error != EINVAL) throw_write_error(out_dir_.string(), error);
-    }
+    if (options_.fsync) fsync_directory(out_dir_);
   }
 
   const Checkpoint& ckpt_;

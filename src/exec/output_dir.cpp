@@ -22,6 +22,7 @@
 #include "ctquant/exec/path_policy.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/fs.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "util/input_file.hpp"
 
@@ -40,14 +41,6 @@ fs::path absolute_normal(const fs::path& p) {
     abs = abs.parent_path();
   }
   return abs;
-}
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 // Why --force may not replace the existing entry at path (completing "it ...",
@@ -197,7 +190,7 @@ void StagedOutput::commit() {
     // directory created at OUTPUT in the meantime.
     if (rename_with_flags(temp_, output_, RENAME_NOREPLACE)) {
       committed_ = true;
-      fsync_dir(output_.parent_path());
+      fsync_directory_best_effort(output_.parent_path());
       return;
     }
     const int error = errno;
@@ -230,7 +223,7 @@ void StagedOutput::commit() {
             output_.string(), why, std::strerror(error), kept.string()));
       }
       committed_ = true;
-      fsync_dir(output_.parent_path());
+      fsync_directory_best_effort(output_.parent_path());
       remove_directory(temp_, DirectoryRemoval::kTree, ec);
       return;
     }
@@ -271,7 +264,7 @@ void StagedOutput::commit() {
                                output_.string(), ec.message()));
   }
   committed_ = true;
-  fsync_dir(output_.parent_path());
+  fsync_directory_best_effort(output_.parent_path());
   if (!aside.empty()) remove_directory(aside, DirectoryRemoval::kTree, ec);
 }
 
@@ -393,7 +386,7 @@ void StagedFile::commit() {
     throw io_error(fmt::format("{}: cannot rename into place: {}", label_, std::strerror(errno)));
   }
   committed_ = true;
-  if (fsync_) fsync_dir(path_.parent_path());
+  if (fsync_) fsync_directory_best_effort(path_.parent_path());
 }
 
 }  // namespace ctquant

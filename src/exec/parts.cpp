@@ -20,6 +20,7 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/fs.hpp"
 #include "ctquant/util/sha256.hpp"
 #include "ctquant/util/version.hpp"
 #include "util/input_file.hpp"
@@ -63,13 +64,6 @@ std::optional<PartSpec> part_of_file_name(const std::string& name, std::string_v
 }
 
 // ---- small file operations ----
-
-void fsync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
 
 // Writes text to path in one step (StagedFile): a reader sees the old
 // content or the new, whole.
@@ -732,7 +726,7 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
       throw io_error(fmt::format("{}: cannot move into the staging directory: {}",
                                  (work / f->name).string(), ec.message()));
     }
-    if (execute.fsync) fsync_directory(stage);
+    if (execute.fsync) fsync_directory_best_effort(stage);
     const FileEntry entry{f->name, digest.size, digest.sha256, f->tensors};
     const std::string line = log_line(entry_json(entry));
     if (::write(log_fd.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
@@ -765,7 +759,7 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
   log_fd = detail::UniqueFd();
   fs::remove(log_path, ec);
   remove_directory(work, DirectoryRemoval::kTree, ec);
-  if (execute.fsync) fsync_directory(stage);
+  if (execute.fsync) fsync_directory_best_effort(stage);
   if (log) {
     log->info("{}: complete: {} file(s) written, {} kept; record {}", who, summary.files_written,
               summary.files_kept, summary.record.string());
@@ -1053,7 +1047,7 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
   summary.manifest.push_back(manifest);
   std::sort(summary.manifest.begin(), summary.manifest.end(),
             [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
-  if (options.fsync) fsync_directory(staged.dir());
+  if (options.fsync) fsync_directory_best_effort(staged.dir());
   summary.parts = count;
   summary.files = plan_order.size();
   summary.bytes = total + manifest.size;

@@ -68,16 +68,6 @@ ShardLayout layout_shard(std::span<const TensorSpec> tensors,
   return layout;
 }
 
-void throw_write_error(const std::string& what, int errno_value) {
-  if (errno_value == ENOSPC || errno_value == EDQUOT || errno_value == EFBIG) {
-    throw Error(ErrorKind::kNoSpace,
-                fmt::format("{}: no space left for the output ({}{})", what,
-                            std::strerror(errno_value),
-                            errno_value == EFBIG ? ": the file size limit was reached" : ""));
-  }
-  throw io_error(fmt::format("{}: write failed: {}", what, std::strerror(errno_value)));
-}
-
 OutputFile::OutputFile(const std::filesystem::path& path, std::shared_ptr<FdPool> pool)
     : path_(path), pool_(std::move(pool)) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/scheme/registry.hpp"
@@ -56,26 +57,6 @@ bool names_prefixed_at_load(const Checkpoint& checkpoint) {
 namespace {
 
 constexpr std::size_t kMaxNearMisses = 5;
-
-std::string param_of(const std::string& tensor) {
-  const auto dot = tensor.rfind('.');
-  return dot == std::string::npos ? tensor : tensor.substr(dot + 1);
-}
-
-std::string join(const std::vector<std::string>& items, std::size_t max_items,
-                 std::string_view separator = ", ") {
-  std::string out;
-  for (std::size_t i = 0; i < items.size() && i < max_items; ++i) {
-    if (i > 0) out += separator;
-    out += items[i];
-  }
-  if (items.size() > max_items) out += fmt::format(" ... and {} more", items.size() - max_items);
-  return out;
-}
-
-std::string plural(std::size_t n, const char* word) {
-  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
-}
 
 // The last run of [A-Za-z0-9_] in an entry (its `re:` prefix stripped), the
 // word near misses must contain; "" when there is none.
@@ -132,7 +113,7 @@ struct LintContext {
           weights.push_back(LintWeight{m.name + ".weight", m.name, q, m.rule, m.source.rows,
                                        m.source.cols, q ? &plan.group_of(m) : nullptr});
         }
-      } else if (param_of(d.name) == "weight" && t.shape.size() == 2) {
+      } else if (last_component(d.name) == "weight" && t.shape.size() == 2) {
         const bool q = d.fate == Fate::kQuantize;
         weights.push_back(LintWeight{d.name, d.module, q, d.rule, t.shape[0], t.shape[1],
                                      q ? &plan.group_of(plan.modules[d.modules.front()])
@@ -148,7 +129,7 @@ struct LintContext {
     const auto it = decisions_of.find(module);
     if (it == decisions_of.end()) return nullptr;
     for (std::size_t i : it->second) {
-      if (param_of(plan.decisions[i].name) == "weight") return &plan.decisions[i];
+      if (last_component(plan.decisions[i].name) == "weight") return &plan.decisions[i];
     }
     return nullptr;
   }

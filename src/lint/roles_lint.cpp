@@ -6,26 +6,13 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/util/text.hpp"
+
 namespace ctquant::detail {
 
 using nlohmann::json;
 
 namespace {
-
-std::string join(const std::vector<std::string>& items, std::size_t max_items,
-                 const char* separator = ", ") {
-  std::string out;
-  for (std::size_t i = 0; i < items.size() && i < max_items; ++i) {
-    if (i > 0) out += separator;
-    out += items[i];
-  }
-  if (items.size() > max_items) out += fmt::format(" ... and {} more", items.size() - max_items);
-  return out;
-}
-
-std::string plural(std::size_t n, const char* word) {
-  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
-}
 
 std::string template_of(const std::string& name) {
   std::string out;

@@ -75,15 +75,9 @@ SchemeGroup preset_group(const std::string& preset) {
 
 namespace {
 
-std::string param_of(const std::string& tensor_name) {
-  const auto dot = tensor_name.rfind('.');
-  return dot == std::string::npos ? tensor_name : tensor_name.substr(dot + 1);
-}
-
 // Section 2, rule 6: the last component contains "embed", or is wte / wpe.
 bool is_embedding(const std::string& module) {
-  const auto dot = module.rfind('.');
-  const std::string last = dot == std::string::npos ? module : module.substr(dot + 1);
+  const std::string last = last_component(module);
   return last.find("embed") != std::string::npos || last == "wte" || last == "wpe";
 }
 
@@ -193,7 +187,7 @@ class SelectionRules {
 std::string not_a_candidate(const std::string& name, const std::string& module,
                             const std::vector<std::uint64_t>& shape, DType dtype,
                             const std::string& dtype_text) {
-  if (param_of(name) != "weight" || module.empty()) return "not a .weight tensor";
+  if (last_component(name) != "weight" || module.empty()) return "not a .weight tensor";
   if (shape.size() != 2) return fmt::format("{}-D, not a 2-D linear weight", shape.size());
   if (module.ends_with("norm")) return "module ends with 'norm'";
   if (!is_quantizable_float(dtype)) return fmt::format("dtype {} is not BF16, F16 or F32", dtype_text);
@@ -318,7 +312,7 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
                     dtype));
     return std::nullopt;
   }
-  if (!stacked && (param_of(t.name) != "weight" || d.module.empty())) {
+  if (!stacked && (last_component(t.name) != "weight" || d.module.empty())) {
     problem(
         fmt::format("{} tensor that is not a module's .weight: ctquant dequantizes FP8 weights "
                     "only, and the output must not carry F8 tensors it did not write",
@@ -352,7 +346,7 @@ std::optional<Fp8Source> fp8_weight_source(const Checkpoint& checkpoint, const I
   }
   // A stacked tensor without a .weight suffix (`experts.gate_up_proj`) has
   // its scale beside it as `experts.gate_up_proj_<scale param>`.
-  const std::string scale_name = stacked && param_of(t.name) != "weight"
+  const std::string scale_name = stacked && last_component(t.name) != "weight"
                                      ? t.name + "_" + std::string(q.scale_param())
                                      : d.module + "." + std::string(q.scale_param());
   const auto scale = checkpoint.tensors.find(scale_name);
@@ -623,7 +617,7 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
       d.module = module_of(t.name);
       d.source = TensorLocation{s, e};
       d.fate = Fate::kCopy;
-      const std::string param = param_of(t.name);
+      const std::string param = last_component(t.name);
       std::vector<std::string> found;
       bool both_keys = false;
       const auto key = stacked_key(t.name, both_keys);

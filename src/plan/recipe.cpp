@@ -17,6 +17,7 @@
 
 #include "ctquant/format/config.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 #include "ctquant/util/version.hpp"
 #include "util/input_file.hpp"
 
@@ -598,12 +599,6 @@ class RecipeReader {
 };
 
 // ---- resolving and writing ----
-
-std::string upper(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-  return text;
-}
 
 // A JSON string for messages; bytes that are not UTF-8 (refused later by
 // the planner, naming them) become U+FFFD here instead of throwing.

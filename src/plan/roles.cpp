@@ -10,6 +10,7 @@
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -366,16 +367,6 @@ std::string join_dots(const std::vector<std::string>& parts, std::size_t from = 
 bool is_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(),
                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-}
-
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  if (from.empty()) return text;
-  std::size_t at = 0;
-  while ((at = text.find(from, at)) != std::string::npos) {
-    text.replace(at, from.size(), to);
-    at += to.size();
-  }
-  return text;
 }
 
 std::optional<std::uint64_t> uint_field(const json& object, const char* key) {

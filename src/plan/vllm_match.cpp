@@ -5,21 +5,11 @@
 #include <fmt/format.h>
 
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
 namespace {
-
-// Python str.replace: every occurrence.
-std::string replace_all(std::string text, const std::string& from, const std::string& to) {
-  if (from.empty()) return text;
-  std::size_t at = 0;
-  while ((at = text.find(from, at)) != std::string::npos) {
-    text.replace(at, from.size(), to);
-    at += to.size();
-  }
-  return text;
-}
 
 std::vector<std::string> mapped(const RoleAnalysis& roles, const std::vector<std::string>& entries) {
   std::vector<std::string> out;

@@ -14,6 +14,7 @@
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -39,10 +40,6 @@ std::string grouped(std::uint64_t n) {
     out += digits[i];
   }
   return out;
-}
-
-std::string plural(std::size_t n, const char* word) {
-  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
 }
 
 std::uint64_t file_bytes(const fs::path& path) {

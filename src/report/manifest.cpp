@@ -19,8 +19,10 @@
 
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/fs.hpp"
 #include "ctquant/util/sha256.hpp"
 #include "util/input_file.hpp"
+#include "util/ordered_parallel.hpp"
 
 namespace ctquant {
 
@@ -31,35 +33,6 @@ namespace {
 
 // A manifest lists a few dozen files; the bound keeps a hostile one small.
 constexpr std::uint64_t kMaxManifestBytes = 16u << 20;
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads taken from a shared
-// counter; rethrows the exception of the lowest failing index.
-template <class Fn>
-void for_each_index(std::size_t n, unsigned threads, Fn fn) {
-  std::atomic<std::size_t> next{0};
-  std::mutex error_mutex;
-  std::exception_ptr first_error;
-  std::size_t first_error_index = n;
-  auto worker = [&] {
-    for (std::size_t i = next++; i < n; i = next++) {
-      try {
-        fn(i);
-      } catch (...) {
-        const std::lock_guard lock(error_mutex);
-        if (i < first_error_index) {
-          first_error_index = i;
-          first_error = std::current_exception();
-        }
-      }
-    }
-  };
-  const std::size_t n_threads = std::clamp<std::size_t>(threads, 1, std::max<std::size_t>(n, 1));
-  std::vector<std::thread> pool;
-  for (std::size_t t = 1; t < n_threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (first_error) std::rethrow_exception(first_error);
-}
 
 // What a directory entry that is not a regular file is, for messages.
 std::string entry_kind(const fs::directory_entry& item) {
@@ -329,14 +302,7 @@ ManifestEntry write_manifest(const fs::path& dir, const std::vector<ManifestEntr
   if (!fsync) return entry;
   file.sync_and_close();
   // The manifest's directory entry, so that it survives a power loss with the rest.
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    throw io_error(fmt::format("{}: cannot open to flush: {}", dir.string(), std::strerror(errno)));
-  }
-  const int rc = ::fsync(dir_fd);
-  const int error = errno;
-  ::close(dir_fd);
-  if (rc != 0 && error != EINVAL) throw_write_error(dir.string(), error);
+  fsync_directory(dir);
   return entry;
 }
 
@@ -394,49 +360,51 @@ ManifestCheck check_manifest(const fs::path& dir, unsigned threads) {
   ManifestCheck check;
   check.dir = dir;
   check.files_listed = listed.size();
-  // One slot per listed file, filled in parallel, then extras; sorted by name at the end.
-  std::vector<std::optional<ManifestProblem>> found(listed.size());
-  for_each_index(listed.size(), threads, [&](std::size_t i) {
+  // The listed files checked in parallel and counted in manifest order, then
+  // extras; sorted by name at the end.
+  const auto check_listed = [&](std::size_t i, unsigned) -> std::optional<ManifestProblem> {
     const ManifestEntry& want = listed[i];
     const fs::path path = dir / want.name;
     if (std::binary_search(listing.regular.begin(), listing.regular.end(), want.name)) {
       if (is_lfs_pointer(path, path.string())) {
         std::error_code ec;
-        found[i] = ManifestProblem{
+        return ManifestProblem{
             "lfs_pointer", want.name,
             fmt::format("is a Git LFS pointer file ({} bytes), not the file of {} bytes: fetch "
                         "it with git lfs pull",
                         fs::file_size(path, ec), want.size)};
-        return;
       }
       const FileDigest got = sha256_file(path, path.string());
       if (got.size != want.size) {
-        found[i] = ManifestProblem{
+        return ManifestProblem{
             "size", want.name,
             fmt::format("{} bytes, the manifest says {} ({})", got.size, want.size,
                         got.size < want.size ? "truncated" : "longer")};
-      } else if (got.sha256 != want.sha256) {
-        found[i] = ManifestProblem{
+      }
+      if (got.sha256 != want.sha256) {
+        return ManifestProblem{
             "sha256", want.name,
             fmt::format("sha256 {}, the manifest says {}", got.sha256, want.sha256)};
       }
-      return;
+      return std::nullopt;
     }
     const auto other = listing.other.find(want.name);
-    found[i] = ManifestProblem{
+    return ManifestProblem{
         "missing", want.name,
         other == listing.other.end()
             ? fmt::format("missing ({} bytes listed)", want.size)
             : fmt::format("is {}, not the regular file of {} bytes listed", other->second,
                           want.size)};
-  });
-  for (std::size_t i = 0; i < listed.size(); ++i) {
-    if (found[i]) {
-      check.problems.push_back(std::move(*found[i]));
-    } else {
-      ++check.files_ok;
-    }
-  }
+  };
+  detail::ordered_parallel<std::optional<ManifestProblem>>(
+      listed.size(), threads, check_listed,
+      [&](std::size_t, std::optional<ManifestProblem> problem) {
+        if (problem) {
+          check.problems.push_back(std::move(*problem));
+        } else {
+          ++check.files_ok;
+        }
+      });
   std::set<std::string> listed_names;
   for (const ManifestEntry& e : listed) listed_names.insert(e.name);
   auto is_listed = [&](const std::string& name) { return listed_names.count(name) > 0; };

@@ -3,12 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <exception>
-#include <mutex>
 #include <string_view>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -16,6 +12,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/sha256.hpp"
 #include "ctquant/util/version.hpp"
+#include "util/ordered_parallel.hpp"
 
 namespace ctquant {
 
@@ -61,28 +58,15 @@ std::vector<ManifestEntry> hash_input_files(const fs::path& input, bool follow_s
     root = input.parent_path().empty() ? fs::path(".") : input.parent_path();
     names = {input.filename().string()};
   }
-  std::vector<ManifestEntry> entries(names.size());
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (std::size_t i = next++; i < names.size(); i = next++) {
-      try {
+  std::vector<ManifestEntry> entries;
+  entries.reserve(names.size());
+  detail::ordered_parallel<ManifestEntry>(
+      names.size(), threads,
+      [&](std::size_t i, unsigned) {
         const FileDigest digest = sha256_file(root / names[i], (root / names[i]).string());
-        entries[i] = ManifestEntry{names[i], digest.size, digest.sha256};
-      } catch (...) {
-        const std::lock_guard lock(error_mutex);
-        if (!error) error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < std::min<std::size_t>(std::max(threads, 1u), names.size()); ++t) {
-    pool.emplace_back(worker);
-  }
-  worker();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+        return ManifestEntry{names[i], digest.size, digest.sha256};
+      },
+      [&](std::size_t, ManifestEntry entry) { entries.push_back(std::move(entry)); });
   return entries;
 }
 

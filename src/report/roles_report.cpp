@@ -5,15 +5,13 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/util/text.hpp"
+
 namespace ctquant {
 
 using nlohmann::json;
 
 namespace {
-
-std::string plural(std::size_t n, const char* word) {
-  return fmt::format("{} {}{}", n, word, n == 1 ? "" : "s");
-}
 
 const char* kind_name(StackedExperts::Kind kind) {
   switch (kind) {

@@ -8,6 +8,7 @@
 
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -37,12 +38,6 @@ constexpr std::array kFamilies = {
     &kFloatQuantizedFamily,
     &kNaiveQuantizedFamily,
 };
-
-std::string upper(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
-}
 
 }  // namespace
 

@@ -1,7 +1,8 @@
 // Private: running numbered tasks on several threads while their results
 // are used in order, for work whose outcome must not depend on the thread
 // count (verify's chunk comparisons: the report lists differences in file
-// order, and sums are added in row order).
+// order, and sums are added in row order; the files hashed for the run
+// report and checked by verify --manifest, listed in name order).
 #pragma once
 
 #include <algorithm>

@@ -17,6 +17,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 #include "util/input_file.hpp"
 #include "verify/side.hpp"
 
@@ -455,7 +456,7 @@ void compare_config_values(json ca, json cb, const Labels& labels, bool compare_
         ga = renamed;
         c.note("config", file, "",
                fmt::format("quantization_config.config_groups names: {} in {}, {} in {}",
-                           names_list(na), labels.a, names_list(nb), labels.b));
+                           join(na, kMaxNamesInMessage), labels.a, join(nb, kMaxNamesInMessage), labels.b));
       }
     }
   }
@@ -536,7 +537,7 @@ void compare_other_files(const Side& a, const Side& b, const Labels& labels, Col
         for (const auto& d : deltas) texts.push_back(delta_text(d, labels));
         c.diff("file", name, "",
                fmt::format("JSON differs at {} place{}: {}", deltas.size(),
-                           deltas.size() == 1 ? "" : "s", names_list(texts, 3)),
+                           deltas.size() == 1 ? "" : "s", join(texts, 3)),
                json{{"json_differences", deltas.size()}});
         continue;
       } catch (const Error& e) {
@@ -690,7 +691,7 @@ void compare_indexes(const Side& a, const Side& b, const Labels& labels, bool pl
         });
     const std::string text = fmt::format("weight_map differs for {} tensor{}: {}",
                                          differing.size(), differing.size() == 1 ? "" : "s",
-                                         names_list(differing));
+                                         join(differing, kMaxNamesInMessage));
     if (placement_only) {
       c.note("index", file, "", text + " (held by other shards; both indexes agree with their "
                                        "shards)",

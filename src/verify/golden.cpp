@@ -4,6 +4,7 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/verify/loadability.hpp"
+#include "ctquant/util/text.hpp"
 #include "util/ordered_parallel.hpp"
 #include "verify/side.hpp"
 
@@ -92,7 +93,7 @@ void list_tensor(const std::string& name, const Side& a, const Side& b, const La
       for (std::size_t s : it->second) files.push_back(side->shards[s].label());
       c.diff("duplicate_tensor", files.front(), name,
              fmt::format("{} holds it in {} shards: {}", side->label, files.size(),
-                         names_list(files)));
+                         join(files, kMaxNamesInMessage)));
     }
   }
   if (ia == a.where.end()) {

@@ -152,16 +152,6 @@ std::string short_json(const json& value) {
   return text;
 }
 
-std::string names_list(const std::vector<std::string>& names, std::size_t max) {
-  std::string out;
-  for (std::size_t i = 0; i < names.size() && i < max; ++i) {
-    if (i > 0) out += ", ";
-    out += names[i];
-  }
-  if (names.size() > max) out += fmt::format(" ... and {} more", names.size() - max);
-  return out;
-}
-
 std::string index_string(std::uint64_t flat, const std::vector<std::uint64_t>& shape) {
   if (shape.empty()) return "[]";
   std::vector<std::uint64_t> idx(shape.size());

@@ -121,8 +121,6 @@ struct Labels {
 };
 
 std::string short_json(const nlohmann::json& value);
-std::string names_list(const std::vector<std::string>& names,
-                       std::size_t max = kMaxNamesInMessage);
 // "[i, j]" of a flat element index in shape.
 std::string index_string(std::uint64_t flat, const std::vector<std::uint64_t>& shape);
 

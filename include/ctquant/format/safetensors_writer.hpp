@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ctquant/format/dtype.hpp"
+#include "ctquant/util/error.hpp"  // throw_write_error
 #include "ctquant/util/fd_pool.hpp"
 
 namespace ctquant {
@@ -85,9 +86,5 @@ class OutputFile {
   std::shared_ptr<FdPool> pool_;  // null once closed
   std::size_t slot_ = 0;
 };
-
-// Throws the error for a failed write: Error{kNoSpace} for ENOSPC, EDQUOT and
-// EFBIG (the file size limit), Error{kIo} otherwise. what names the file.
-[[noreturn]] void throw_write_error(const std::string& what, int errno_value);
 
 }  // namespace ctquant

@@ -39,7 +39,8 @@ nlohmann::json with_envelope(nlohmann::json report, std::string_view command,
 // files list_checkpoint_files gives, shards, index, config.json and the
 // files copied; a single .safetensors file: that file), with size and
 // SHA-256, sorted by name, `threads` files at a time. Throws what
-// list_checkpoint_files and sha256_file throw.
+// list_checkpoint_files and sha256_file throw (when several files fail, the
+// error of the first in name order).
 std::vector<ManifestEntry> hash_input_files(const std::filesystem::path& input,
                                             bool follow_symlinks, unsigned threads);
 

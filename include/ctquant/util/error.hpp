@@ -38,6 +38,10 @@ inline Error usage_error(const std::string& message) { return {ErrorKind::kUsage
 inline Error bad_input(const std::string& message) { return {ErrorKind::kBadInput, message}; }
 inline Error io_error(const std::string& message) { return {ErrorKind::kIo, message}; }
 
+// Throws the error for a failed write: Error{kNoSpace} for ENOSPC, EDQUOT and
+// EFBIG (the file size limit), Error{kIo} otherwise. what names the file.
+[[noreturn]] void throw_write_error(const std::string& what, int errno_value);
+
 // Process exit status for an error kind, as documented in docs/cli.md.
 int exit_status(ErrorKind kind) noexcept;
 

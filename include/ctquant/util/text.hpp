@@ -1,0 +1,30 @@
+// Small text helpers shared by messages, reports and name matching.
+// None of them throws except std::bad_alloc.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ctquant {
+
+// "N word" with an "s" added unless N is 1: plural(1, "file") is "1 file",
+// plural(3, "file") is "3 files".
+std::string plural(std::size_t n, std::string_view word);
+
+// The first max_items items separated by `separator`, followed by
+// " ... and K more" when K items were left out.
+std::string join(const std::vector<std::string>& items, std::size_t max_items,
+                 std::string_view separator = ", ");
+
+// Every occurrence of `from` in text replaced by `to`, left to right and not
+// rescanning what was inserted (Python's str.replace); text unchanged when
+// `from` is empty.
+std::string replace_all(std::string text, std::string_view from, std::string_view to);
+
+// text with the ASCII letters a-z upper-cased (std::toupper in the "C"
+// locale); other bytes unchanged.
+std::string upper(std::string_view text);
+
+}  // namespace ctquant
