@@ -1190,6 +1190,32 @@ TEST(LintL15, IgnoreEntriesKeepingMostWeightsWarnWithTheEntry) {
   EXPECT_TRUE(with_id(lint_family(test::Family::kLlama).findings, "L15").empty());
 }
 
+// Regression: on a DFlash draft whose fc is about 7% of its linear weights
+// (the Laguna layout), L16's fix (keep fc in 16 bits) dropped the share
+// under 80% and L15 then said to remove that entry: under --strict no
+// command passed. A module kept for the engines as L16 advises is not
+// counted against the share.
+TEST(LintL15, DraftFcKeptAsL16AdvisesPassesStrict) {
+  const Linted packed = lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$"});
+  const auto l16 = with_id(packed.findings, "L16");
+  ASSERT_EQ(l16.size(), 1u);
+  EXPECT_TRUE(with_id(packed.findings, "L15").empty());
+  PlanOptions options = packed.plan.options;
+  options = apply_fix(options, l16[0]);
+  std::vector<std::string> ignore = options.ignore;
+  ASSERT_EQ(ignore.size(), 2u);
+  const Linted fixed = lint_layout(dflash_layers(), kDFlashConfig, ignore);
+  // fc is now 16-bit: below 80% of all linear weights, not of the others.
+  EXPECT_LT(fixed.plan.linear_params_quantized * 10, fixed.plan.linear_params * 8);
+  EXPECT_TRUE(with_id(fixed.findings, "L16").empty());
+  EXPECT_TRUE(with_id(fixed.findings, "L15").empty());
+  EXPECT_TRUE(blocking_findings(fixed.findings, true, false).empty());
+  // The same share kept by an entry of another kind is still a warning.
+  const Linted other = lint_layout(dflash_layers(), kDFlashConfig,
+                                   {"re:.*qkv_proj$", "re:.*layers\\.0\\.mlp\\.down_proj$"});
+  EXPECT_EQ(with_id(other.findings, "L15").size(), 1u);
+}
+
 // A vision tower kept by default: the option that changes it is
 // --quantize-vision.
 TEST(LintL15, KeptVisionTowerNamesQuantizeVision) {

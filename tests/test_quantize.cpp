@@ -525,6 +525,41 @@ TEST(Quantize, ShardOfShardedCheckpointIsRefusedNamingTheDirectory) {
   EXPECT_EQ(open_checkpoint(tmp / "one" / "model-00001-of-00001.safetensors").shards.size(), 1u);
 }
 
+// Regression: one shard of a sharded checkpoint copied alone into a
+// directory was quantized as the whole model (exit 0), and the refusal of
+// the shard given as a file sent the user to that directory. A directory
+// whose only .safetensors file is named as one shard of several, with no
+// index, is refused naming the missing shards; so is the file, without the
+// hint to give its incomplete directory.
+TEST(Quantize, LoneShardWithoutItsSiblingsIsRefusedNamingTheMissingShards) {
+  TempDir tmp;
+  fs::create_directories(tmp / "lone");
+  const fs::path shard = tmp / "lone" / "model-00002-of-00003.safetensors";
+  write_safetensors(shard, {weight("layers.1.o_proj.weight", DType::kBF16, 8, 128)});
+  try {
+    open_checkpoint(tmp / "lone");
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    expect_message(e.what(), {(tmp / "lone").string() +
+                                  ": holds only 'model-00002-of-00003.safetensors'",
+                              "one shard of 3", "no model.safetensors.index.json",
+                              "model-00001-of-00003.safetensors, model-00003-of-00003.safetensors"});
+  }
+  const test::CommandResult r =
+      test::run_ctquant({"quantize", (tmp / "lone").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  const test::CommandResult f =
+      test::run_ctquant({"quantize", shard.string(), (tmp / "out").string()});
+  EXPECT_EQ(f.exit_code, 2) << f.err;
+  expect_message(f.err, {shard.string() + ": one file of a sharded checkpoint",
+                         (tmp / "lone").string() + " lacks the other shards "
+                         "(model-00001-of-00003.safetensors, model-00003-of-00003.safetensors)"});
+  EXPECT_EQ(f.err.find("give the directory as INPUT instead"), std::string::npos) << f.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
 // Regression: a single-file model given as its file did not read the
 // config.json beside it, so a DFlash draft lost its defaults and g_proj was
 // packed. The config is read (and written, with quantization_config, to

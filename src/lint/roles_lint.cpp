@@ -450,6 +450,62 @@ std::string percent(std::uint64_t part, std::uint64_t whole) {
 
 }  // namespace
 
+namespace {
+
+// A draft or MTP module that engines build differently: what it is and what
+// each engine does with it packed.
+struct EngineModuleKind {
+  const char* what;
+  const char* engines;
+};
+
+// What each engine builds for the module (the files read, at their commits).
+const EngineModuleKind kEagleFc{
+    "EAGLE-3 fc",
+    "vLLM builds fc as ReplicatedLinear with the draft's quantization config and loads it "
+    "packed (vllm/model_executor/models/llama_eagle3.py@00bd1493); SGLang builds a plain "
+    "torch.nn.Linear (python/sglang/srt/models/llama_eagle3.py@03d5a777) and its loader skips "
+    "tensors it has no parameter for, so fc.weight_packed is dropped and fc keeps its random "
+    "initial values"};
+const EngineModuleKind kDflashFc{
+    "DFlash fc",
+    "vLLM builds fc as ReplicatedLinear with the draft's quantization config and loads it "
+    "packed (vllm/model_executor/models/qwen3_dflash.py@036a00d1); SGLang's DFlash draft "
+    "builds it as a plain torch.nn.Linear in older releases "
+    "(python/sglang/srt/models/dflash.py@7f151c5e, which cannot load it packed) and as "
+    "ReplicatedLinear with the quantization config in current ones (dflash.py@003b23d7)"};
+const EngineModuleKind kMtpFc{
+    "MTP fc",
+    "vLLM builds mtp.fc as ColumnParallelLinear with the model's quantization config and "
+    "loads it packed (vllm/model_executor/models/qwen3_next_mtp.py@055e47c2); SGLang builds "
+    "a plain torch.nn.Linear (python/sglang/srt/models/qwen3_next_mtp.py@00534216), which "
+    "cannot load it packed"};
+const EngineModuleKind kSelector{
+    "DFlash2 candidate selector and convolution projections",
+    "vLLM's DFlash drafts build no candidate selector or convolutions "
+    "(vllm/model_executor/models/qwen3_dflash.py@036a00d1); xLLM's DFlash2 copies "
+    "hidden_projection.weight and kernel_projection.weight as 16-bit tensors "
+    "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so packed they load nowhere"};
+
+// The kind of module m is (nullptr for a module every engine builds alike).
+// L16 warns when one is packed; L15 does not count one kept in 16 bits
+// against the quantized share, so following L16's fix passes L15.
+const EngineModuleKind* engine_module_kind(const RoleAnalysis& roles, const ModuleInfo& m) {
+  const std::string family = roles.family != nullptr ? roles.family->name : "";
+  const std::string last = last_component(m.module);
+  const std::string parent = last_component(module_of(m.module));
+  if (family == "EAGLE-3 draft" && last == "fc") return &kEagleFc;
+  if (family == "DFlash draft" && last == "fc") return &kDflashFc;
+  if ((last == "hidden_projection" && parent == "candidate_selector") ||
+      (last == "kernel_projection" && parent.ends_with("_conv"))) {
+    return &kSelector;
+  }
+  if (m.component == Component::kMtp && last == "fc") return &kMtpFc;
+  return nullptr;
+}
+
+}  // namespace
+
 void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
   const std::uint64_t total = plan_.linear_params;
   if (total == 0 || plan_.n_quantized == 0) return;  // nothing quantized is L9's
@@ -500,6 +556,9 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
       tensors.push_back(m.tensor);
     }
   };
+  // Draft and MTP modules kept in 16 bits so that every engine loads them,
+  // as L16 advises: not counted against the share.
+  std::uint64_t engine_kept = 0;
   // MoE layers whose experts all stay in 16 bits: (packed seen, kept seen).
   std::map<std::string, std::pair<bool, bool>> moe;
   for (const ModuleInfo& m : plan_.roles.modules) {
@@ -513,6 +572,10 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
     if (d->modules.empty()) {  // copied whole
       std::uint64_t params = 1;
       for (const std::uint64_t n : m.shape) params *= n;
+      if (engine_module_kind(plan_.roles, m) != nullptr) {  // kept for the engines (L16)
+        engine_kept += params;
+        continue;
+      }
       add(m, m.module, params, d->ignore_entry, d->rule);
       if (expert) moe[layer].second = true;
       continue;
@@ -521,7 +584,12 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
       const PlannedModule& pm = plan_.modules[mi];
       const bool packed = pm.kind == PlannedModule::Kind::kQuantize;
       if (expert) (packed ? moe[layer].first : moe[layer].second) = true;
-      if (!packed) add(m, pm.name, pm.source.rows * pm.source.cols, pm.ignore_entry, pm.rule);
+      if (packed) continue;
+      if (engine_module_kind(plan_.roles, m) != nullptr) {  // kept for the engines (L16)
+        engine_kept += pm.source.rows * pm.source.cols;
+        continue;
+      }
+      add(m, pm.name, pm.source.rows * pm.source.cols, pm.ignore_entry, pm.rule);
     }
   }
   std::size_t whole_layers = 0;
@@ -530,7 +598,7 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
   }
   const std::uint64_t quantized = plan_.linear_params_quantized;
   const bool low = static_cast<double>(quantized) <
-                   kMinQuantizedShare * static_cast<double>(total);
+                   kMinQuantizedShare * static_cast<double>(total - engine_kept);
   if (!low && whole_layers == 0) return;
   std::stable_sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
     return kept.at(a).params > kept.at(b).params;
@@ -586,61 +654,17 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
 
 // ---- L16 ----
 void RolesLint::engine_modules(std::vector<Finding>& out) const {
-  struct Kind {
-    const char* what;
-    const char* engines;
-  };
-  // What each engine builds for the module (the files read, at their commits).
-  static const Kind kEagleFc{
-      "EAGLE-3 fc",
-      "vLLM builds fc as ReplicatedLinear with the draft's quantization config and loads it "
-      "packed (vllm/model_executor/models/llama_eagle3.py@00bd1493); SGLang builds a plain "
-      "torch.nn.Linear (python/sglang/srt/models/llama_eagle3.py@03d5a777) and its loader skips "
-      "tensors it has no parameter for, so fc.weight_packed is dropped and fc keeps its random "
-      "initial values"};
-  static const Kind kDflashFc{
-      "DFlash fc",
-      "vLLM builds fc as ReplicatedLinear with the draft's quantization config and loads it "
-      "packed (vllm/model_executor/models/qwen3_dflash.py@036a00d1); SGLang's DFlash draft "
-      "builds it as a plain torch.nn.Linear in older releases "
-      "(python/sglang/srt/models/dflash.py@7f151c5e, which cannot load it packed) and as "
-      "ReplicatedLinear with the quantization config in current ones (dflash.py@003b23d7)"};
-  static const Kind kMtpFc{
-      "MTP fc",
-      "vLLM builds mtp.fc as ColumnParallelLinear with the model's quantization config and "
-      "loads it packed (vllm/model_executor/models/qwen3_next_mtp.py@055e47c2); SGLang builds "
-      "a plain torch.nn.Linear (python/sglang/srt/models/qwen3_next_mtp.py@00534216), which "
-      "cannot load it packed"};
-  static const Kind kSelector{
-      "DFlash2 candidate selector and convolution projections",
-      "vLLM's DFlash drafts build no candidate selector or convolutions "
-      "(vllm/model_executor/models/qwen3_dflash.py@036a00d1); xLLM's DFlash2 copies "
-      "hidden_projection.weight and kernel_projection.weight as 16-bit tensors "
-      "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so packed they load nowhere"};
-  const std::string family = plan_.roles.family != nullptr ? plan_.roles.family->name : "";
-  std::map<const Kind*, std::vector<const ModuleInfo*>> found;
-  std::vector<const Kind*> order;
+  std::map<const EngineModuleKind*, std::vector<const ModuleInfo*>> found;
+  std::vector<const EngineModuleKind*> order;
   for (const ModuleInfo& m : plan_.roles.modules) {
     if (!planned_packed(m)) continue;
-    const std::string last = last_component(m.module);
-    const std::string parent = last_component(module_of(m.module));
-    const Kind* kind = nullptr;
-    if (family == "EAGLE-3 draft" && last == "fc") {
-      kind = &kEagleFc;
-    } else if (family == "DFlash draft" && last == "fc") {
-      kind = &kDflashFc;
-    } else if ((last == "hidden_projection" && parent == "candidate_selector") ||
-               (last == "kernel_projection" && parent.ends_with("_conv"))) {
-      kind = &kSelector;
-    } else if (m.component == Component::kMtp && last == "fc") {
-      kind = &kMtpFc;
-    }
+    const EngineModuleKind* kind = engine_module_kind(plan_.roles, m);
     if (kind == nullptr) continue;
     auto [it, inserted] = found.try_emplace(kind);
     if (inserted) order.push_back(kind);
     it->second.push_back(&m);
   }
-  for (const Kind* kind : order) {
+  for (const EngineModuleKind* kind : order) {
     Finding f;
     f.id = "L16";
     f.severity = Severity::kWarning;

@@ -10,6 +10,7 @@
 
 #include "ctquant/source/hf_cache.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 #include "util/input_file.hpp"
 
 namespace ctquant {
@@ -88,6 +89,25 @@ std::string directory_entry_kind(const fs::directory_entry& item) {
   return "a special file (FIFO, socket or device)";
 }
 
+// When `name` is a shard's (NAME-0000i-of-0000N.safetensors with N > 1): the
+// names of the other shards of its set (same NAME, same digit widths) that
+// dir does not hold. Empty for any other name or a complete set.
+std::vector<std::string> missing_sibling_shards(const std::string& name, const fs::path& dir) {
+  static const std::regex kShard(R"((.+)-(\d+)-of-(\d+)\.safetensors)");
+  std::smatch match;
+  std::vector<std::string> missing;
+  if (!std::regex_match(name, match, kShard) || match[3].length() > 6) return missing;
+  const int n = std::stoi(match[3].str());
+  const int width = static_cast<int>(match[2].length());
+  for (int i = 1; i <= n; ++i) {
+    const std::string sibling = fmt::format("{}-{:0{}d}-of-{}.safetensors", match[1].str(), i,
+                                            width, match[3].str());
+    std::error_code ec;
+    if (sibling != name && !fs::exists(dir / sibling, ec)) missing.push_back(sibling);
+  }
+  return missing;
+}
+
 // Refuses one file of a sharded checkpoint given as INPUT (Error{kUsage}):
 // its name is a shard's (NAME-0000i-of-0000N.safetensors with N > 1), or the
 // index beside it lists it. A file the index does not list (a consolidated
@@ -127,6 +147,14 @@ void refuse_shard_of_directory(const fs::path& file, const fs::path& dir) {
     return {};
   }();
   if (why.empty()) return;
+  const std::vector<std::string> missing = missing_sibling_shards(name, dir);
+  if (!missing.empty() && !fs::exists(dir / kIndexFileName)) {
+    throw usage_error(fmt::format(
+        "{}: one file of a sharded checkpoint ({}); quantizing it alone would write part of the "
+        "model, and {} lacks the other shards ({}): give the directory that holds every shard "
+        "and {} as INPUT",
+        file.string(), why, dir.string(), join(missing, 4), kIndexFileName));
+  }
   throw usage_error(fmt::format(
       "{}: one file of a sharded checkpoint ({}); quantizing it alone would write part of the "
       "model: give the directory as INPUT instead: {}",
@@ -326,6 +354,16 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
       if (names.empty()) throw bad_input(fmt::format("{}: weight_map is empty", label));
       shard_names.assign(names.begin(), names.end());
     } else if (safetensors_files.size() == 1) {
+      // A lone file named as one shard of several is part of a model.
+      if (const auto missing = missing_sibling_shards(safetensors_files[0], input);
+          !missing.empty()) {
+        throw bad_input(fmt::format(
+            "{}: holds only '{}', whose name says it is one shard of {}, and no {}: the other "
+            "shards ({}) are missing, so quantizing it would write part of the model; copy "
+            "every shard and the index into the directory",
+            input.string(), safetensors_files[0], missing.size() + 1, kIndexFileName,
+            join(missing, 4)));
+      }
       shard_names = safetensors_files;
     } else if (safetensors_files.empty()) {
       throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
