@@ -179,10 +179,15 @@ std::string stage_refusal(const fs::path& stage) {
   const auto status = fs::status(stage, ec);
   if (!fs::exists(status)) return "";
   if (!fs::is_directory(status)) return "is not a directory";
-  if (fs::is_regular_file(fs::symlink_status(stage / kStageMarkerName, ec))) return "";
+  // Listed before the marker is looked for: parts started together make
+  // the marker before any other entry (run_part), so whatever the listing
+  // found is either the user's (and no marker appears) or came after a
+  // marker that the check below then finds. Looked for first, a marker made
+  // between the two steps would be listed as a foreign entry.
   const std::string first = first_entry(stage, ec);
   if (ec) return fmt::format("cannot be listed ({})", ec.message());
   if (first.empty()) return "";
+  if (fs::is_regular_file(fs::symlink_status(stage / kStageMarkerName, ec))) return "";
   return fmt::format(
       "holds '{}' but no {} marker: it is not a staging directory ctquant made, and parts "
       "would rename their files over what it holds",
