@@ -276,7 +276,6 @@ template <DType T>
 void search_t(const MseSearch& m) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::RebindToSigned<decltype(df)> di;
   using V = hn::Vec<decltype(df)>;
   const std::size_t n_lanes = hn::Lanes(df);
   const GroupLayout& layout = *m.layout;
