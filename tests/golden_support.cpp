@@ -1,5 +1,6 @@
 #include "golden_support.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "ctquant/plan/quant_config.hpp"
@@ -50,6 +51,11 @@ std::vector<std::string> case_names() {
   std::vector<std::string> names;
   for (const json& c : load_cases()) names.push_back(c.at("case"));
   return names;
+}
+
+std::string case_test_name(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
 }
 
 PlanOptions plan_of(const GoldenCase& c) {

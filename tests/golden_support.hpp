@@ -44,6 +44,8 @@ nlohmann::json load_cases();
 GoldenCase find_case(const std::string& name);
 std::vector<GoldenCase> golden_cases();
 std::vector<std::string> case_names();
+// A case name as a GoogleTest parameter name ('-' becomes '_').
+std::string case_test_name(std::string name);
 
 // The plan options of a case as model_free_ptq took them: a preset (the older
 // cases with their group size), or the config with the ignore list appended.

@@ -305,13 +305,7 @@ TEST_P(Golden, FlippedCodeIsFoundByBothVerifyModes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Golden, ::testing::ValuesIn(case_names()),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string name = param.param;
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                         [](const auto& param) { return case_test_name(param.param); });
 
 // llama-f16-nvfp4a16 has one fused set under the F16 overflow rule (q/k/v:
 // 2688 / max |w| overflows F16, the global scale becomes 1.0) and one not

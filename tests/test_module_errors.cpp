@@ -106,13 +106,7 @@ TEST_P(ModuleErrors, QuantizeVerifyAndInspectGiveTheSameFigures) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, ModuleErrors, ::testing::ValuesIn(case_names()),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string name = param.param;
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                         [](const auto& param) { return case_test_name(param.param); });
 
 // Two rows whose max |w| is 7.5 give the int4 scale 7.5 / 7.5 = 1, so the
 // codes are the weights rounded half to even and clamped to [-8, 7]:

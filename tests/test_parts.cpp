@@ -656,13 +656,7 @@ TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PartsOfEveryCase, ::testing::ValuesIn(test::case_names()),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string name = param.param;
-                           for (char& ch : name) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return name;
-                         });
+                         [](const auto& param) { return test::case_test_name(param.param); });
 
 }  // namespace
 }  // namespace ctquant
