@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ struct GoldenCase {
   bool by_library = false;
   bool fp8_input = false;  // the input is an FP8 checkpoint (section 6)
 };
+// Test failures name the case, not its bytes.
+inline void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
 
 nlohmann::json load_cases();
 GoldenCase find_case(const std::string& name);

@@ -551,6 +551,7 @@ struct GoldenCase {
   const char* name;
   std::size_t modules;
 };
+void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.name; }
 
 class Nvfp4Golden : public ::testing::TestWithParam<GoldenCase> {};
 

@@ -552,11 +552,15 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
   for (const TensorEntry& t : header.tensors) {
     if (t.begin < cursor) {
       throw bad_input(
-          fmt::format("{}: data_offsets [{}, {}] overlap tensor '{}' (which ends at {})",
+          fmt::format("{}: data_offsets [{}, {}] overlap tensor '{}' (which ends at {}); the tensors' "
+                      "byte ranges must tile the data buffer without overlap (section 1 of the "
+                      "format spec, docs/format.md)",
                       where(file_label, t.name), t.begin, t.end, previous->name, cursor));
     }
     if (t.begin > cursor) {
-      throw bad_input(fmt::format("{}: data_offsets [{}, {}] leave a gap of {} bytes after {}",
+      throw bad_input(fmt::format("{}: data_offsets [{}, {}] leave a gap of {} bytes after {}; the tensors' "
+                                  "byte ranges must tile the data buffer without gaps (section "
+                                  "1 of the format spec, docs/format.md)",
                                   where(file_label, t.name), t.begin, t.end, t.begin - cursor,
                                   previous ? fmt::format("tensor '{}'", previous->name)
                                            : std::string("the start of the data buffer")));
