@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/report/progress.hpp"
 #include "ctquant/util/version.hpp"
 #include "json_schema.hpp"

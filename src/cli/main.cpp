@@ -27,11 +27,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/plan/recipe.hpp"
 #include "ctquant/report/inspect.hpp"
-#include "ctquant/report/manifest.hpp"
 #include "ctquant/report/progress.hpp"
 #include "ctquant/report/report.hpp"
 #include "ctquant/scheme/registry.hpp"

@@ -1,7 +1,5 @@
 #include "ctquant/report/inspect.hpp"
 
-#include "ctquant/report/manifest.hpp"
-
 #include <algorithm>
 #include <map>
 #include <set>
@@ -9,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/format/config.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/report/roles_report.hpp"

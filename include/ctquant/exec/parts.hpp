@@ -31,7 +31,7 @@
 // exactly once and that the sizes add up to the plan's; then links the files
 // into the temporary output directory and renames it into place as a
 // one-process run does (output_dir.hpp), with the manifest
-// (report/manifest.hpp) built from the digests the parts recorded. The result
+// (exec/manifest.hpp) built from the digests the parts recorded. The result
 // is byte-identical to a one-process run. On any problem it lists them all (Error{kBadInput}),
 // creates no OUTPUT and leaves STAGE as it is.
 #pragma once
@@ -50,8 +50,8 @@
 #include <spdlog/logger.h>
 
 #include "ctquant/exec/executor.hpp"
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/report/manifest.hpp"
 #include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant {

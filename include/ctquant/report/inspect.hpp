@@ -19,10 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant {
 

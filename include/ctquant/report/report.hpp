@@ -19,9 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/plan/recipe.hpp"
-#include "ctquant/report/manifest.hpp"
 
 namespace ctquant {
 
