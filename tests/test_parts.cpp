@@ -25,7 +25,7 @@
 #include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/exec/path_policy.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "golden_support.hpp"

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/exec/manifest.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/plan/recipe.hpp"
 #include "ctquant/report/weight_error.hpp"
 

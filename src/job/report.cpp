@@ -1,4 +1,4 @@
-#include "ctquant/report/report.hpp"
+#include "ctquant/job/report.hpp"
 
 #include <sys/resource.h>
 
