@@ -22,7 +22,7 @@
 #include "ctquant/scheme/fp8.hpp"
 #include "ctquant/scheme/int8.hpp"
 #include "scheme/byte_code_simd.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 #include "scheme_test_support.hpp"
 
 namespace ctquant::test {

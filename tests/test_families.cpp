@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/vllm_match.hpp"
 #include "ctquant/report/roles_report.hpp"

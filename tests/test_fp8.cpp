@@ -17,7 +17,7 @@
 #include "ctquant/format/dtype.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/source/fp8.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 #include "source/fp8_simd.hpp"
 #include "fp8_tables.hpp"
 #include "fp8_test_support.hpp"

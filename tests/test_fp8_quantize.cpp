@@ -18,11 +18,11 @@
 
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/util/error.hpp"
-#include "ctquant/source/fp8.hpp"
-#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/source/fp8.hpp"
+#include "ctquant/util/error.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"
 

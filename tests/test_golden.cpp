@@ -15,12 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/util/error.hpp"
-#include "ctquant/exec/quantize.hpp"
 #include "ctquant/format/safetensors.hpp"
-#include "ctquant/verify/verify.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/verify/verify.hpp"
 #include "golden_support.hpp"
 #include "test_support.hpp"
 

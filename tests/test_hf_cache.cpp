@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/hf_cache.hpp"
 #include "ctquant/util/error.hpp"

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/source/checkpoint.hpp"
-#include "ctquant/report/inspect.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/source/checkpoint.hpp"
 #include "fake_checkpoint.hpp"
 #include "golden_support.hpp"
 #include "test_support.hpp"

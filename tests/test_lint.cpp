@@ -12,13 +12,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "ctquant/source/checkpoint.hpp"
-#include "ctquant/util/error.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/lint/lint.hpp"
-#include "ctquant/scheme/registry.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/plan/quant_config.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/scheme/registry.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
 #include "fake_checkpoint.hpp"
 #include "families.hpp"
 #include "golden_support.hpp"

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/sha256.hpp"
 #include "test_support.hpp"

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/errors.hpp"
 #include "ctquant/verify/verify.hpp"

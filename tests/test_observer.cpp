@@ -20,7 +20,7 @@
 #include "ctquant/util/error.hpp"
 #include "golden_support.hpp"
 #include "scheme/observer_steps.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {

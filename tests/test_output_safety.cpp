@@ -23,10 +23,10 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/util/error.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/parts.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/util/error.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {

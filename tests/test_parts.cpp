@@ -22,10 +22,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/exec/path_policy.hpp"
-#include "ctquant/exec/quantize.hpp"
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "golden_support.hpp"

@@ -24,7 +24,7 @@
 #include "ctquant/scheme/registry.hpp"
 #include "scheme/dequant_simd.hpp"
 #include "scheme/quant_error_simd.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant {
 namespace {

@@ -25,14 +25,14 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <nlohmann/json.hpp>
 
-#include "ctquant/source/checkpoint.hpp"
-#include "ctquant/util/error.hpp"
+#include "ctquant/exec/executor.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/report/inspect.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/pack.hpp"
-#include "ctquant/plan/plan.hpp"
-#include "ctquant/exec/executor.hpp"
-#include "ctquant/exec/quantize.hpp"
-#include "ctquant/report/inspect.hpp"
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/util/error.hpp"
 #include "ctquant/verify/verify.hpp"
 #include "fake_checkpoint.hpp"
 #include "test_support.hpp"

@@ -17,11 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/util/error.hpp"
-#include "ctquant/scheme/kernel.hpp"
-#include "ctquant/plan/plan.hpp"
-#include "ctquant/exec/quantize.hpp"
 #include "ctquant/format/safetensors.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/util/error.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {

@@ -48,7 +48,7 @@
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/microscale.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 #include "scheme_test_support.hpp"
 #include "test_support.hpp"
 

@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "ctquant/report/manifest.hpp"
-#include "ctquant/report/progress.hpp"
+#include "ctquant/exec/manifest.hpp"
+#include "ctquant/job/progress.hpp"
 #include "ctquant/util/version.hpp"
 #include "json_schema.hpp"
 #include "test_support.hpp"

@@ -26,9 +26,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
-#include "ctquant/report/manifest.hpp"
 
 namespace ctquant::test {
 

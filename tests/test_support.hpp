@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/exec/quantize.hpp"
 #include "ctquant/format/safetensors.hpp"
+#include "ctquant/job/quantize.hpp"
 
 namespace ctquant::test {
 

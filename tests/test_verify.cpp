@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/util/error.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/scheme/kernel.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/util/error.hpp"
 #include "ctquant/verify/verify.hpp"
 #include "fake_checkpoint.hpp"
 #include "golden_support.hpp"

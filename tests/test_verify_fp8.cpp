@@ -18,10 +18,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/util/error.hpp"
-#include "ctquant/scheme/kernel.hpp"
-#include "ctquant/exec/quantize.hpp"
 #include "ctquant/format/safetensors.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/scheme/kernel.hpp"
+#include "ctquant/util/error.hpp"
 #include "ctquant/verify/verify.hpp"
 #include "fake_checkpoint.hpp"
 #include "fp8_test_support.hpp"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <stdexcept>
@@ -92,6 +93,45 @@ TEST(OrderedParallel, RethrowsTheLowestIndexFailure) {
     // No new task starts once a failure is seen: a window of results beyond it.
     EXPECT_LT(started.load(), 1000u) << threads << " threads";
   }
+}
+
+// While the calling thread waits for a result another thread produces, it
+// calls idle() on itself; the other thread's task here finishes only once
+// idle has run three times, whichever of the two tasks it took. With one thread nothing waits: idle never runs.
+TEST(OrderedParallel, IdleRunsOnTheCallingThreadWhileItWaits) {
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> other_started{false};
+  std::atomic<int> idle_calls{0};
+  std::vector<std::size_t> consumed;
+  detail::ordered_parallel<std::size_t>(
+      2, 2,
+      [&](std::size_t i, unsigned worker) {
+        if (worker == 0) {
+          // The other thread takes the other task.
+          while (!other_started) std::this_thread::yield();
+        } else {
+          other_started = true;
+          while (idle_calls < 3) std::this_thread::yield();
+        }
+        return i;
+      },
+      [&](std::size_t i, std::size_t r) {
+        EXPECT_EQ(i, r);
+        consumed.push_back(i);
+      },
+      [&] {
+        EXPECT_EQ(std::this_thread::get_id(), caller);
+        ++idle_calls;
+      },
+      std::chrono::milliseconds(1));
+  EXPECT_EQ(consumed, (std::vector<std::size_t>{0, 1}));
+  EXPECT_GE(idle_calls.load(), 3);
+
+  int idle_one_thread = 0;
+  detail::ordered_parallel<int>(
+      20, 1, [](std::size_t, unsigned) { return 0; }, [](std::size_t, int) {},
+      [&] { ++idle_one_thread; }, std::chrono::milliseconds(1));
+  EXPECT_EQ(idle_one_thread, 0);
 }
 
 // ---- verify ----

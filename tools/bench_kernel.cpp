@@ -45,7 +45,7 @@
 #include "scheme/byte_code_simd.hpp"
 #include "scheme/kernel_simd.hpp"
 #include "scheme/microscale_simd.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 #include "source/fp8_simd.hpp"
 
 namespace {

@@ -27,13 +27,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/output_dir.hpp"
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/progress.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/job/report.hpp"
 #include "ctquant/plan/recipe.hpp"
 #include "ctquant/report/inspect.hpp"
-#include "ctquant/report/manifest.hpp"
-#include "ctquant/report/progress.hpp"
-#include "ctquant/report/report.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"

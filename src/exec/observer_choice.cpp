@@ -3,13 +3,11 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
-#include <condition_variable>
-#include <exception>
+#include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 #include <span>
-#include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -17,6 +15,7 @@
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
+#include "util/ordered_parallel.hpp"
 
 namespace ctquant {
 
@@ -54,13 +53,15 @@ class SetMeasure {
  public:
   SetMeasure(const Checkpoint& checkpoint, const QuantizePlan& plan,
              const std::vector<std::size_t>& set, const QuantArgs& args,
-             const ObserverChoiceOptions& options, std::atomic<std::uint64_t>& bytes_done)
+             const ObserverChoiceOptions& options, std::atomic<std::uint64_t>& bytes_done,
+             const std::function<void()>& after_chunk)
       : ckpt_(checkpoint),
         plan_(plan),
         set_(set),
         args_(args),
         options_(options),
         bytes_done_(bytes_done),
+        after_chunk_(after_chunk),
         family_(plan.group_of(plan.modules[set.front()]).family()),
         params_(observer_params(args.observer, args.observer_kwargs,
                                 "--observer auto: " + args.observer)) {}
@@ -115,6 +116,7 @@ class SetMeasure {
     }
     last_amax_ = amax;
     bytes_done_ += (r1 - r0) * rows.row_bytes();
+    if (after_chunk_) after_chunk_();
   }
 
   // The MSE observer's ranges of the rows in input_, searched up to cutoff
@@ -237,6 +239,7 @@ class SetMeasure {
   const QuantArgs& args_;
   const ObserverChoiceOptions& options_;
   std::atomic<std::uint64_t>& bytes_done_;
+  const std::function<void()>& after_chunk_;  // called after each chunk is read
   const SchemeFamily* family_;
   ObserverParams params_;
   std::vector<std::byte> input_;
@@ -331,55 +334,44 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
   std::uint64_t bytes_total = 0;
   for (const MeasureSet& u : sets) bytes_total += u.bytes;
   std::atomic<std::uint64_t> bytes_done{0};
-  std::atomic<std::size_t> next{0};
-  std::mutex mutex;
-  std::condition_variable done_cv;
-  std::size_t running = 0;
-  std::exception_ptr failure;
+  // Progress from the calling thread only: between its own chunks, between
+  // results and while it waits for the other threads, at most every 200 ms.
+  auto last_progress = std::chrono::steady_clock::now();
+  const auto progress = [&] {
+    if (!options.on_progress) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_progress < std::chrono::milliseconds(200)) return;
+    last_progress = now;
+    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total, 0, 0});
+  };
+  const std::function<void()> progress_fn = progress;
+  const std::function<void()> no_progress;
   std::vector<std::vector<QuantError>> minmax(sets.size());
   std::vector<std::vector<QuantError>> mse(sets.size());
-  const auto worker = [&] {
-    for (;;) {
-      {
-        const std::lock_guard lock(mutex);
-        if (failure) break;
-      }
-      const std::size_t u = next++;
-      if (u >= sets.size()) break;
-      try {
-        minmax[u] =
-            SetMeasure(checkpoint, plan, sets[u].modules, sets[u].minmax, options, bytes_done)
-                .run();
-        mse[u] = SetMeasure(checkpoint, plan, sets[u].modules, sets[u].mse, options, bytes_done)
-                     .run();
-      } catch (...) {
-        const std::lock_guard lock(mutex);
-        if (!failure) failure = std::current_exception();
-        break;
-      }
-    }
-    const std::lock_guard lock(mutex);
-    --running;
-    done_cv.notify_all();
-  };
+  using Measured = std::pair<std::vector<QuantError>, std::vector<QuantError>>;
+  // Each set with min-max, then with its MSE observer, on the threads of
+  // ordered_parallel (the calling thread one of them).
   const unsigned threads = static_cast<unsigned>(
       std::max<std::size_t>(1, std::min<std::size_t>(options.threads, sets.size())));
-  std::vector<std::thread> pool;
-  running = threads;
-  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
-  {
-    std::unique_lock lock(mutex);
-    while (running > 0) {
-      done_cv.wait_for(lock, std::chrono::milliseconds(200));
-      if (options.on_progress) {
-        lock.unlock();
-        options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total, 0, 0});
-        lock.lock();
-      }
-    }
-  }
-  for (std::thread& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
+  detail::ordered_parallel<Measured>(
+      sets.size(), threads,
+      [&](std::size_t u, unsigned worker) {
+        const std::function<void()>& after_chunk = worker == 0 ? progress_fn : no_progress;
+        Measured m;
+        m.first = SetMeasure(checkpoint, plan, sets[u].modules, sets[u].minmax, options,
+                             bytes_done, after_chunk)
+                      .run();
+        m.second = SetMeasure(checkpoint, plan, sets[u].modules, sets[u].mse, options,
+                              bytes_done, after_chunk)
+                       .run();
+        return m;
+      },
+      [&](std::size_t u, Measured m) {
+        minmax[u] = std::move(m.first);
+        mse[u] = std::move(m.second);
+        progress();
+      },
+      progress, std::chrono::milliseconds(200));
   if (options.on_progress) options.on_progress(Progress{bytes_total, bytes_total, 0, 0});
 
   for (std::size_t u = 0; u < sets.size(); ++u) {

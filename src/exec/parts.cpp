@@ -356,27 +356,6 @@ fs::path default_stage_dir(const fs::path& output) {
   return abs.parent_path() / fmt::format(".{}.ctquant-parts", abs.filename().string());
 }
 
-std::vector<PlannedFile> planned_files(const Checkpoint& checkpoint, const QuantizePlan& plan) {
-  std::vector<PlannedFile> files;
-  for (const ShardPlan& shard : plan.shards) {
-    PlannedFile f;
-    f.name = shard.file_name;
-    f.size = shard.file_size;
-    f.work = checkpoint.shards[shard.input_shard].header().data_size + shard.file_size;
-    for (const PlannedTensor& t : shard.tensors) f.tensors.push_back(t.name);
-    files.push_back(std::move(f));
-  }
-  const std::uint64_t index_size = dump_json(plan.index).size();
-  files.push_back(PlannedFile{kIndexFileName, index_size, index_size, {}});
-  const std::uint64_t config_size = dump_json(plan.config).size();
-  files.push_back(PlannedFile{kConfigFileName, config_size, config_size, {}});
-  for (const std::string& name : plan.copied_files) {
-    const std::uint64_t size = other_file_size(checkpoint, name);
-    files.push_back(PlannedFile{name, size, 2 * size, {}});
-  }
-  return files;
-}
-
 std::vector<unsigned> assign_parts(const std::vector<PlannedFile>& files, unsigned count) {
   std::vector<std::size_t> order(files.size());
   std::iota(order.begin(), order.end(), 0);
@@ -416,7 +395,7 @@ json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   Sha256 layout;
   std::vector<std::string> tensors;
   std::uint64_t bytes = 0;
-  for (const PlannedFile& f : planned_files(checkpoint, plan)) {
+  for (const PlannedFile& f : plan_output_files(checkpoint, plan)) {
     files.push_back(json{{"name", f.name}, {"size", f.size}});
     bytes += f.size;
     tensors.insert(tensors.end(), f.tensors.begin(), f.tensors.end());
@@ -589,7 +568,7 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
                                   (stage / lock_name(part)).string()));
   }
 
-  const std::vector<PlannedFile> files = planned_files(checkpoint, plan);
+  const std::vector<PlannedFile> files = plan_output_files(checkpoint, plan);
   const std::vector<unsigned> owner = assign_parts(files, part.count);
   const json fingerprint = plan_fingerprint(checkpoint, plan);
   const std::string fp = fingerprint_of(fingerprint);
@@ -679,7 +658,7 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
   }
 
   // Progress over the whole part, the files written one after another: the
-  // input bytes still to read, as planned_files estimates them.
+  // input bytes still to read, as plan_output_files estimates them.
   std::uint64_t input_total = 0;
   for (const PlannedFile* f : assigned) {
     if (kept.count(f->name) == 0) input_total += f->work - f->size;

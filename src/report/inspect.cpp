@@ -1,7 +1,5 @@
 #include "ctquant/report/inspect.hpp"
 
-#include "ctquant/report/manifest.hpp"
-
 #include <algorithm>
 #include <map>
 #include <set>
@@ -9,7 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/format/config.hpp"
+#include "ctquant/plan/output_files.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/scheme/registry.hpp"
@@ -203,11 +203,8 @@ json inventory_json(const Inventory& inv) {
 std::vector<ManifestEntry> expected_output_files(const Checkpoint& checkpoint,
                                                  const QuantizePlan& plan) {
   std::vector<ManifestEntry> files;
-  for (const ShardPlan& shard : plan.shards) files.push_back({shard.file_name, shard.file_size, {}});
-  files.push_back({kIndexFileName, dump_json(plan.index).size(), {}});
-  files.push_back({kConfigFileName, dump_json(plan.config).size(), {}});
-  for (const auto& name : plan.copied_files) {
-    files.push_back({name, file_bytes(checkpoint.root / name), {}});
+  for (const PlannedFile& f : plan_output_files(checkpoint, plan)) {
+    files.push_back({f.name, f.size, {}});
   }
   return files;
 }

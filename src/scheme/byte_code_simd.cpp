@@ -31,8 +31,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "scheme/simd_dispatch.hpp"
-#include "scheme/simd_steps-inl.h"
+#include "simd/simd_dispatch.hpp"
+#include "simd/simd_steps-inl.h"
 
 #ifndef CTQUANT_SCHEME_BYTE_CODE_SIMD_ONCE
 #define CTQUANT_SCHEME_BYTE_CODE_SIMD_ONCE

@@ -2,7 +2,7 @@
 // weight with scales in the weight's dtype: FP8 E4M3 codes (fp8.cpp:
 // float-quantized, naive-quantized) and int8 codes (int8.cpp:
 // int-quantized). One Highway source compiled for every level of
-// simd_levels() (scheme/simd_dispatch.hpp); its output is byte-identical to
+// simd_levels() (simd/simd_dispatch.hpp); its output is byte-identical to
 // the rows' scalar references.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "ctquant/scheme/scheme.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant::detail {
 

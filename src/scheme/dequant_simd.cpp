@@ -1,6 +1,6 @@
 // The vector code of expand_codes() (dequant_simd.hpp), written once with
 // Google Highway and compiled for every level of simd_levels()
-// (scheme/simd_dispatch.hpp).
+// (simd/simd_dispatch.hpp).
 //
 // Per row and group of columns, a vector of codes at a time: the codes read
 // as floats exactly (integers by conversion; E2M1 and E4M3 by building the
@@ -16,8 +16,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "scheme/simd_dispatch.hpp"
-#include "scheme/simd_steps-inl.h"
+#include "simd/simd_dispatch.hpp"
+#include "simd/simd_steps-inl.h"
 
 #ifndef CTQUANT_SCHEME_DEQUANT_SIMD_ONCE
 #define CTQUANT_SCHEME_DEQUANT_SIMD_ONCE

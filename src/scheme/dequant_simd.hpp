@@ -4,7 +4,7 @@
 // computes each group's multiplier (and zero point) with the scalar
 // arithmetic of its own dequantize, then expand_codes() does the per-element
 // part. One Highway source (dequant_simd.cpp) compiled for every level of
-// simd_levels() (scheme/simd_dispatch.hpp); expand_codes_ref() is its
+// simd_levels() (simd/simd_dispatch.hpp); expand_codes_ref() is its
 // scalar reference, and every level gives its bits (a NaN where it gives a
 // NaN; tests/test_quant_error.cpp).
 #pragma once
@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "ctquant/format/dtype.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant::detail {
 

@@ -20,7 +20,7 @@
 #include "ctquant/scheme/scheme.hpp"
 #include "scheme/dequant_simd.hpp"
 #include "scheme/observer_steps.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant {
 

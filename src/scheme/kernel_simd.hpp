@@ -1,6 +1,6 @@
 // Private: the vector kernels behind quantize_block() for 4- and 8-bit int
 // schemes (W4A16, W4A16_ASYM, W8A16), run at the best level of
-// simd_levels() (scheme/simd.hpp) this CPU has: one Highway source
+// simd_levels() (simd/simd.hpp) this CPU has: one Highway source
 // (kernel_simd.cpp) compiled for every level, and on x86-64 the hand-written
 // AVX2 / AVX-512 kernels (kernel_x86.cpp), which quantize_block() runs there
 // instead for symmetric schemes. Every one is byte-identical to
@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "ctquant/scheme/kernel.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant::detail {
 

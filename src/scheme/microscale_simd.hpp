@@ -1,6 +1,6 @@
 // Private: the vector kernels of the microscale families (NVFP4, MXFP4,
 // MXFP8), written once with Google Highway and compiled for every level of
-// simd_levels() (scheme/simd.hpp, simd_dispatch.hpp). Each returns the same
+// simd_levels() (simd/simd.hpp, simd_dispatch.hpp). Each returns the same
 // bytes, and the same first non-finite index, as its family's scalar
 // reference for every input; tests/test_scheme_nvfp4.cpp and
 // tests/test_scheme_mx.cpp check that at every level this CPU runs, on
@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "ctquant/scheme/scheme.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant::microscale {
 

@@ -34,8 +34,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "scheme/simd_dispatch.hpp"
-#include "scheme/simd_steps-inl.h"
+#include "simd/simd_dispatch.hpp"
+#include "simd/simd_steps-inl.h"
 
 #ifndef CTQUANT_SCHEME_OBSERVER_SIMD_ONCE
 #define CTQUANT_SCHEME_OBSERVER_SIMD_ONCE

@@ -1,6 +1,6 @@
 // The vector code of weight_error_rows() (quant_error.hpp), written once with
 // Google Highway and compiled for every level of simd_levels()
-// (scheme/simd_dispatch.hpp).
+// (simd/simd_dispatch.hpp).
 //
 // It gives the bits of weight_error_rows_ref() at every level because the
 // order of every addition is the one quant_error.hpp fixes, not one that
@@ -19,8 +19,8 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "scheme/simd_dispatch.hpp"
-#include "scheme/simd_steps-inl.h"
+#include "simd/simd_dispatch.hpp"
+#include "simd/simd_steps-inl.h"
 
 #ifndef CTQUANT_SCHEME_QUANT_ERROR_SIMD_ONCE
 #define CTQUANT_SCHEME_QUANT_ERROR_SIMD_ONCE

@@ -1,6 +1,6 @@
 // Private: the vector code of weight_error_rows() (quant_error.hpp), one
 // Highway source (quant_error_simd.cpp) compiled for every level of
-// simd_levels() (scheme/simd_dispatch.hpp). It gives the same bits as
+// simd_levels() (simd/simd_dispatch.hpp). It gives the same bits as
 // weight_error_rows_ref() at every level: the sums follow the fixed lanes
 // of quant_error.hpp, whatever the vector width.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "ctquant/format/dtype.hpp"
 #include "ctquant/scheme/quant_error.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant::detail {
 

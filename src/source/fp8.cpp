@@ -11,7 +11,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/format/safetensors.hpp"
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 #include "source/fp8_simd.hpp"
 
 namespace ctquant {

@@ -1,6 +1,6 @@
 // The vector kernel of fp8_simd.hpp: FP8 E4M3 codes times one scale,
 // rounded to BF16, written once with Google Highway and compiled for every
-// level of simd_levels() (scheme/simd_dispatch.hpp).
+// level of simd_levels() (simd/simd_dispatch.hpp).
 //
 // It follows the scalar step of dequantize_fp8_value with the same IEEE
 // operations, one vector of float lanes at a time, so the bits are the same:
@@ -23,7 +23,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "scheme/simd_dispatch.hpp"
+#include "simd/simd_dispatch.hpp"
 
 #ifndef CTQUANT_SOURCE_FP8_SIMD_ONCE
 #define CTQUANT_SOURCE_FP8_SIMD_ONCE

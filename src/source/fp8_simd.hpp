@@ -1,7 +1,7 @@
 // Private: the vector kernel that dequantizes a run of FP8 E4M3 codes with
 // one scale into BF16 (source/fp8.hpp, dequantize_fp8_rows). One Highway
 // source (fp8_simd.cpp) compiled for every level of simd_levels()
-// (scheme/simd_dispatch.hpp); its output is bit-identical to the scalar
+// (simd/simd_dispatch.hpp); its output is bit-identical to the scalar
 // step bf16(float(code) * scale) of dequantize_fp8_value.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 namespace ctquant::detail {
 

@@ -2,16 +2,19 @@
 // are used in order, for work whose outcome must not depend on the thread
 // count (verify's chunk comparisons: the report lists differences in file
 // order, and sums are added in row order; the files hashed for the run
-// report and checked by verify --manifest, listed in name order).
+// report and checked by verify --manifest, listed in name order; the modules
+// --observer auto measures, kept in plan order).
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace ctquant::detail {
@@ -25,8 +28,18 @@ namespace ctquant::detail {
 // thread and no thread is created. When produce or consume throws, no new
 // task is started, the threads are joined and the exception of the lowest
 // index is rethrown (consume is not called for the results after it).
-template <class Result, class Produce, class Consume>
-void ordered_parallel(std::size_t n, unsigned threads, Produce produce, Consume consume) {
+//
+// With an idle function, the calling thread also calls idle() at least every
+// `period` while it waits for the other threads (for progress lines; idle
+// runs on the calling thread only, never under the lock). An exception
+// from idle counts as one of the next result to consume.
+struct NoIdle {
+  void operator()() const {}
+};
+
+template <class Result, class Produce, class Consume, class Idle = NoIdle>
+void ordered_parallel(std::size_t n, unsigned threads, Produce produce, Consume consume,
+                      Idle idle = {}, std::chrono::milliseconds period = {}) {
   if (threads <= 1 || n <= 1) {
     for (std::size_t i = 0; i < n; ++i) consume(i, produce(i, 0u));
     return;
@@ -87,7 +100,22 @@ void ordered_parallel(std::size_t n, unsigned threads, Produce produce, Consume 
         continue;
       }
       if (worker != 0 && next >= n) return;
-      changed.wait(lock);
+      if constexpr (std::is_same_v<Idle, NoIdle>) {
+        changed.wait(lock);
+      } else if (worker != 0) {
+        changed.wait(lock);
+      } else {
+        changed.wait_for(lock, period);
+        lock.unlock();
+        try {
+          idle();
+        } catch (...) {
+          lock.lock();
+          fail(consumed, std::current_exception());
+          continue;
+        }
+        lock.lock();
+      }
     }
   };
   std::vector<std::thread> pool;

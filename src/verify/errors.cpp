@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/report/report.hpp"
+#include "ctquant/report/weight_error.hpp"
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/weight_rows.hpp"

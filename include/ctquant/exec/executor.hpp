@@ -73,7 +73,7 @@ struct ExecuteOptions {
   // meanwhile). Every byte of every output file is reported once. May be
   // empty. An exception it throws fails the run as a write error would.
   // Lets a caller hash the files while they are written, from the core's
-  // cache (report/manifest.hpp, WrittenFilesHasher).
+  // cache (exec/manifest.hpp, WrittenFilesHasher).
   std::function<void(const std::filesystem::path& file, std::uint64_t offset,
                      std::uint64_t length, std::span<const std::byte> bytes)>
       on_written;

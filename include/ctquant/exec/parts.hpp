@@ -31,7 +31,7 @@
 // exactly once and that the sizes add up to the plan's; then links the files
 // into the temporary output directory and renames it into place as a
 // one-process run does (output_dir.hpp), with the manifest
-// (report/manifest.hpp) built from the digests the parts recorded. The result
+// (exec/manifest.hpp) built from the digests the parts recorded. The result
 // is byte-identical to a one-process run. On any problem it lists them all (Error{kBadInput}),
 // creates no OUTPUT and leaves STAGE as it is.
 #pragma once
@@ -50,8 +50,9 @@
 #include <spdlog/logger.h>
 
 #include "ctquant/exec/executor.hpp"
+#include "ctquant/exec/manifest.hpp"
+#include "ctquant/plan/output_files.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/report/manifest.hpp"
 #include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant {
@@ -77,18 +78,6 @@ std::string part_name(const PartSpec& part);
 // otherwise: `.<OUTPUT name>.ctquant-parts` in OUTPUT's parent directory
 // (OUTPUT made absolute, a trailing separator ignored).
 std::filesystem::path default_stage_dir(const std::filesystem::path& output);
-
-// One file of the output, as a unit of work for the parts.
-struct PlannedFile {
-  std::string name;
-  std::uint64_t size = 0;   // bytes of the output file
-  std::uint64_t work = 0;   // what it costs to write: input bytes read plus bytes written
-  std::vector<std::string> tensors;  // the tensors a shard holds; empty for other files
-};
-
-// The output files of a plan in plan order: the shards, then the index,
-// config.json and the copied files.
-std::vector<PlannedFile> planned_files(const Checkpoint& checkpoint, const QuantizePlan& plan);
 
 // For each file, the 0-based part that writes it: longest processing time
 // first (files by decreasing work, ties in plan order; each to the part with

@@ -19,10 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant {
 
@@ -76,9 +76,8 @@ std::string render_inventory_text(const Inventory& inventory);
 // "quantization_config" (or null), "other_files"}.
 nlohmann::json inventory_json(const Inventory& inventory);
 
-// The files quantize writes for plan, except the manifest: name and size
-// of the shards, the index and config.json as serialised, and the copied
-// files (sha256 left empty).
+// The files quantize writes for plan (plan_output_files, except the
+// manifest) as manifest entries: name and size, sha256 left empty.
 std::vector<ManifestEntry> expected_output_files(const Checkpoint& checkpoint,
                                                  const QuantizePlan& plan);
 

@@ -26,7 +26,7 @@ namespace ctquant {
 
 inline constexpr const char* kIndexFileName = "model.safetensors.index.json";
 inline constexpr const char* kConfigFileName = "config.json";
-// The manifest ctquant writes into every output directory (report/manifest.hpp):
+// The manifest ctquant writes into every output directory (exec/manifest.hpp):
 // the directory's own checksums, never read as part of a checkpoint nor copied.
 inline constexpr const char* kManifestFileName = "ctquant-manifest.json";
 

@@ -45,7 +45,7 @@ CheckpointErrors checkpoint_errors(const std::filesystem::path& output,
                                    std::uint64_t chunk_bytes = 4u << 20);
 
 // {"mode": "errors", "output", "input", "input_quantization",
-// "weight_error" (weight_error_json, report/report.hpp), "skipped"}.
+// "weight_error" (weight_error_json, report/weight_error.hpp), "skipped"}.
 nlohmann::json checkpoint_errors_json(const CheckpointErrors& errors);
 
 // What OUTPUT and INPUT are, a table of every module's figures, the figure

@@ -1,5 +1,6 @@
-// Private: what a vector kernel file under src/scheme needs to be compiled
-// for every level of simd_levels() and called at the level this CPU runs.
+// Private: what a vector kernel file (src/scheme, src/source) needs to be
+// compiled for every level of simd_levels() and called at the level this CPU
+// runs.
 //
 // A kernel is written once with Google Highway (Debian libhwy-dev; the ops
 // are documented in /usr/include/hwy/ops/*-inl.h and Highway's
@@ -14,7 +15,7 @@
 //   #include <hwy/foreach_target.h>  // before highway.h
 //   #include <hwy/highway.h>
 //
-//   #include "scheme/simd_dispatch.hpp"
+//   #include "simd/simd_dispatch.hpp"
 //
 //   #ifndef CTQUANT_SCHEME_KERNEL_FOO_ONCE  // scalar helpers, compiled once
 //   #define CTQUANT_SCHEME_KERNEL_FOO_ONCE
@@ -65,7 +66,7 @@
 
 #include <hwy/highway.h>
 
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 // X-macro over the levels of simd_levels() for the build's architecture,
 // best first: X(HIGHWAY_TARGET_SUFFIX, "name", ARG).

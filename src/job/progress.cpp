@@ -1,4 +1,4 @@
-#include "ctquant/report/progress.hpp"
+#include "ctquant/job/progress.hpp"
 
 #include <cmath>
 

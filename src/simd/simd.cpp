@@ -1,9 +1,9 @@
-#include "scheme/simd.hpp"
+#include "simd/simd.hpp"
 
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
-#include "scheme/simd_dispatch.hpp"
+#include "simd/simd_dispatch.hpp"
 
 namespace ctquant::detail {
 

@@ -21,11 +21,11 @@
 #include <spdlog/logger.h>
 
 #include "ctquant/exec/executor.hpp"
+#include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/observer_choice.hpp"
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/report/manifest.hpp"
 
 namespace ctquant {
 
@@ -44,7 +44,7 @@ struct QuantizeOptions {
   bool dry_run = false;          // plan and lint only; write nothing
   bool fsync = true;             // flush files and directories before the rename
   // Hash every output file while it is written and write the manifest
-  // (report/manifest.hpp). Off: no SHA-256 (about 0.7 s of one core per GB
+  // (exec/manifest.hpp). Off: no SHA-256 (about 0.7 s of one core per GB
   // written with SHA extensions) and no kManifestFileName; refused with part,
   // resume (their files are checked by digest) and by the CLI with a report.
   bool manifest = true;
@@ -133,7 +133,7 @@ struct QuantizeSummary {
   std::optional<ObserverChoices> observer_choice;
 };
 
-// Runs the job. OUTPUT gets a manifest (report/manifest.hpp) of its files,
+// Runs the job. OUTPUT gets a manifest (exec/manifest.hpp) of its files,
 // hashed while they are written (WrittenFilesHasher), unless
 // options.manifest is off.
 // Throws ctquant::Error (see error.hpp and plan.hpp/executor.hpp

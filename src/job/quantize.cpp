@@ -1,4 +1,4 @@
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/job/quantize.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -19,9 +19,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/exec/quantize.hpp"
+#include "ctquant/exec/manifest.hpp"
+#include "ctquant/job/quantize.hpp"
 #include "ctquant/plan/recipe.hpp"
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/report/weight_error.hpp"
 
 namespace ctquant {
 
@@ -67,42 +68,6 @@ struct QuantizeReportInput {
   double seconds_hash_inputs = 0;
   std::uint64_t peak_rss_bytes = 0;
 };
-
-// The weight error of the quantized modules (quant_error.hpp), as the
-// quantize report and `inspect --errors --json` give it:
-// {"rel_frobenius", "max_abs_error"} over all of them (their sums in plan
-// order; null when there are none) and "modules": one {"module", "scheme"
-// (its group's name), "shape" [rows, cols], "rel_frobenius",
-// "max_abs_error"} per module, in plan order. Non-finite figures are null.
-nlohmann::json weight_error_json(const QuantizePlan& plan, const std::vector<ModuleError>& errors);
-
-// The figure over all modules and the `count` modules with the largest
-// relative error (largest first; NaN counts as largest), one line each, for
-// the summary on stderr ("weight error ... largest:" then the modules): ""
-// when there are no modules.
-std::string render_worst_errors(const QuantizePlan& plan, const std::vector<ModuleError>& errors,
-                                std::size_t count = 5);
-
-// Every module's figures as a table (plan order), for `inspect --errors`.
-std::string render_weight_error_table(const QuantizePlan& plan,
-                                      const std::vector<ModuleError>& errors);
-
-// --observer auto's choice (exec/observer_choice.hpp) for the report:
-// {"modules", "modules_using_mse", "rel_frobenius_minmax",
-// "rel_frobenius_chosen" (over all modules, in plan order), "change"
-// (chosen / min-max - 1), "per_module": one {"module", "scheme" (its group
-// in plan), "observer" (the one its scales come from), "mse_observer" (null
-// when none was measured), "not_measured" (why, or null),
-// "rel_frobenius_minmax", "rel_frobenius_mse", "max_abs_error_minmax",
-// "max_abs_error_mse", "change" (MSE / min-max - 1)} per module, in plan
-// order}. Non-finite or absent figures are null.
-nlohmann::json observer_choice_json(const QuantizePlan& plan, const ObserverChoices& choices);
-
-// The summary line of --observer auto for stderr: how many modules use the
-// MSE scales and the weight error over all modules both ways, then the
-// modules whose error changed most (count of them), one line each.
-std::string render_observer_choice(const QuantizePlan& plan, const ObserverChoices& choices,
-                                   std::size_t count = 5);
 
 // The quantize report (docs/report.md): the envelope, "dry_run", "threads",
 // "input" {path, files}, "output" {path, files} (files empty for a dry

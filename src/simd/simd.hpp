@@ -1,9 +1,10 @@
 // Private: the vector instruction sets ("levels") the kernels under
-// src/scheme are compiled for, and which of them this CPU runs. The kernels
-// are written once with Google Highway (Debian libhwy-dev) and compiled for
-// every level of the build's architecture; simd_dispatch.hpp says how a
-// kernel file is laid out. This header does not include Highway, so tests and
-// benchmarks can name levels without Highway's target macros.
+// src/scheme and src/source are compiled for, and which of them this CPU
+// runs. The kernels are written once with Google Highway (Debian libhwy-dev)
+// and compiled for every level of the build's architecture;
+// simd_dispatch.hpp says how a kernel file is laid out. This header does not
+// include Highway, so tests and benchmarks can name levels without Highway's
+// target macros.
 #pragma once
 
 #include <cstdint>

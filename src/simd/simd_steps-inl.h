@@ -5,11 +5,11 @@
 // any namespace. Each step gives exactly the bits of the scalar code it
 // names, so the kernels built on them stay byte-identical to their
 // references.
-#if defined(CTQUANT_SCHEME_SIMD_STEPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef CTQUANT_SCHEME_SIMD_STEPS_INL_H_
-#undef CTQUANT_SCHEME_SIMD_STEPS_INL_H_
+#if defined(CTQUANT_SIMD_SIMD_STEPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef CTQUANT_SIMD_SIMD_STEPS_INL_H_
+#undef CTQUANT_SIMD_SIMD_STEPS_INL_H_
 #else
-#define CTQUANT_SCHEME_SIMD_STEPS_INL_H_
+#define CTQUANT_SIMD_SIMD_STEPS_INL_H_
 #endif
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-#include "ctquant/report/manifest.hpp"
+#include "ctquant/exec/manifest.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
