@@ -513,6 +513,7 @@ TEST(Cli, StdoutWriteErrorsExitOne) {
       "quantize " + in + " " + out + " --dry-run --json",
       "--help",
       "--version",
+      "--list-subcommands",
   };
   for (const std::string& command : commands) {
     SCOPED_TRACE(command);
