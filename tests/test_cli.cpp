@@ -125,6 +125,46 @@ TEST(Cli, HelpAndVersionExitZero) {
   EXPECT_TRUE(contains(version.out, "ctquant 0.1.0")) << version.out;
 }
 
+// The command table of src/cli/main.cpp drives --help, the unknown-command
+// error and the man page: every command it lists (finalize too) has a line
+// in --help, a --help of its own and a section in the script help2man makes
+// ctquant(1) from; `--list-subcommands` itself stays out of --help.
+TEST(Cli, EverySubcommandHasAHelpEntryAndAManPageSection) {
+  const CommandResult list = run_ctquant({"--list-subcommands"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_EQ(list.out, "quantize\nfinalize\ninspect\nverify\n");
+  const std::vector<std::string> names = {"quantize", "finalize", "inspect", "verify"};
+  const CommandResult help = run_ctquant({"--help"});
+  ASSERT_EQ(help.exit_code, 0);
+  EXPECT_FALSE(contains(help.out, "--list-subcommands")) << help.out;
+  const std::string man_help = CTQUANT_MAN_HELP;
+  const CommandResult man = man_help.empty() ? CommandResult{} : run_shell("'" + man_help + "'");
+  if (!man_help.empty()) {
+    ASSERT_EQ(man.exit_code, 0) << man.err;
+    EXPECT_TRUE(man.out.starts_with(help.out.substr(0, help.out.find('\n') + 1))) << man.out;
+    EXPECT_FALSE(contains(man.out, "Exit status: ")) << man.out;
+  }
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    const std::regex listed("\n  " + name + " +[A-Z][^\n]+\n");
+    EXPECT_TRUE(std::regex_search(help.out, listed)) << help.out;
+    const CommandResult own = run_ctquant({name, "--help"});
+    EXPECT_EQ(own.exit_code, 0);
+    EXPECT_TRUE(contains(own.out, "ctquant " + name + " [OPTIONS]")) << own.out;
+    if (!man_help.empty()) {
+      // The section: its title, then the command's help without its first
+      // two lines (description, usage) and the exit-status footer.
+      const std::size_t body = own.out.find('\n', own.out.find('\n') + 1) + 1;
+      const std::string section = "\nctquant " + name + ":\n" +
+                                  own.out.substr(body, own.out.find("Exit status: ") - body);
+      EXPECT_TRUE(contains(man.out, section)) << man.out;
+    }
+  }
+  const CommandResult unknown = run_ctquant({"frobnicate"});
+  EXPECT_TRUE(contains(unknown.err, "(commands: quantize, finalize, inspect, verify)"))
+      << unknown.err;
+}
+
 TEST(Cli, UsageErrorsExitTwo) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
@@ -473,6 +513,7 @@ TEST(Cli, StdoutWriteErrorsExitOne) {
       "quantize " + in + " " + out + " --dry-run --json",
       "--help",
       "--version",
+      "--list-subcommands",
   };
   for (const std::string& command : commands) {
     SCOPED_TRACE(command);

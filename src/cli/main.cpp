@@ -669,27 +669,20 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
   return report.same() ? 0 : ctquant::exit_status(ctquant::ErrorKind::kDifferent);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  install_signal_handlers();
-  raise_open_file_limit();
-  CLI::App app{
-      "ctquant: quantize safetensors checkpoints to compressed-tensors checkpoints for vLLM "
-      "(int, FP8, NVFP4 and MX schemes; data-free RTN)"};
-  app.require_subcommand(1);
-  app.footer(
-      "Exit status: 0 success (verify: the checkpoints are equivalent); 1 failure (bad input, "
-      "lint findings that stop quantize, I/O error, no space left, interrupted by a signal); 2 "
-      "usage error (an option, or a path the run must not write: docs/cli.md); 3 verify found "
-      "differences.\nEach command's options: ctquant COMMAND --help. Documentation: docs/cli.md.");
-  app.set_version_flag("--version", std::string("ctquant ") + ctquant::ctquant_version());
+// Everything the command line fills in: the options of every command (only
+// the chosen one's are set), the shared verbosity and argv for the reports.
+struct CommandLine {
+  std::vector<std::string> argv;
   int verbosity = 0;
-  const std::vector<std::string> command_line(argv, argv + argc);
+  QuantizeArgs quantize;
+  FinalizeArgs finalize;
+  InspectArgs inspect;
+  std::vector<CLI::Option*> inspect_plan_options;  // given: inspect prints the plan
+  VerifyArgs verify;
+};
 
-  QuantizeArgs q;
-  CLI::App* quantize = app.add_subcommand(
-      "quantize", "Quantize a checkpoint to a compressed-tensors checkpoint (RTN, data-free)");
+void add_quantize_options(CLI::App* quantize, CommandLine& line) {
+  QuantizeArgs& q = line.quantize;
   quantize
       ->add_option("INPUT", q.input,
                    "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
@@ -741,11 +734,11 @@ int main(int argc, char** argv) {
           "Progress on stderr: bar (a redrawn line), plain (a line every 5 s or 10%), none; "
           "default bar on a terminal, plain otherwise")
       ->check(CLI::IsMember({"plain", "bar", "none"}));
-  add_verbosity_flags(quantize, verbosity);
+  add_verbosity_flags(quantize, line.verbosity);
+}
 
-  FinalizeArgs fin;
-  CLI::App* finalize = app.add_subcommand(
-      "finalize", "Assemble OUTPUT from the parts written by quantize --part I/N");
+void add_finalize_options(CLI::App* finalize, CommandLine& line) {
+  FinalizeArgs& fin = line.finalize;
   finalize->add_option("OUTPUT", fin.output, "Output directory (created; must not exist)")
       ->required();
   finalize->add_option_function<std::string>(
@@ -755,18 +748,18 @@ int main(int argc, char** argv) {
                      "Replace an existing OUTPUT, as quantize --force does");
   finalize->add_flag("--no-sync", fin.no_sync,
                      "Do not fsync OUTPUT's directory before and after the rename");
-  add_verbosity_flags(finalize, verbosity);
+  add_verbosity_flags(finalize, line.verbosity);
+}
 
-  InspectArgs in;
-  CLI::App* inspect = app.add_subcommand(
-      "inspect", "List a checkpoint's tensors; with quantize options, print the plan and lint");
+void add_inspect_options(CLI::App* inspect, CommandLine& line) {
+  InspectArgs& in = line.inspect;
   inspect
       ->add_option("INPUT", in.input,
                    "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
                    "cache")
       ->required();
   add_revision_option(inspect, in.revision);
-  const std::vector<CLI::Option*> inspect_plan_options = add_plan_options(inspect, in.plan);
+  line.inspect_plan_options = add_plan_options(inspect, in.plan);
   inspect->add_flag("--plan", in.show_plan,
                     "Print the plan and lint findings for the default (or given) options");
   inspect->add_flag("--json", in.json, "Print a JSON report instead of text");
@@ -776,12 +769,11 @@ int main(int argc, char** argv) {
   inspect->add_option_function<std::string>(
       "--source", [&in](const std::string& value) { in.source = value; },
       "The checkpoint INPUT was quantized from (for --errors)");
-  add_verbosity_flags(inspect, verbosity);
+  add_verbosity_flags(inspect, line.verbosity);
+}
 
-  VerifyArgs ver;
-  CLI::App* verify = app.add_subcommand(
-      "verify",
-      "Compare OUTPUT with a golden checkpoint (exit 0 same, 3 different), or with its source");
+void add_verify_options(CLI::App* verify, CommandLine& line) {
+  VerifyArgs& ver = line.verify;
   verify->add_option("OUTPUT", ver.output, "Checkpoint directory or .safetensors file to check")
       ->required();
   verify->add_option("GOLDEN", ver.reference,
@@ -803,8 +795,77 @@ int main(int argc, char** argv) {
                    "the same for every count")
       ->check(CLI::Range(1u, 1024u));
   verify->add_flag("--json", ver.json, "Print a JSON report instead of text");
-  add_verbosity_flags(verify, verbosity);
+  add_verbosity_flags(verify, line.verbosity);
+}
 
+// One command of ctquant. The table below drives the parsing, the dispatch,
+// the command list of --help and of the unknown-command error, and the man
+// page: the build lists the commands with `ctquant --list-subcommands` and
+// adds each one's --help to ctquant(1) (CMakeLists.txt).
+struct Subcommand {
+  const char* name;
+  const char* help;  // the one line --help lists
+  void (*add_options)(CLI::App* command, CommandLine& line);
+  int (*run)(const CommandLine& line);
+};
+
+const Subcommand kSubcommands[] = {
+    {"quantize", "Quantize a checkpoint to a compressed-tensors checkpoint (RTN, data-free)",
+     add_quantize_options,
+     [](const CommandLine& line) { return run_quantize(line.quantize, line.verbosity, line.argv); }},
+    {"finalize", "Assemble OUTPUT from the parts written by quantize --part I/N",
+     add_finalize_options,
+     [](const CommandLine& line) { return run_finalize(line.finalize, line.verbosity); }},
+    {"inspect", "List a checkpoint's tensors; with quantize options, print the plan and lint",
+     add_inspect_options,
+     [](const CommandLine& line) {
+       const bool plan_requested =
+           std::any_of(line.inspect_plan_options.begin(), line.inspect_plan_options.end(),
+                       [](const CLI::Option* o) { return o->count() > 0; });
+       return run_inspect(line.inspect, plan_requested, line.argv);
+     }},
+    {"verify",
+     "Compare OUTPUT with a golden checkpoint (exit 0 same, 3 different), or with its source",
+     add_verify_options,
+     [](const CommandLine& line) { return run_verify(line.verify, line.verbosity, line.argv); }},
+};
+
+// The hidden `ctquant --list-subcommands`: the command names, one a line,
+// for the build's man page step.
+constexpr std::string_view kListSubcommands = "--list-subcommands";
+
+int list_subcommands() {
+  std::string names;
+  for (const Subcommand& command : kSubcommands) names += std::string(command.name) + "\n";
+  try {
+    write_stdout(names);
+  } catch (const ctquant::Error& e) {
+    print_error(e.what());
+    return ctquant::exit_status(e.kind());
+  }
+  return 0;
+}
+
+// The top-level description, footer and --version of ctquant.
+void describe_ctquant(CLI::App& app) {
+  app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 success (verify: the checkpoints are equivalent); 1 failure (bad input, "
+      "lint findings that stop quantize, I/O error, no space left, interrupted by a signal); 2 "
+      "usage error (an option, or a path the run must not write: docs/cli.md); 3 verify found "
+      "differences.\nEach command's options: ctquant COMMAND --help. Documentation: docs/cli.md.");
+  app.set_version_flag("--version", std::string("ctquant ") + ctquant::ctquant_version());
+}
+
+void add_subcommands(CLI::App& app, CommandLine& line) {
+  for (const Subcommand& command : kSubcommands) {
+    command.add_options(app.add_subcommand(command.name, command.help), line);
+  }
+}
+
+// Parses argv into line; the exit status when that ends the run (--help,
+// --version, a usage error), nothing when a command is to run.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -816,41 +877,62 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string message = e.what();
     if (argc > 1 && argv[1][0] != '-' && app.get_subcommands().empty()) {
-      message = fmt::format("unknown command '{}' (commands: quantize, finalize, inspect, verify)",
-                            argv[1]);
+      std::string names;
+      for (const Subcommand& command : kSubcommands) {
+        names += (names.empty() ? "" : ", ") + std::string(command.name);
+      }
+      message = fmt::format("unknown command '{}' (commands: {})", argv[1], names);
     }
     print_error(message + "\nRun with --help for more information.");
     return ctquant::exit_status(ctquant::ErrorKind::kUsage);
   }
+  return std::nullopt;
+}
 
+// The message of an error that ends a command, with what a signal left.
+std::string error_message(const ctquant::Error& e, const CommandLine& line) {
+  if (e.kind() != ctquant::ErrorKind::kInterrupted) return e.what();
+  // --part and --resume are quantize's: set only when quantize runs.
+  if (line.quantize.part || line.quantize.resume) {
+    return fmt::format("{} ({}); the files finished so far are kept in the staging "
+                       "directory: rerun the same command with --resume to go on",
+                       e.what(), signal_name(g_signal.load()));
+  }
+  return fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
+                     "removed",
+                     e.what(), signal_name(g_signal.load()));
+}
+
+// Runs the one command parse_command_line found; its exit status.
+int run_subcommand(const CLI::App& app, const CommandLine& line) {
+  const std::string name = app.get_subcommands().front()->get_name();
+  const Subcommand& command = *std::find_if(
+      std::begin(kSubcommands), std::end(kSubcommands),
+      [&name](const Subcommand& c) { return name == c.name; });
   try {
-    if (quantize->parsed()) return run_quantize(q, verbosity, command_line);
-    if (finalize->parsed()) return run_finalize(fin, verbosity);
-    if (inspect->parsed()) {
-      const bool plan_requested =
-          std::any_of(inspect_plan_options.begin(), inspect_plan_options.end(),
-                      [](const CLI::Option* o) { return o->count() > 0; });
-      return run_inspect(in, plan_requested, command_line);
-    }
-    if (verify->parsed()) return run_verify(ver, verbosity, command_line);
+    return command.run(line);
   } catch (const ctquant::Error& e) {
-    if (e.kind() == ctquant::ErrorKind::kInterrupted && quantize->parsed() &&
-        (q.part || q.resume)) {
-      print_error(fmt::format("{} ({}); the files finished so far are kept in the staging "
-                              "directory: rerun the same command with --resume to go on",
-                              e.what(), signal_name(g_signal.load())));
-    } else if (e.kind() == ctquant::ErrorKind::kInterrupted) {
-      print_error(
-          fmt::format("{} ({}); OUTPUT was not written and the temporary directory was "
-                      "removed",
-                      e.what(), signal_name(g_signal.load())));
-    } else {
-      print_error(e.what());
-    }
+    print_error(error_message(e, line));
     return ctquant::exit_status(e.kind());
   } catch (const std::exception& e) {
     print_error(e.what());
     return 1;
   }
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  install_signal_handlers();
+  raise_open_file_limit();
+  if (argc == 2 && argv[1] == kListSubcommands) return list_subcommands();
+  CLI::App app{
+      "ctquant: quantize safetensors checkpoints to compressed-tensors checkpoints for vLLM "
+      "(int, FP8, NVFP4 and MX schemes; data-free RTN)"};
+  describe_ctquant(app);
+  CommandLine line;
+  line.argv.assign(argv, argv + argc);
+  add_subcommands(app, line);
+  if (const std::optional<int> status = parse_command_line(app, argc, argv)) return *status;
+  return run_subcommand(app, line);
 }

@@ -525,225 +525,297 @@ std::map<std::string, FileEntry> logged_files(const fs::path& stage, const std::
   return found;
 }
 
-}  // namespace
+// One run of a part, stage by stage: the stage adopted and the part locked,
+// its files assigned, those an earlier run finished kept (--resume), the
+// record and log started, the other files written one by one, the record
+// completed.
+class PartRun {
+ public:
+  PartRun(const Checkpoint& checkpoint, const QuantizePlan& plan, const PartOptions& options,
+          const ExecuteOptions& execute)
+      : checkpoint_(checkpoint),
+        plan_(plan),
+        options_(options),
+        execute_(execute),
+        log_(options.logger),
+        part_(options.part),
+        who_(fmt::format("part {}", part_name(part_))),
+        stage_(options.stage) {}
 
-PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
-                     const PartOptions& options, const ExecuteOptions& execute) {
-  const auto& log = options.logger;
-  const PartSpec part = options.part;
-  const std::string who = fmt::format("part {}", part_name(part));
-  const fs::path& stage = options.stage;
-  std::error_code ec;
   // quantize() checked the stage with the path policy before INPUT was read;
-  // checked again here, where it is created or adopted.
-  if (const std::string why = stage_refusal(stage); !why.empty()) {
-    throw usage_error(fmt::format("staging directory {}: it {}; choose another", stage.string(),
-                                  why));
-  }
-  if (!fs::is_directory(stage, ec)) {
-    if (!fs::is_directory(fs::absolute(stage).parent_path(), ec)) {
-      throw usage_error(fmt::format("the directory {} that should hold the staging directory {} "
-                                    "does not exist",
-                                    fs::absolute(stage).parent_path().string(), stage.string()));
+  // checked again here, where it is created or adopted. Takes the part's lock.
+  void adopt_stage() {
+    const fs::path& stage = stage_;
+    std::error_code ec;
+    if (const std::string why = stage_refusal(stage); !why.empty()) {
+      throw usage_error(fmt::format("staging directory {}: it {}; choose another", stage.string(),
+                                    why));
     }
-    fs::create_directory(stage, ec);
-    if (ec && !fs::is_directory(stage)) {
-      throw io_error(fmt::format("{}: cannot create the staging directory: {}", stage.string(),
-                                 ec.message()));
+    if (!fs::is_directory(stage, ec)) {
+      if (!fs::is_directory(fs::absolute(stage).parent_path(), ec)) {
+        throw usage_error(fmt::format("the directory {} that should hold the staging directory {} "
+                                      "does not exist",
+                                      fs::absolute(stage).parent_path().string(), stage.string()));
+      }
+      fs::create_directory(stage, ec);
+      if (ec && !fs::is_directory(stage)) {
+        throw io_error(fmt::format("{}: cannot create the staging directory: {}", stage.string(),
+                                   ec.message()));
+      }
     }
-  }
-  // An absent or empty directory becomes a stage ctquant made: the marker is
-  // its first entry, created in place (parts started together find either an
-  // empty directory or the marker, never a temporary file instead of it).
-  const fs::path marker = stage / kStageMarkerName;
-  detail::UniqueFd marker_fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
-                                    0644));
-  if (marker_fd.get() < 0) {
-    throw_write_error(fmt::format("{}: cannot create", marker.string()), errno);
-  }
-  marker_fd = detail::UniqueFd();
-  PartLock lock;
-  if (!lock.try_lock(stage / lock_name(part))) {
-    throw usage_error(fmt::format("{} is already running in another process ({} is locked)", who,
-                                  (stage / lock_name(part)).string()));
+    // An absent or empty directory becomes a stage ctquant made: the marker is
+    // its first entry, created in place (parts started together find either an
+    // empty directory or the marker, never a temporary file instead of it).
+    const fs::path marker = stage / kStageMarkerName;
+    detail::UniqueFd marker_fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+                                      0644));
+    if (marker_fd.get() < 0) {
+      throw_write_error(fmt::format("{}: cannot create", marker.string()), errno);
+    }
+    marker_fd = detail::UniqueFd();
+    if (!lock_.try_lock(stage / lock_name(part_))) {
+      throw usage_error(fmt::format("{} is already running in another process ({} is locked)",
+                                    who_, (stage / lock_name(part_)).string()));
+    }
   }
 
-  const std::vector<PlannedFile> files = plan_output_files(checkpoint, plan);
-  const std::vector<unsigned> owner = assign_parts(files, part.count);
-  const json fingerprint = plan_fingerprint(checkpoint, plan);
-  const std::string fp = fingerprint_of(fingerprint);
-
-  Record record;
-  record.file_name = record_name(part);
-  record.part = part;
-  record.input_path = fs::absolute(checkpoint.root).lexically_normal().string();
-  record.plan = fingerprint;
-  PartSummary summary;
-  std::vector<const PlannedFile*> assigned;
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    if (owner[i] != part.index - 1) continue;
-    assigned.push_back(&files[i]);
-    record.assigned.push_back(files[i].name);
-    summary.bytes_assigned += files[i].size;
+  // The files of the plan this part writes (assign_parts), and the record
+  // that names them.
+  void assign_files() {
+    files_ = plan_output_files(checkpoint_, plan_);
+    const std::vector<unsigned> owner = assign_parts(files_, part_.count);
+    fingerprint_ = plan_fingerprint(checkpoint_, plan_);
+    fp_ = fingerprint_of(fingerprint_);
+    record_.file_name = record_name(part_);
+    record_.part = part_;
+    record_.input_path = fs::absolute(checkpoint_.root).lexically_normal().string();
+    record_.plan = fingerprint_;
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      if (owner[i] != part_.index - 1) continue;
+      assigned_.push_back(&files_[i]);
+      record_.assigned.push_back(files_[i].name);
+      summary_.bytes_assigned += files_[i].size;
+    }
+    summary_.files_assigned = assigned_.size();
+    summary_.record = stage_ / record_.file_name;
   }
-  summary.files_assigned = assigned.size();
-  summary.record = stage / record.file_name;
 
   // What an earlier run left: with --resume, the files it finished that are
   // still intact; a changed plan is refused.
-  std::map<std::string, FileEntry> kept;
-  if (options.resume) {
-    const fs::path previous = stage / record.file_name;
+  void keep_finished_files() {
+    if (!options_.resume) return;
+    std::error_code ec;
+    const fs::path previous = stage_ / record_.file_name;
     if (fs::exists(previous, ec)) {
-      const Record before = record_from_json(read_json(previous), record.file_name);
-      const std::vector<std::string> changes = fingerprint_changes(before.plan, fingerprint);
+      const Record before = record_from_json(read_json(previous), record_.file_name);
+      const std::vector<std::string> changes = fingerprint_changes(before.plan, fingerprint_);
       if (!changes.empty()) {
         const std::string message = fmt::format(
             "cannot resume {}: the plan changed since {} was written:{}\nrerun without --resume "
             "to write the part again, or with the earlier input and options",
-            who, previous.string(), bullet_list(changes));
+            who_, previous.string(), bullet_list(changes));
         throw only_options_changed(changes) ? usage_error(message) : bad_input(message);
       }
     }
-    const std::map<std::string, FileEntry> logged = logged_files(stage, fp);
-    for (const PlannedFile* f : assigned) {
+    const std::map<std::string, FileEntry> logged = logged_files(stage_, fp_);
+    for (const PlannedFile* f : assigned_) {
       const auto it = logged.find(f->name);
       if (it == logged.end() || it->second.size != f->size || it->second.tensors != f->tensors) {
         continue;
       }
-      const fs::path staged = stage / f->name;
+      const fs::path staged = stage_ / f->name;
       if (!fs::is_regular_file(fs::symlink_status(staged, ec)) ||
           fs::file_size(staged, ec) != f->size) {
         continue;
       }
       if (sha256_file(staged, staged.string()).sha256 == it->second.sha256) {
-        kept.emplace(f->name, it->second);
+        kept_.emplace(f->name, it->second);
       }
     }
   }
 
-  // Start the record and the log with what is kept.
-  const fs::path work = stage / work_name(part);
-  remove_directory(work, DirectoryRemoval::kTree, ec);
-  fs::create_directory(work, ec);
-  if (ec) {
-    throw io_error(fmt::format("{}: cannot create the work directory: {}", work.string(),
-                               ec.message()));
-  }
-  for (const PlannedFile* f : assigned) {
-    if (const auto it = kept.find(f->name); it != kept.end()) record.files.push_back(it->second);
-  }
-  record.files_kept = record.files.size();
-  write_file_atomically(stage / record.file_name, record_json(record).dump(1) + "\n",
-                        execute.fsync);
-  std::string log_text =
-      log_line(json{{"ctquant_part_log", kRecordFormat}, {"part", part.index},
-                    {"parts", part.count}, {"plan_fingerprint", fp}});
-  for (const FileEntry& e : record.files) log_text += log_line(entry_json(e));
-  const fs::path log_path = stage / log_name(part);
-  write_file_atomically(log_path, log_text, execute.fsync);
-  detail::UniqueFd log_fd(::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
-  if (log_fd.get() < 0) {
-    throw io_error(fmt::format("{}: cannot open: {}", log_path.string(), std::strerror(errno)));
-  }
-  summary.files_kept = kept.size();
-  if (log) {
-    if (options.resume) {
-      log->info("{}: {} of {} file(s) kept from an earlier run (sha256 checked), {} to write",
-                who, kept.size(), assigned.size(), assigned.size() - kept.size());
-    } else {
-      log->info("{}: {} file(s) to write, {} bytes, into {}", who, assigned.size(),
-                summary.bytes_assigned, stage.string());
-    }
-  }
-
-  // Progress over the whole part, the files written one after another: the
-  // input bytes still to read, as plan_output_files estimates them.
-  std::uint64_t input_total = 0;
-  for (const PlannedFile* f : assigned) {
-    if (kept.count(f->name) == 0) input_total += f->work - f->size;
-  }
-  Progress before;  // what the files written so far consumed
-  for (const PlannedFile* f : assigned) {
-    if (kept.count(f->name) > 0) continue;
-    if (execute.cancel != nullptr && execute.cancel->load()) {
-      throw Error(ErrorKind::kInterrupted, "interrupted by a signal before the part was complete");
-    }
-    ExecuteOptions one = execute;
-    one.files = std::set<std::string>{f->name};
-    Progress last;
-    if (execute.on_progress) {
-      one.on_progress = [&](const Progress& p) {
-        last = p;
-        Progress all;
-        all.bytes_done = before.bytes_done + p.bytes_done;
-        all.bytes_total = std::max(input_total, all.bytes_done);
-        all.tensors_done = before.tensors_done + p.tensors_done;
-        all.tensors_total = before.tensors_total + p.tensors_total;
-        execute.on_progress(all);
-      };
-    }
-    const ExecuteStats stats = execute_plan(checkpoint, plan, work, one);
-    before.bytes_done += last.bytes_done;
-    before.tensors_done += last.tensors_done;
-    before.tensors_total += last.tensors_total;
-    summary.execute.seconds_stream += stats.seconds_stream;
-    summary.execute.seconds_flush += stats.seconds_flush;
-    summary.execute.bytes_read += stats.bytes_read;
-    summary.execute.bytes_written += stats.bytes_written;
-    summary.execute.module_errors.insert(summary.execute.module_errors.end(),
-                                         stats.module_errors.begin(), stats.module_errors.end());
-    for (const std::string& w : stats.warnings) {
-      if (std::find(summary.execute.warnings.begin(), summary.execute.warnings.end(), w) ==
-          summary.execute.warnings.end()) {
-        summary.execute.warnings.push_back(w);
-      }
-    }
-    const FileDigest digest = sha256_file(work / f->name, (work / f->name).string());
-    fs::rename(work / f->name, stage / f->name, ec);
+  // A fresh work directory; the record and the log started with what is
+  // kept, the log left open for appending.
+  void start_record_and_log() {
+    std::error_code ec;
+    remove_directory(work_, DirectoryRemoval::kTree, ec);
+    fs::create_directory(work_, ec);
     if (ec) {
-      throw io_error(fmt::format("{}: cannot move into the staging directory: {}",
-                                 (work / f->name).string(), ec.message()));
+      throw io_error(fmt::format("{}: cannot create the work directory: {}", work_.string(),
+                                 ec.message()));
     }
-    if (execute.fsync) fsync_directory_best_effort(stage);
-    const FileEntry entry{f->name, digest.size, digest.sha256, f->tensors};
-    const std::string line = log_line(entry_json(entry));
-    if (::write(log_fd.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-      throw_write_error(log_path.string(), errno);
+    for (const PlannedFile* f : assigned_) {
+      if (const auto it = kept_.find(f->name); it != kept_.end()) {
+        record_.files.push_back(it->second);
+      }
     }
-    if (execute.fsync && ::fsync(log_fd.get()) != 0) throw_write_error(log_path.string(), errno);
-    record.files.push_back(entry);
-    ++summary.files_written;
-    if (log) {
-      log->debug("{}: {} written ({} bytes, sha256 {})", who, f->name, digest.size,
-                 digest.sha256);
+    record_.files_kept = record_.files.size();
+    write_file_atomically(stage_ / record_.file_name, record_json(record_).dump(1) + "\n",
+                          execute_.fsync);
+    std::string log_text =
+        log_line(json{{"ctquant_part_log", kRecordFormat}, {"part", part_.index},
+                      {"parts", part_.count}, {"plan_fingerprint", fp_}});
+    for (const FileEntry& e : record_.files) log_text += log_line(entry_json(e));
+    write_file_atomically(log_path_, log_text, execute_.fsync);
+    log_fd_ = detail::UniqueFd(::open(log_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
+    if (log_fd_.get() < 0) {
+      throw io_error(fmt::format("{}: cannot open: {}", log_path_.string(), std::strerror(errno)));
+    }
+    summary_.files_kept = kept_.size();
+    if (log_) {
+      if (options_.resume) {
+        log_->info("{}: {} of {} file(s) kept from an earlier run (sha256 checked), {} to write",
+                   who_, kept_.size(), assigned_.size(), assigned_.size() - kept_.size());
+      } else {
+        log_->info("{}: {} file(s) to write, {} bytes, into {}", who_, assigned_.size(),
+                   summary_.bytes_assigned, stage_.string());
+      }
     }
   }
 
-  if (log) {
-    for (const std::string& w : summary.execute.warnings) log->warn("{}: {}", who, w);
+  // Writes the files not kept one after another, each into the work
+  // directory, then hashed, renamed into the stage and logged; the progress
+  // over the whole part.
+  void write_files() {
+    // The input bytes still to read, as plan_output_files estimates them.
+    std::uint64_t input_total = 0;
+    for (const PlannedFile* f : assigned_) {
+      if (kept_.count(f->name) == 0) input_total += f->work - f->size;
+    }
+    Progress before;  // what the files written so far consumed
+    for (const PlannedFile* f : assigned_) {
+      if (kept_.count(f->name) > 0) continue;
+      if (execute_.cancel != nullptr && execute_.cancel->load()) {
+        throw Error(ErrorKind::kInterrupted,
+                    "interrupted by a signal before the part was complete");
+      }
+      ExecuteOptions one = execute_;
+      one.files = std::set<std::string>{f->name};
+      Progress last;
+      if (execute_.on_progress) {
+        one.on_progress = [&](const Progress& p) {
+          last = p;
+          Progress all;
+          all.bytes_done = before.bytes_done + p.bytes_done;
+          all.bytes_total = std::max(input_total, all.bytes_done);
+          all.tensors_done = before.tensors_done + p.tensors_done;
+          all.tensors_total = before.tensors_total + p.tensors_total;
+          execute_.on_progress(all);
+        };
+      }
+      const ExecuteStats stats = execute_plan(checkpoint_, plan_, work_, one);
+      before.bytes_done += last.bytes_done;
+      before.tensors_done += last.tensors_done;
+      before.tensors_total += last.tensors_total;
+      add_stats(stats);
+      stage_file(*f);
+    }
+    if (log_) {
+      for (const std::string& w : summary_.execute.warnings) log_->warn("{}: {}", who_, w);
+    }
+    std::sort(summary_.execute.module_errors.begin(), summary_.execute.module_errors.end(),
+              [](const ModuleError& a, const ModuleError& b) { return a.module < b.module; });
   }
-  std::sort(summary.execute.module_errors.begin(), summary.execute.module_errors.end(),
-            [](const ModuleError& a, const ModuleError& b) { return a.module < b.module; });
 
   // Complete: the record in plan order, the log and work directory gone.
-  std::map<std::string, FileEntry> by_name;
-  for (const FileEntry& e : record.files) by_name.emplace(e.name, e);
-  record.files.clear();
-  for (const PlannedFile* f : assigned) record.files.push_back(by_name.at(f->name));
-  record.complete = true;
-  record.files_written = summary.files_written;
-  write_file_atomically(stage / record.file_name, record_json(record).dump(1) + "\n",
-                        execute.fsync);
-  log_fd = detail::UniqueFd();
-  fs::remove(log_path, ec);
-  remove_directory(work, DirectoryRemoval::kTree, ec);
-  if (execute.fsync) fsync_directory_best_effort(stage);
-  if (log) {
-    log->info("{}: complete: {} file(s) written, {} kept; record {}", who, summary.files_written,
-              summary.files_kept, summary.record.string());
+  PartSummary complete() {
+    std::error_code ec;
+    std::map<std::string, FileEntry> by_name;
+    for (const FileEntry& e : record_.files) by_name.emplace(e.name, e);
+    record_.files.clear();
+    for (const PlannedFile* f : assigned_) record_.files.push_back(by_name.at(f->name));
+    record_.complete = true;
+    record_.files_written = summary_.files_written;
+    write_file_atomically(stage_ / record_.file_name, record_json(record_).dump(1) + "\n",
+                          execute_.fsync);
+    log_fd_ = detail::UniqueFd();
+    fs::remove(log_path_, ec);
+    remove_directory(work_, DirectoryRemoval::kTree, ec);
+    if (execute_.fsync) fsync_directory_best_effort(stage_);
+    if (log_) {
+      log_->info("{}: complete: {} file(s) written, {} kept; record {}", who_,
+                 summary_.files_written, summary_.files_kept, summary_.record.string());
+    }
+    return summary_;
   }
-  return summary;
+
+ private:
+  // Adds what execute_plan() measured of one file to the part's summary
+  // (each warning once).
+  void add_stats(const ExecuteStats& stats) {
+    summary_.execute.seconds_stream += stats.seconds_stream;
+    summary_.execute.seconds_flush += stats.seconds_flush;
+    summary_.execute.bytes_read += stats.bytes_read;
+    summary_.execute.bytes_written += stats.bytes_written;
+    summary_.execute.module_errors.insert(summary_.execute.module_errors.end(),
+                                          stats.module_errors.begin(), stats.module_errors.end());
+    for (const std::string& w : stats.warnings) {
+      if (std::find(summary_.execute.warnings.begin(), summary_.execute.warnings.end(), w) ==
+          summary_.execute.warnings.end()) {
+        summary_.execute.warnings.push_back(w);
+      }
+    }
+  }
+
+  // Moves a file written into the work directory into the stage, with its
+  // digest in the log and the record.
+  void stage_file(const PlannedFile& f) {
+    std::error_code ec;
+    const FileDigest digest = sha256_file(work_ / f.name, (work_ / f.name).string());
+    fs::rename(work_ / f.name, stage_ / f.name, ec);
+    if (ec) {
+      throw io_error(fmt::format("{}: cannot move into the staging directory: {}",
+                                 (work_ / f.name).string(), ec.message()));
+    }
+    if (execute_.fsync) fsync_directory_best_effort(stage_);
+    const FileEntry entry{f.name, digest.size, digest.sha256, f.tensors};
+    const std::string line = log_line(entry_json(entry));
+    if (::write(log_fd_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      throw_write_error(log_path_.string(), errno);
+    }
+    if (execute_.fsync && ::fsync(log_fd_.get()) != 0) {
+      throw_write_error(log_path_.string(), errno);
+    }
+    record_.files.push_back(entry);
+    ++summary_.files_written;
+    if (log_) {
+      log_->debug("{}: {} written ({} bytes, sha256 {})", who_, f.name, digest.size,
+                  digest.sha256);
+    }
+  }
+
+  const Checkpoint& checkpoint_;
+  const QuantizePlan& plan_;
+  const PartOptions& options_;
+  const ExecuteOptions& execute_;
+  const std::shared_ptr<spdlog::logger>& log_;
+  const PartSpec part_;
+  const std::string who_;  // "part I/N", for messages
+  const fs::path& stage_;
+  const fs::path work_ = stage_ / work_name(part_);
+  const fs::path log_path_ = stage_ / log_name(part_);
+  PartLock lock_;
+  std::vector<PlannedFile> files_;  // every file of the plan
+  json fingerprint_;
+  std::string fp_;  // fingerprint_of(fingerprint_)
+  Record record_;
+  PartSummary summary_;
+  std::vector<const PlannedFile*> assigned_;  // this part's, in plan order
+  std::map<std::string, FileEntry> kept_;     // --resume: finished by an earlier run, intact
+  detail::UniqueFd log_fd_;                   // the log, open for appending
+};
+
+}  // namespace
+
+PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                     const PartOptions& options, const ExecuteOptions& execute) {
+  PartRun run(checkpoint, plan, options, execute);
+  run.adopt_stage();
+  run.assign_files();
+  run.keep_finished_files();
+  run.start_record_and_log();
+  run.write_files();
+  return run.complete();
 }
 
 bool stage_in_use(const fs::path& stage) {
@@ -788,190 +860,204 @@ void check_cancel(const std::atomic<bool>* cancel) {
   }
 }
 
-}  // namespace
-
-FinalizeSummary finalize_parts(const FinalizeOptions& options) {
-  const auto& log = options.logger;
-  const fs::path stage = options.stage.value_or(default_stage_dir(options.output));
-  FinalizeSummary summary;
-  summary.stage = stage;
-  std::error_code ec;
-  if (!fs::is_directory(stage, ec)) {
-    throw bad_input(fmt::format(
-        "no staging directory {}: nothing to finalize (run `ctquant quantize INPUT {} --part I/N` "
-        "for each part first{})",
-        stage.string(), options.output.string(),
-        options.stage ? "" : ", or give the parts' --stage DIR"));
+// One finalize, stage by stage: the records in the stage read, the run
+// most of them belong to chosen, its parts checked complete and locked, the
+// files they staged checked against the plan, every problem reported at
+// once; then OUTPUT assembled and committed, and the stage cleaned.
+class Finalization {
+ public:
+  explicit Finalization(const FinalizeOptions& options)
+      : options_(options),
+        log_(options.logger),
+        stage_(options.stage.value_or(default_stage_dir(options.output))) {
+    summary_.stage = stage_;
   }
-  // OUTPUT and the stage against each other and the working directory, the
-  // stage a stage ctquant made; against INPUT once the records name it.
-  RunPaths paths;
-  paths.output = options.output;
-  paths.force = options.force;
-  paths.stage = stage;
-  paths.stage_named = options.stage.has_value();
-  check_run_paths(paths);
 
-  // Every record in the stage.
-  std::vector<std::string> problems;
-  std::vector<Record> records;
-  std::set<std::string> logs;
-  std::vector<std::string> names;
-  for (auto it = fs::directory_iterator(stage, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    names.push_back(it->path().filename().string());
-  }
-  if (ec) throw io_error(fmt::format("{}: cannot list: {}", stage.string(), ec.message()));
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
-    if (const auto part = part_of_file_name(name, ".log")) {
-      if (!options.parts || part->count == *options.parts) logs.insert(name);
-      continue;
+  // The stage must exist; OUTPUT and the stage against each other and the
+  // working directory, the stage a stage ctquant made; against INPUT once
+  // the records name it.
+  void check_paths() {
+    std::error_code ec;
+    if (!fs::is_directory(stage_, ec)) {
+      throw bad_input(fmt::format(
+          "no staging directory {}: nothing to finalize (run `ctquant quantize INPUT {} --part "
+          "I/N` for each part first{})",
+          stage_.string(), options_.output.string(),
+          options_.stage ? "" : ", or give the parts' --stage DIR"));
     }
-    const auto part = part_of_file_name(name, ".json");
-    if (!part || (options.parts && part->count != *options.parts)) continue;
-    try {
-      Record r = record_from_json(read_json(stage / name), name);
-      if (r.part != *part) {
-        problems.push_back(fmt::format("{}: holds the record of part {} (a copied or renamed "
-                                       "record: a duplicated part)",
-                                       name, part_name(r.part)));
+    paths_.output = options_.output;
+    paths_.force = options_.force;
+    paths_.stage = stage_;
+    paths_.stage_named = options_.stage.has_value();
+    check_run_paths(paths_);
+  }
+
+  // Every record in the stage (and which parts left a log); none at all is
+  // an error at once.
+  void read_records() {
+    std::error_code ec;
+    std::vector<std::string> names;
+    for (auto it = fs::directory_iterator(stage_, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      names.push_back(it->path().filename().string());
+    }
+    if (ec) throw io_error(fmt::format("{}: cannot list: {}", stage_.string(), ec.message()));
+    std::sort(names.begin(), names.end());
+    for (const std::string& name : names) {
+      if (const auto part = part_of_file_name(name, ".log")) {
+        if (!options_.parts || part->count == *options_.parts) logs_.insert(name);
         continue;
       }
-      records.push_back(std::move(r));
-    } catch (const Error& e) {
-      problems.push_back(e.what());
-    }
-  }
-  if (records.empty()) {
-    problems.push_back(fmt::format("{}: no part record: run `ctquant quantize INPUT {} --part I/N` "
-                                   "for each part first",
-                                   stage.string(), options.output.string()));
-    throw bad_input(fmt::format("cannot finalize {}; OUTPUT was not created and the staging "
-                                "directory is left as it is:{}",
-                                options.output.string(), bullet_list(problems)));
-  }
-
-  // The run: the plan and part count most records agree on.
-  std::map<std::pair<unsigned, std::string>, std::size_t> votes;
-  for (const Record& r : records) ++votes[{r.part.count, fingerprint_of(r.plan)}];
-  const auto [count, fingerprint] =
-      std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-        return a.second < b.second;
-      })->first;
-  const Record* reference = nullptr;
-  std::map<unsigned, const Record*> by_part;
-  for (const Record& r : records) {
-    if (r.part.count == count && fingerprint_of(r.plan) == fingerprint) {
-      by_part[r.part.index] = &r;
-      if (reference == nullptr) reference = &r;
-    }
-  }
-  for (const Record& r : records) {
-    if (r.part.count == count && fingerprint_of(r.plan) == fingerprint) continue;
-    std::vector<std::string> why;
-    if (r.part.count != count) {
-      why.push_back(fmt::format("split in {} parts, not {}", r.part.count, count));
-    }
-    if (fingerprint_of(r.plan) != fingerprint) {
-      for (const std::string& c : fingerprint_changes(r.plan, reference->plan)) why.push_back(c);
-    }
-    std::string list;
-    for (const std::string& w : why) list += (list.empty() ? "" : "; ") + w;
-    problems.push_back(fmt::format("{}: part {} of another run ({}); remove it, or the staging "
-                                   "directory, if that run is abandoned",
-                                   r.file_name, part_name(r.part), list));
-  }
-
-  // Every part of the run, complete, and none running.
-  std::vector<PartLock> locks;
-  bool all_complete = true;
-  for (unsigned i = 1; i <= count; ++i) {
-    const PartSpec part{i, count};
-    const auto it = by_part.find(i);
-    if (it == by_part.end()) {
-      all_complete = false;
-      const bool foreign = std::any_of(records.begin(), records.end(),
-                                       [&](const Record& r) { return r.part == part; });
-      problems.push_back(
-          foreign ? fmt::format("part {}: its record is of another run (above): run this part "
-                                "again (ctquant quantize INPUT {} --part {})",
-                                part_name(part), options.output.string(), part_name(part))
-                  : fmt::format("part {}: no record in {}: it has not run (ctquant quantize "
-                                "INPUT {} --part {})",
-                                part_name(part), stage.string(), options.output.string(),
-                                part_name(part)));
-      continue;
-    }
-    locks.emplace_back();
-    if (!locks.back().try_lock(stage / lock_name(part))) {
-      all_complete = false;
-      problems.push_back(fmt::format("part {}: running now ({} is locked)", part_name(part),
-                                     (stage / lock_name(part)).string()));
-      continue;
-    }
-    const Record& r = *it->second;
-    if (!r.complete) {
-      all_complete = false;
-      std::size_t done = r.files.size();
-      if (logs.count(log_name(part)) > 0) {
-        if (const auto l = read_log(stage / log_name(part))) done = l->files.size();
+      const auto part = part_of_file_name(name, ".json");
+      if (!part || (options_.parts && part->count != *options_.parts)) continue;
+      try {
+        Record r = record_from_json(read_json(stage_ / name), name);
+        if (r.part != *part) {
+          problems_.push_back(fmt::format("{}: holds the record of part {} (a copied or renamed "
+                                          "record: a duplicated part)",
+                                          name, part_name(r.part)));
+          continue;
+        }
+        records_.push_back(std::move(r));
+      } catch (const Error& e) {
+        problems_.push_back(e.what());
       }
-      problems.push_back(fmt::format("part {}: not complete: {} of {} file(s) written; it stopped "
-                                     "(rerun it with --resume to finish it)",
-                                     part_name(part), done, r.assigned.size()));
+    }
+    if (records_.empty()) {
+      problems_.push_back(fmt::format("{}: no part record: run `ctquant quantize INPUT {} --part "
+                                      "I/N` for each part first",
+                                      stage_.string(), options_.output.string()));
+      throw bad_input(fmt::format("cannot finalize {}; OUTPUT was not created and the staging "
+                                  "directory is left as it is:{}",
+                                  options_.output.string(), bullet_list(problems_)));
     }
   }
 
-  // Every planned file written once, by a complete part, staged with its size.
-  const json& output = reference->plan.at("output");
-  std::map<std::string, std::uint64_t> planned;
-  std::vector<std::string> plan_order;
-  for (const json& f : output.at("files")) {
-    planned[f.at("name").get<std::string>()] = f.at("size").get<std::uint64_t>();
-    plan_order.push_back(f.at("name").get<std::string>());
+  // The run: the plan and part count most records agree on; the records of
+  // other runs are problems.
+  void choose_run() {
+    std::map<std::pair<unsigned, std::string>, std::size_t> votes;
+    for (const Record& r : records_) ++votes[{r.part.count, fingerprint_of(r.plan)}];
+    const auto [count, fingerprint] =
+        std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
+          return a.second < b.second;
+        })->first;
+    count_ = count;
+    fingerprint_ = fingerprint;
+    for (const Record& r : records_) {
+      if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) {
+        by_part_[r.part.index] = &r;
+        if (reference_ == nullptr) reference_ = &r;
+      }
+    }
+    for (const Record& r : records_) {
+      if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) continue;
+      std::vector<std::string> why;
+      if (r.part.count != count_) {
+        why.push_back(fmt::format("split in {} parts, not {}", r.part.count, count_));
+      }
+      if (fingerprint_of(r.plan) != fingerprint_) {
+        for (const std::string& c : fingerprint_changes(r.plan, reference_->plan)) why.push_back(c);
+      }
+      std::string list;
+      for (const std::string& w : why) list += (list.empty() ? "" : "; ") + w;
+      problems_.push_back(fmt::format("{}: part {} of another run ({}); remove it, or the staging "
+                                      "directory, if that run is abandoned",
+                                      r.file_name, part_name(r.part), list));
+    }
   }
-  std::map<std::string, const Record*> written_by;
-  std::map<std::string, std::string> tensor_file;
-  std::uint64_t total = 0;
-  for (const auto& [index, r] : by_part) {
-    if (!r->complete) continue;
-    for (const FileEntry& e : r->files) {
-      const auto p = planned.find(e.name);
-      if (p == planned.end()) {
-        problems.push_back(fmt::format("{} (part {}): not a file of the plan", e.name,
-                                       part_name(r->part)));
+
+  // Every part of the run, complete, and none running (each part's lock is
+  // held from here on).
+  void lock_complete_parts() {
+    for (unsigned i = 1; i <= count_; ++i) {
+      const PartSpec part{i, count_};
+      const auto it = by_part_.find(i);
+      if (it == by_part_.end()) {
+        all_complete_ = false;
+        const bool foreign = std::any_of(records_.begin(), records_.end(),
+                                         [&](const Record& r) { return r.part == part; });
+        problems_.push_back(
+            foreign ? fmt::format("part {}: its record is of another run (above): run this part "
+                                  "again (ctquant quantize INPUT {} --part {})",
+                                  part_name(part), options_.output.string(), part_name(part))
+                    : fmt::format("part {}: no record in {}: it has not run (ctquant quantize "
+                                  "INPUT {} --part {})",
+                                  part_name(part), stage_.string(), options_.output.string(),
+                                  part_name(part)));
         continue;
       }
-      if (const auto [at, inserted] = written_by.emplace(e.name, r); !inserted) {
-        problems.push_back(fmt::format("{}: recorded by part {} and by part {}", e.name,
-                                       part_name(at->second->part), part_name(r->part)));
+      locks_.emplace_back();
+      if (!locks_.back().try_lock(stage_ / lock_name(part))) {
+        all_complete_ = false;
+        problems_.push_back(fmt::format("part {}: running now ({} is locked)", part_name(part),
+                                        (stage_ / lock_name(part)).string()));
         continue;
       }
-      if (e.size != p->second) {
-        problems.push_back(fmt::format("{} (part {}): {} bytes recorded, the plan has {}", e.name,
-                                       part_name(r->part), e.size, p->second));
+      const Record& r = *it->second;
+      if (!r.complete) {
+        all_complete_ = false;
+        std::size_t done = r.files.size();
+        if (logs_.count(log_name(part)) > 0) {
+          if (const auto l = read_log(stage_ / log_name(part))) done = l->files.size();
+        }
+        problems_.push_back(fmt::format("part {}: not complete: {} of {} file(s) written; it "
+                                        "stopped (rerun it with --resume to finish it)",
+                                        part_name(part), done, r.assigned.size()));
       }
-      const fs::path staged = stage / e.name;
-      if (!fs::is_regular_file(fs::symlink_status(staged, ec))) {
-        problems.push_back(fmt::format("{} (part {}): missing from {}", e.name, part_name(r->part),
-                                       stage.string()));
-      } else if (const auto size = fs::file_size(staged, ec); size != e.size) {
-        problems.push_back(fmt::format("{} (part {}): {} bytes in {}, {} recorded", e.name,
-                                       part_name(r->part), size, stage.string(), e.size));
-      }
-      total += e.size;
-      for (const std::string& t : e.tensors) {
-        if (const auto [at, inserted] = tensor_file.emplace(t, e.name); !inserted) {
-          problems.push_back(fmt::format("tensor '{}': in {} and in {}", t, at->second, e.name));
+    }
+  }
+
+  // Every planned file written once, by a complete part, staged with its
+  // size; with every part complete, the plan's tensors and bytes all there.
+  void check_staged_files() {
+    std::error_code ec;
+    const json& output = reference_->plan.at("output");
+    std::map<std::string, std::uint64_t> planned;
+    for (const json& f : output.at("files")) {
+      planned[f.at("name").get<std::string>()] = f.at("size").get<std::uint64_t>();
+      plan_order_.push_back(f.at("name").get<std::string>());
+    }
+    std::map<std::string, std::string> tensor_file;
+    for (const auto& [index, r] : by_part_) {
+      if (!r->complete) continue;
+      for (const FileEntry& e : r->files) {
+        const auto p = planned.find(e.name);
+        if (p == planned.end()) {
+          problems_.push_back(fmt::format("{} (part {}): not a file of the plan", e.name,
+                                          part_name(r->part)));
+          continue;
+        }
+        if (const auto [at, inserted] = written_by_.emplace(e.name, r); !inserted) {
+          problems_.push_back(fmt::format("{}: recorded by part {} and by part {}", e.name,
+                                          part_name(at->second->part), part_name(r->part)));
+          continue;
+        }
+        if (e.size != p->second) {
+          problems_.push_back(fmt::format("{} (part {}): {} bytes recorded, the plan has {}",
+                                          e.name, part_name(r->part), e.size, p->second));
+        }
+        const fs::path staged = stage_ / e.name;
+        if (!fs::is_regular_file(fs::symlink_status(staged, ec))) {
+          problems_.push_back(fmt::format("{} (part {}): missing from {}", e.name,
+                                          part_name(r->part), stage_.string()));
+        } else if (const auto size = fs::file_size(staged, ec); size != e.size) {
+          problems_.push_back(fmt::format("{} (part {}): {} bytes in {}, {} recorded", e.name,
+                                          part_name(r->part), size, stage_.string(), e.size));
+        }
+        total_ += e.size;
+        for (const std::string& t : e.tensors) {
+          if (const auto [at, inserted] = tensor_file.emplace(t, e.name); !inserted) {
+            problems_.push_back(
+                fmt::format("tensor '{}': in {} and in {}", t, at->second, e.name));
+          }
         }
       }
     }
-  }
-  if (all_complete) {
-    for (const std::string& name : plan_order) {
-      if (written_by.count(name) == 0) {
-        problems.push_back(fmt::format("{}: written by no part", name));
+    if (!all_complete_) return;
+    for (const std::string& name : plan_order_) {
+      if (written_by_.count(name) == 0) {
+        problems_.push_back(fmt::format("{}: written by no part", name));
       }
     }
     std::vector<std::string> tensors;
@@ -983,84 +1069,131 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
     }
     if (tensors.size() != output.at("tensors").get<std::size_t>() ||
         hash.hex_digest() != output.at("tensors_sha256").get<std::string>()) {
-      problems.push_back(fmt::format("the parts hold {} tensors, not the {} tensors of the plan",
-                                     tensors.size(), output.at("tensors").get<std::size_t>()));
+      problems_.push_back(fmt::format("the parts hold {} tensors, not the {} tensors of the plan",
+                                      tensors.size(), output.at("tensors").get<std::size_t>()));
     }
-    if (total != output.at("bytes").get<std::uint64_t>()) {
-      problems.push_back(fmt::format("the parts' files hold {} bytes, the plan {}", total,
-                                     output.at("bytes").get<std::uint64_t>()));
+    if (total_ != output.at("bytes").get<std::uint64_t>()) {
+      problems_.push_back(fmt::format("the parts' files hold {} bytes, the plan {}", total_,
+                                      output.at("bytes").get<std::uint64_t>()));
     }
-    summary.tensors = tensors.size();
+    summary_.tensors = tensors.size();
   }
-  if (!problems.empty()) {
-    std::vector<std::string> listed(problems.begin(),
-                                    problems.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                                           problems.size(), kMaxProblemsListed)));
-    if (problems.size() > kMaxProblemsListed) {
-      listed.push_back(fmt::format("... and {} more", problems.size() - kMaxProblemsListed));
+
+  // Throws Error{kBadInput} listing the problems found (the first
+  // kMaxProblemsListed of them).
+  void throw_problems() const {
+    if (problems_.empty()) return;
+    std::vector<std::string> listed(problems_.begin(),
+                                    problems_.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                            problems_.size(), kMaxProblemsListed)));
+    if (problems_.size() > kMaxProblemsListed) {
+      listed.push_back(fmt::format("... and {} more", problems_.size() - kMaxProblemsListed));
     }
     throw bad_input(fmt::format("cannot finalize {} from {}; OUTPUT was not created and the "
                                 "staging directory is left as it is:{}",
-                                options.output.string(), stage.string(), bullet_list(listed)));
+                                options_.output.string(), stage_.string(), bullet_list(listed)));
   }
 
-  // Assemble: every file into the temporary output directory, then the rename.
-  check_cancel(options.cancel);
-  paths.input = reference->input_path;
-  check_run_paths(paths);
-  StagedOutput staged(options.output, reference->input_path, options.force);
-  for (const std::string& name : plan_order) {
-    check_cancel(options.cancel);
-    place_file(stage / name, staged.dir() / name, options.fsync);
-  }
-  // The manifest from the digests each part computed of the file it staged
-  // (`ctquant verify OUTPUT --manifest` hashes the files again).
-  for (const auto& [name, r] : written_by) {
-    for (const FileEntry& e : r->files) {
-      if (e.name == name) summary.manifest.push_back(ManifestEntry{e.name, e.size, e.sha256});
+  // Assemble: every file into the temporary output directory, the manifest,
+  // then the rename.
+  void assemble() {
+    check_cancel(options_.cancel);
+    paths_.input = reference_->input_path;
+    check_run_paths(paths_);
+    StagedOutput staged(options_.output, reference_->input_path, options_.force);
+    for (const std::string& name : plan_order_) {
+      check_cancel(options_.cancel);
+      place_file(stage_ / name, staged.dir() / name, options_.fsync);
     }
+    // The manifest from the digests each part computed of the file it staged
+    // (`ctquant verify OUTPUT --manifest` hashes the files again).
+    for (const auto& [name, r] : written_by_) {
+      for (const FileEntry& e : r->files) {
+        if (e.name == name) summary_.manifest.push_back(ManifestEntry{e.name, e.size, e.sha256});
+      }
+    }
+    std::sort(summary_.manifest.begin(), summary_.manifest.end(),
+              [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+    const ManifestEntry manifest = write_manifest(staged.dir(), summary_.manifest, options_.fsync);
+    summary_.manifest.push_back(manifest);
+    std::sort(summary_.manifest.begin(), summary_.manifest.end(),
+              [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
+    if (options_.fsync) fsync_directory_best_effort(staged.dir());
+    summary_.parts = count_;
+    summary_.files = plan_order_.size();
+    summary_.bytes = total_ + manifest.size;
+    if (options_.before_commit) options_.before_commit(summary_);
+    check_cancel(options_.cancel);
+    staged.commit();
   }
-  std::sort(summary.manifest.begin(), summary.manifest.end(),
-            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
-  const ManifestEntry manifest = write_manifest(staged.dir(), summary.manifest, options.fsync);
-  summary.manifest.push_back(manifest);
-  std::sort(summary.manifest.begin(), summary.manifest.end(),
-            [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
-  if (options.fsync) fsync_directory_best_effort(staged.dir());
-  summary.parts = count;
-  summary.files = plan_order.size();
-  summary.bytes = total + manifest.size;
-  if (options.before_commit) options.before_commit(summary);
-  check_cancel(options.cancel);
-  staged.commit();
 
   // The stage: the files placed, the records, logs, locks and work
   // directories of this run; the directory itself when nothing else is left.
-  for (const std::string& name : plan_order) fs::remove(stage / name, ec);
-  for (unsigned i = 1; i <= count; ++i) {
-    const PartSpec part{i, count};
-    fs::remove(stage / record_name(part), ec);
-    fs::remove(stage / log_name(part), ec);
-    fs::remove(stage / lock_name(part), ec);
-    remove_directory(stage / work_name(part), DirectoryRemoval::kTree, ec);
+  void clean_stage() {
+    std::error_code ec;
+    for (const std::string& name : plan_order_) fs::remove(stage_ / name, ec);
+    for (unsigned i = 1; i <= count_; ++i) {
+      const PartSpec part{i, count_};
+      fs::remove(stage_ / record_name(part), ec);
+      fs::remove(stage_ / log_name(part), ec);
+      fs::remove(stage_ / lock_name(part), ec);
+      remove_directory(stage_ / work_name(part), DirectoryRemoval::kTree, ec);
+    }
+    // The marker goes last, and only when nothing else is left: a stage that
+    // still holds another run's files stays a stage ctquant made.
+    std::size_t others = 0;
+    for (auto it = fs::directory_iterator(stage_, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      if (it->path().filename() != kStageMarkerName) ++others;
+    }
+    if (!ec && others == 0) fs::remove(stage_ / kStageMarkerName, ec);
+    if ((ec || others > 0 || !remove_directory(stage_, DirectoryRemoval::kIfEmpty, ec)) && log_) {
+      log_->warn("{}: not removed: it holds files of another run ({})", stage_.string(),
+                 ec ? ec.message() : "not empty");
+    }
   }
-  // The marker goes last, and only when nothing else is left: a stage that
-  // still holds another run's files stays a stage ctquant made.
-  std::size_t others = 0;
-  for (auto it = fs::directory_iterator(stage, ec); !ec && it != fs::directory_iterator();
-       it.increment(ec)) {
-    if (it->path().filename() != kStageMarkerName) ++others;
+
+  FinalizeSummary done() const {
+    if (log_) {
+      log_->info("finalize: {} from {} part(s): {} file(s), {} bytes", options_.output.string(),
+                 count_, summary_.files, summary_.bytes);
+    }
+    return summary_;
   }
-  if (!ec && others == 0) fs::remove(stage / kStageMarkerName, ec);
-  if ((ec || others > 0 || !remove_directory(stage, DirectoryRemoval::kIfEmpty, ec)) && log) {
-    log->warn("{}: not removed: it holds files of another run ({})", stage.string(),
-              ec ? ec.message() : "not empty");
-  }
-  if (log) {
-    log->info("finalize: {} from {} part(s): {} file(s), {} bytes", options.output.string(), count,
-              summary.files, summary.bytes);
-  }
-  return summary;
+
+ private:
+  const FinalizeOptions& options_;
+  const std::shared_ptr<spdlog::logger>& log_;
+  const fs::path stage_;
+  FinalizeSummary summary_;
+  RunPaths paths_;
+  std::vector<std::string> problems_;  // every problem found, reported at once
+  std::vector<Record> records_;
+  std::set<std::string> logs_;  // file names of the part logs in the stage
+  unsigned count_ = 0;          // the run's part count and plan fingerprint
+  std::string fingerprint_;
+  const Record* reference_ = nullptr;             // the run's first record
+  std::map<unsigned, const Record*> by_part_;     // the run's records by part index
+  std::vector<PartLock> locks_;                   // held until the end
+  bool all_complete_ = true;
+  std::vector<std::string> plan_order_;                // the plan's files
+  std::map<std::string, const Record*> written_by_;   // file -> the part that wrote it
+  std::uint64_t total_ = 0;                            // bytes of the staged files
+};
+
+}  // namespace
+
+FinalizeSummary finalize_parts(const FinalizeOptions& options) {
+  Finalization run(options);
+  run.check_paths();
+  run.read_records();
+  run.choose_run();
+  run.lock_complete_parts();
+  run.check_staged_files();
+  run.throw_problems();
+  run.assemble();
+  run.clean_stage();
+  return run.done();
 }
 
 }  // namespace ctquant

@@ -564,10 +564,11 @@ void count_linear_params(const Checkpoint& checkpoint, QuantizePlan& plan) {
   }
 }
 
-}  // namespace
+// ---- the stages of make_plan ----
 
-QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
-  check_plan_options(given);
+// The module roles, the options with the effective ignore list
+// (the roles' default entries and the given ones) and what it records.
+QuantizePlan start_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   QuantizePlan plan;
   plan.roles = analyze_roles(checkpoint, RoleOptions{.quantize_vision = given.quantize_vision});
   plan.options = given;
@@ -576,223 +577,56 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   plan.ignore_reasons = std::move(ignore.reasons);
   plan.ignore_keeps = std::move(ignore.keeps);
   plan.n_default_ignore = ignore.n_default;
-  const PlanOptions& options = plan.options;
-  SelectionRules rules(options, plan);
+  return plan;
+}
+
+// Records the classification of the input's quantization_config in plan.
+const InputQuantization& classify_input(const Checkpoint& checkpoint, QuantizePlan& plan) {
   plan.input_quantization = classify_input_quantization(checkpoint.config);
-  const InputQuantization& q = plan.input_quantization;
-  const std::optional<ModuleMatcher> input_ignore = input_ignore_matcher(q);
-  std::vector<std::string> problems;  // every input problem of this phase, reported at once
-  std::size_t n_bad_tensors = 0;
+  return plan.input_quantization;
+}
 
-  // Adds a module for rows [row_begin, row_begin + rows) of decision d's tensor.
-  const auto add_module = [&](TensorDecision& d, std::size_t decision_index, std::string name,
-                              std::uint64_t row_begin, std::uint64_t rows, std::uint64_t cols,
-                              std::optional<Fp8Source> fp8, const Outcome& outcome,
-                              DType loaded) {
-    PlannedModule m;
-    m.name = std::move(name);
-    m.decision = decision_index;
-    m.source = WeightSource{d.source, row_begin, rows, cols, std::move(fp8)};
-    m.group = outcome.group;
-    m.rule = outcome.rule;
-    m.ignore_entry = outcome.ignore_entry;
-    m.shard = d.source.shard;
-    m.dtype = loaded;
-    m.kind = outcome.quantize              ? PlannedModule::Kind::kQuantize
-             : m.source.fp8.has_value()    ? PlannedModule::Kind::kDequantize
-                                           : PlannedModule::Kind::kSlice;
-    d.modules.push_back(plan.modules.size());
-    plan.modules.push_back(std::move(m));
-  };
+// The fate of every input tensor (sections 2 and 6 of the spec,
+// schemes.md 8) and the modules it yields, shard by shard in file order.
+// Every problem of the input is collected; throw_problems() reports them at
+// once.
+class FateDecider {
+ public:
+  FateDecider(const Checkpoint& checkpoint, QuantizePlan& plan)
+      : checkpoint_(checkpoint),
+        plan_(plan),
+        rules_(plan.options, plan),
+        q_(classify_input(checkpoint, plan)),
+        input_ignore_(input_ignore_matcher(q_)) {}
 
-  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
-    const std::string& file = checkpoint.shards[s].label();
-    const auto& tensors = checkpoint.shards[s].header().tensors;
+  // Decides every tensor of input shard s.
+  void decide_shard(std::size_t s) {
+    const std::string& file = checkpoint_.shards[s].label();
+    const auto& tensors = checkpoint_.shards[s].header().tensors;
     std::vector<std::string> colon_names;  // tensors of this shard with ':' in their names
     for (std::size_t e = 0; e < tensors.size(); ++e) {
       const TensorEntry& t = tensors[e];
-      const std::size_t decision_index = plan.decisions.size();
-      TensorDecision d;
-      d.name = t.name;
-      d.module = module_of(t.name);
-      d.source = TensorLocation{s, e};
-      d.fate = Fate::kCopy;
-      const std::string param = last_component(t.name);
-      std::vector<std::string> found;
-      bool both_keys = false;
-      const auto key = stacked_key(t.name, both_keys);
-      // Stacked experts vLLM reads only stacked (roles.hpp): kept whole.
-      const ModuleInfo* role = key && t.shape.size() == 3 ? plan.roles.find(t.name) : nullptr;
-      if (role != nullptr && role->action == DefaultAction::kKeep) {
-        d.rule = role->reason;
-      } else if (t.name.find(':') != std::string::npos) {
-        d.rule = "unknown layout (':' in the name)";
-        colon_names.push_back(t.name);
-      } else if (q.is_fp8() && !d.module.empty() && param == q.scale_param()) {
-        const TensorEntry* w = checkpoint.find(d.module + ".weight");
-        if (w != nullptr && is_fp8(w->dtype)) {
-          d.fate = Fate::kDrop;
-          d.rule = fmt::format("scale of FP8 weight '{}.weight' (consumed by its dequantization)",
-                               d.module);
-        } else if (w == nullptr) {
-          found.push_back(
-              fmt::format("{} without its weight: the checkpoint has no tensor "
-                          "'{}.weight'",
-                          param, d.module));
-        } else {
-          found.push_back(
-              fmt::format("{} beside a {} weight '{}.weight'; in a {} checkpoint only "
-                          "F8 weights have one",
-                          param, dtype_tag(w->dtype), d.module, q.describe()));
-        }
-      } else if (q.is_fp8() && is_stacked_fp8_scale(checkpoint, q, t.name)) {
-        d.fate = Fate::kDrop;
-        d.rule = "scale of a stacked FP8 expert tensor (consumed by its dequantization)";
-      } else if (q.is_fp8() && !d.module.empty() && is_activation_param(param)) {
-        d.fate = Fate::kDrop;
-        d.rule = fmt::format(
-            "activation or KV-cache parameter '{}' of an FP8 input (dropped: the "
-            "output quantizes weights only)",
-            param);
-      } else if (key && t.shape.size() == 3) {
-        // Stacked experts: one 2-D weight per expert and projection (schemes.md 8).
-        if (both_keys) {
-          found.push_back("its name holds both 'gate_up_proj' and 'down_proj'; it cannot be "
-                          "split into one projection");
-        } else if (const std::string why = stacked_layout_problem(checkpoint, *key, t.shape);
-                   !why.empty()) {
-          found.push_back(fmt::format("stacked expert tensor {} cannot be split: {}",
-                                      shape_string(t.shape), why));
-        } else {
-          std::optional<Fp8Source> fp8;
-          bool ok = true;
-          if (is_fp8(t.dtype)) {
-            fp8 = fp8_weight_source(checkpoint, q, input_ignore, d, t, /*stacked=*/true, found);
-            ok = fp8.has_value();
-          } else if (!is_quantizable_float(t.dtype)) {
-            found.push_back(fmt::format("stacked expert tensor of dtype {} (BF16, F16, F32 or "
-                                        "FP8 can be split)",
-                                        dtype_tag(t.dtype)));
-            ok = false;
-          }
-          if (ok) {
-            d.fate = Fate::kSplit;
-            d.fp8 = fp8;
-            const bool gate_up = *key == "gate_up_proj";
-            const std::uint64_t n_experts = t.shape[0];
-            const std::uint64_t rows_per_expert = t.shape[1];
-            const std::uint64_t part_rows = gate_up ? rows_per_expert / 2 : rows_per_expert;
-            const std::uint64_t cols = t.shape[2];
-            d.rule = fmt::format("stacked experts [E, out, in] split into {} x {}", n_experts,
-                                 gate_up ? "gate_proj, up_proj" : "down_proj");
-            const DType loaded = fp8 ? DType::kBF16 : t.dtype;
-            const std::string dtype_text =
-                fp8 ? fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype))
-                    : std::string(dtype_tag(t.dtype));
-            const auto pos = t.name.find(*key);
-            for (std::uint64_t x = 0; x < n_experts; ++x) {
-              const std::vector<std::string_view> parts =
-                  gate_up ? std::vector<std::string_view>{"gate_proj", "up_proj"}
-                          : std::vector<std::string_view>{"down_proj"};
-              for (std::size_t p = 0; p < parts.size(); ++p) {
-                std::string name = t.name;
-                name.replace(pos, key->size(), fmt::format("{}.{}", x, parts[p]));
-                if (!name.ends_with(".weight")) name += ".weight";
-                std::optional<Fp8Source> expert_fp8 = fp8;
-                if (expert_fp8) {
-                  expert_fp8->view_first_row = x * rows_per_expert;
-                  expert_fp8->grid_first_row = x * expert_fp8->layout.grid_rows;
-                }
-                const std::string module = module_of(name);
-                Outcome outcome;
-                if (module.ends_with("norm") || is_embedding(module)) {
-                  outcome.rule = "module name excluded by section 2";
-                } else {
-                  outcome = rules.decide(Candidate{module, t.name, file, part_rows, cols,
-                                                   dtype_text});
-                }
-                add_module(d, decision_index, module,
-                           x * rows_per_expert + p * part_rows, part_rows, cols,
-                           std::move(expert_fp8), outcome, loaded);
-              }
-            }
-          }
-        }
-      } else if (is_fp8(t.dtype)) {
-        d.fp8 = fp8_weight_source(checkpoint, q, input_ignore, d, t, /*stacked=*/false, found);
-        if (d.fp8) {
-          const std::string dtype_text = fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype));
-          const std::string why = not_a_candidate(t.name, d.module, t.shape, DType::kBF16, dtype_text);
-          Outcome outcome;
-          if (why.empty()) {
-            d.selectable = true;
-            outcome = rules.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1],
-                                             dtype_text});
-          } else {
-            outcome.rule = why;
-          }
-          d.fate = outcome.quantize ? Fate::kQuantize : Fate::kDequantize;
-          d.rule = outcome.quantize ? outcome.rule : outcome.rule + "; written as a BF16 .weight";
-          d.ignore_entry = outcome.ignore_entry;
-          Outcome module_outcome = outcome;
-          module_outcome.rule = d.rule;
-          add_module(d, decision_index, d.module, 0, t.shape[0], t.shape[1], d.fp8,
-                     module_outcome, DType::kBF16);
-        }
-      } else {
-        const std::string dtype_text(dtype_tag(t.dtype));
-        const std::string why = not_a_candidate(t.name, d.module, t.shape, t.dtype, dtype_text);
-        if (!why.empty()) {
-          d.rule = why;
-        } else {
-          d.selectable = true;
-          const Outcome outcome =
-              rules.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1], dtype_text});
-          d.rule = outcome.rule;
-          d.ignore_entry = outcome.ignore_entry;
-          if (outcome.quantize) {
-            d.fate = Fate::kQuantize;
-            add_module(d, decision_index, d.module, 0, t.shape[0], t.shape[1], std::nullopt,
-                       outcome, t.dtype);
-          }
-        }
-      }
+      std::vector<std::string> found;  // this tensor's problems
+      plan_.decisions.push_back(decide_tensor(s, e, file, colon_names, found));
       for (const std::string& f : found) {
-        problems.push_back(fmt::format("{}: tensor '{}': {}", file, t.name, f));
+        problems_.push_back(fmt::format("{}: tensor '{}': {}", file, t.name, f));
       }
-      if (!found.empty()) ++n_bad_tensors;
-      plan.decisions.push_back(std::move(d));
+      if (!found.empty()) ++n_bad_tensors_;
     }
-    if (!colon_names.empty()) {
-      // torchao writes tensor subclasses as '<param>:<component>' keys
-      // described in __metadata__: copying them would drop that metadata
-      // (and could carry F8 codes into the output), and reading them needs
-      // torchao's own rules. ctquant refuses the format.
-      constexpr std::size_t kNamesShown = 8;
-      std::string names;
-      for (std::size_t i = 0; i < colon_names.size() && i < kNamesShown; ++i) {
-        names += fmt::format("{}'{}'", i == 0 ? "" : ", ", colon_names[i]);
-      }
-      if (colon_names.size() > kNamesShown) {
-        names += fmt::format(" and {} more", colon_names.size() - kNamesShown);
-      }
-      problems.insert(
-          problems.begin(),
-          fmt::format("{}: {} {}: a name with a ':' component is torchao's tensor-subclass "
-                      "layout ('<param>:<component>', described in __metadata__), not a module "
-                      "parameter; ctquant does not convert this format (load the model with "
-                      "torchao and save plain BF16 weights first)",
-                      file, colon_names.size() == 1 ? "tensor" : "tensors", names));
-      n_bad_tensors += colon_names.size();
-    }
+    if (!colon_names.empty()) refuse_colon_names(file, colon_names);
   }
-  const auto& refusals = rules.refusals();
-  if (!problems.empty() || !refusals.empty()) {
+
+  // Throws Error{kBadInput} with every problem found and every refusal of
+  // the groups' schemes, and the fix of the latter.
+  void throw_problems() const {
+    const PlanOptions& options = plan_.options;
+    const auto& refusals = rules_.refusals();
+    if (problems_.empty() && refusals.empty()) return;
     std::string message;
-    for (const auto& m : problems) message += m + "\n";
+    for (const auto& m : problems_) message += m + "\n";
     for (const auto& m : refusals) message += m + "\n";
-    if (!problems.empty()) {
-      message += fmt::format("{} tensor(s) cannot be converted", n_bad_tensors);
+    if (!problems_.empty()) {
+      message += fmt::format("{} tensor(s) cannot be converted", n_bad_tensors_);
       if (!refusals.empty()) message += "; ";
     }
     if (!refusals.empty()) {
@@ -805,14 +639,246 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
           refusals.size(),
           one_int_group ? fmt::format("group size {}", options.groups[0].weights.group_size)
                         : std::string("their scheme"),
-          rules.refusal_fix(), one_int_group ? "--group-size" : "scheme");
+          rules_.refusal_fix(), one_int_group ? "--group-size" : "scheme");
     }
     throw bad_input(message);
   }
 
-  // The executor holds whole rows of a weight in memory (at least one per
-  // thread): bound them, so that a header cannot make it allocate without
-  // limit (a sparse file can claim any size). FP8 rows are held as BF16.
+ private:
+  // The decision of tensor e of shard s (to be plan_.decisions[its index]);
+  // its problems go to found.
+  TensorDecision decide_tensor(std::size_t s, std::size_t e, const std::string& file,
+                               std::vector<std::string>& colon_names,
+                               std::vector<std::string>& found) {
+    const TensorEntry& t = checkpoint_.shards[s].header().tensors[e];
+    TensorDecision d;
+    d.name = t.name;
+    d.module = module_of(t.name);
+    d.source = TensorLocation{s, e};
+    d.fate = Fate::kCopy;
+    const std::string param = last_component(t.name);
+    bool both_keys = false;
+    const auto key = stacked_key(t.name, both_keys);
+    // Stacked experts vLLM reads only stacked (roles.hpp): kept whole.
+    const ModuleInfo* role = key && t.shape.size() == 3 ? plan_.roles.find(t.name) : nullptr;
+    if (role != nullptr && role->action == DefaultAction::kKeep) {
+      d.rule = role->reason;
+    } else if (t.name.find(':') != std::string::npos) {
+      d.rule = "unknown layout (':' in the name)";
+      colon_names.push_back(t.name);
+    } else if (q_.is_fp8() && !d.module.empty() && param == q_.scale_param()) {
+      decide_fp8_scale(d, param, found);
+    } else if (q_.is_fp8() && is_stacked_fp8_scale(checkpoint_, q_, t.name)) {
+      d.fate = Fate::kDrop;
+      d.rule = "scale of a stacked FP8 expert tensor (consumed by its dequantization)";
+    } else if (q_.is_fp8() && !d.module.empty() && is_activation_param(param)) {
+      d.fate = Fate::kDrop;
+      d.rule = fmt::format(
+          "activation or KV-cache parameter '{}' of an FP8 input (dropped: the "
+          "output quantizes weights only)",
+          param);
+    } else if (key && t.shape.size() == 3) {
+      split_stacked_experts(d, t, *key, both_keys, file, found);
+    } else if (is_fp8(t.dtype)) {
+      decide_fp8_weight(d, t, file, found);
+    } else {
+      decide_weight(d, t, file);
+    }
+    return d;
+  }
+
+  // The scale of an FP8 weight: consumed by its dequantization; a scale
+  // without an F8 weight is a problem.
+  void decide_fp8_scale(TensorDecision& d, const std::string& param,
+                        std::vector<std::string>& found) const {
+    const TensorEntry* w = checkpoint_.find(d.module + ".weight");
+    if (w != nullptr && is_fp8(w->dtype)) {
+      d.fate = Fate::kDrop;
+      d.rule = fmt::format("scale of FP8 weight '{}.weight' (consumed by its dequantization)",
+                           d.module);
+    } else if (w == nullptr) {
+      found.push_back(
+          fmt::format("{} without its weight: the checkpoint has no tensor "
+                      "'{}.weight'",
+                      param, d.module));
+    } else {
+      found.push_back(
+          fmt::format("{} beside a {} weight '{}.weight'; in a {} checkpoint only "
+                      "F8 weights have one",
+                      param, dtype_tag(w->dtype), d.module, q_.describe()));
+    }
+  }
+
+  // Stacked experts: one 2-D weight per expert and projection (schemes.md 8).
+  void split_stacked_experts(TensorDecision& d, const TensorEntry& t, std::string_view key,
+                             bool both_keys, const std::string& file,
+                             std::vector<std::string>& found) {
+    if (both_keys) {
+      found.push_back("its name holds both 'gate_up_proj' and 'down_proj'; it cannot be "
+                      "split into one projection");
+      return;
+    }
+    if (const std::string why = stacked_layout_problem(checkpoint_, key, t.shape); !why.empty()) {
+      found.push_back(fmt::format("stacked expert tensor {} cannot be split: {}",
+                                  shape_string(t.shape), why));
+      return;
+    }
+    std::optional<Fp8Source> fp8;
+    if (is_fp8(t.dtype)) {
+      fp8 = fp8_weight_source(checkpoint_, q_, input_ignore_, d, t, /*stacked=*/true, found);
+      if (!fp8) return;
+    } else if (!is_quantizable_float(t.dtype)) {
+      found.push_back(fmt::format("stacked expert tensor of dtype {} (BF16, F16, F32 or "
+                                  "FP8 can be split)",
+                                  dtype_tag(t.dtype)));
+      return;
+    }
+    d.fate = Fate::kSplit;
+    d.fp8 = fp8;
+    const bool gate_up = key == "gate_up_proj";
+    const std::uint64_t n_experts = t.shape[0];
+    const std::uint64_t rows_per_expert = t.shape[1];
+    const std::uint64_t part_rows = gate_up ? rows_per_expert / 2 : rows_per_expert;
+    const std::uint64_t cols = t.shape[2];
+    d.rule = fmt::format("stacked experts [E, out, in] split into {} x {}", n_experts,
+                         gate_up ? "gate_proj, up_proj" : "down_proj");
+    const DType loaded = fp8 ? DType::kBF16 : t.dtype;
+    const std::string dtype_text = fp8 ? fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype))
+                                       : std::string(dtype_tag(t.dtype));
+    const auto pos = t.name.find(key);
+    for (std::uint64_t x = 0; x < n_experts; ++x) {
+      const std::vector<std::string_view> parts =
+          gate_up ? std::vector<std::string_view>{"gate_proj", "up_proj"}
+                  : std::vector<std::string_view>{"down_proj"};
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        std::string name = t.name;
+        name.replace(pos, key.size(), fmt::format("{}.{}", x, parts[p]));
+        if (!name.ends_with(".weight")) name += ".weight";
+        std::optional<Fp8Source> expert_fp8 = fp8;
+        if (expert_fp8) {
+          expert_fp8->view_first_row = x * rows_per_expert;
+          expert_fp8->grid_first_row = x * expert_fp8->layout.grid_rows;
+        }
+        const std::string module = module_of(name);
+        Outcome outcome;
+        if (module.ends_with("norm") || is_embedding(module)) {
+          outcome.rule = "module name excluded by section 2";
+        } else {
+          outcome = rules_.decide(Candidate{module, t.name, file, part_rows, cols, dtype_text});
+        }
+        add_module(d, module, x * rows_per_expert + p * part_rows, part_rows, cols,
+                   std::move(expert_fp8), outcome, loaded);
+      }
+    }
+  }
+
+  // An F8 weight: dequantized to BF16, then quantized or written as BF16.
+  void decide_fp8_weight(TensorDecision& d, const TensorEntry& t, const std::string& file,
+                         std::vector<std::string>& found) {
+    d.fp8 = fp8_weight_source(checkpoint_, q_, input_ignore_, d, t, /*stacked=*/false, found);
+    if (!d.fp8) return;
+    const std::string dtype_text = fmt::format("{} (dequantized to BF16)", dtype_tag(t.dtype));
+    const std::string why = not_a_candidate(t.name, d.module, t.shape, DType::kBF16, dtype_text);
+    Outcome outcome;
+    if (why.empty()) {
+      d.selectable = true;
+      outcome = rules_.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1],
+                                        dtype_text});
+    } else {
+      outcome.rule = why;
+    }
+    d.fate = outcome.quantize ? Fate::kQuantize : Fate::kDequantize;
+    d.rule = outcome.quantize ? outcome.rule : outcome.rule + "; written as a BF16 .weight";
+    d.ignore_entry = outcome.ignore_entry;
+    Outcome module_outcome = outcome;
+    module_outcome.rule = d.rule;
+    add_module(d, d.module, 0, t.shape[0], t.shape[1], d.fp8, module_outcome, DType::kBF16);
+  }
+
+  // A BF16, F16 or F32 tensor (or any other dtype, copied): quantized when
+  // it is a candidate (rules 1-4 and 6) the ignore list and targets select.
+  void decide_weight(TensorDecision& d, const TensorEntry& t, const std::string& file) {
+    const std::string dtype_text(dtype_tag(t.dtype));
+    const std::string why = not_a_candidate(t.name, d.module, t.shape, t.dtype, dtype_text);
+    if (!why.empty()) {
+      d.rule = why;
+      return;
+    }
+    d.selectable = true;
+    const Outcome outcome =
+        rules_.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1], dtype_text});
+    d.rule = outcome.rule;
+    d.ignore_entry = outcome.ignore_entry;
+    if (outcome.quantize) {
+      d.fate = Fate::kQuantize;
+      add_module(d, d.module, 0, t.shape[0], t.shape[1], std::nullopt, outcome, t.dtype);
+    }
+  }
+
+  // Adds a module for rows [row_begin, row_begin + rows) of decision d's
+  // tensor; d is the next entry of plan_.decisions.
+  void add_module(TensorDecision& d, std::string name, std::uint64_t row_begin,
+                  std::uint64_t rows, std::uint64_t cols, std::optional<Fp8Source> fp8,
+                  const Outcome& outcome, DType loaded) {
+    PlannedModule m;
+    m.name = std::move(name);
+    m.decision = plan_.decisions.size();
+    m.source = WeightSource{d.source, row_begin, rows, cols, std::move(fp8)};
+    m.group = outcome.group;
+    m.rule = outcome.rule;
+    m.ignore_entry = outcome.ignore_entry;
+    m.shard = d.source.shard;
+    m.dtype = loaded;
+    m.kind = outcome.quantize              ? PlannedModule::Kind::kQuantize
+             : m.source.fp8.has_value()    ? PlannedModule::Kind::kDequantize
+                                           : PlannedModule::Kind::kSlice;
+    d.modules.push_back(plan_.modules.size());
+    plan_.modules.push_back(std::move(m));
+  }
+
+  // torchao writes tensor subclasses as '<param>:<component>' keys
+  // described in __metadata__: copying them would drop that metadata (and
+  // could carry F8 codes into the output), and reading them needs torchao's
+  // own rules. ctquant refuses the format, first of all problems.
+  void refuse_colon_names(const std::string& file, const std::vector<std::string>& colon_names) {
+    constexpr std::size_t kNamesShown = 8;
+    std::string names;
+    for (std::size_t i = 0; i < colon_names.size() && i < kNamesShown; ++i) {
+      names += fmt::format("{}'{}'", i == 0 ? "" : ", ", colon_names[i]);
+    }
+    if (colon_names.size() > kNamesShown) {
+      names += fmt::format(" and {} more", colon_names.size() - kNamesShown);
+    }
+    problems_.insert(
+        problems_.begin(),
+        fmt::format("{}: {} {}: a name with a ':' component is torchao's tensor-subclass "
+                    "layout ('<param>:<component>', described in __metadata__), not a module "
+                    "parameter; ctquant does not convert this format (load the model with "
+                    "torchao and save plain BF16 weights first)",
+                    file, colon_names.size() == 1 ? "tensor" : "tensors", names));
+    n_bad_tensors_ += colon_names.size();
+  }
+
+  const Checkpoint& checkpoint_;
+  QuantizePlan& plan_;
+  SelectionRules rules_;
+  const InputQuantization& q_;
+  const std::optional<ModuleMatcher> input_ignore_;
+  std::vector<std::string> problems_;  // every input problem of this stage, reported at once
+  std::size_t n_bad_tensors_ = 0;
+};
+
+void decide_fates(const Checkpoint& checkpoint, QuantizePlan& plan) {
+  FateDecider decider(checkpoint, plan);
+  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) decider.decide_shard(s);
+  decider.throw_problems();
+}
+
+// The executor holds whole rows of a weight in memory (at least
+// one per thread): bound them, so that a header cannot make it allocate
+// without limit (a sparse file can claim any size). FP8 rows are held as
+// BF16.
+void check_weight_row_sizes(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   std::vector<std::string> row_errors;
   for (const PlannedModule& m : plan.modules) {
     const TensorEntry& t = checkpoint.entry(m.source.tensor);
@@ -831,133 +897,169 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
     for (std::size_t i = 1; i < row_errors.size(); ++i) message += "\n" + row_errors[i];
     throw bad_input(message);
   }
+}
 
-  // Modules that need max |w| first, in the sets that share one amax.
-  assign_amax_sets(checkpoint, plan);
+// The output tensors of input shard s, in decision order, counted in the
+// plan's n_copied, n_dropped, n_split, n_dequantized and n_quantized.
+std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
+                                                   QuantizePlan& plan, std::size_t s) {
+  std::vector<PlannedTensor> tensors;
+  for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
+    const TensorDecision& d = plan.decisions[i];
+    if (d.source.shard != s) continue;
+    const TensorEntry& t = checkpoint.entry(d.source);
+    switch (d.fate) {
+      case Fate::kCopy: {
+        PlannedTensor p;
+        p.name = t.name;
+        p.dtype = t.dtype;
+        p.shape = t.shape;
+        p.byte_size = t.byte_size();
+        p.source = PlannedTensor::Source::kCopy;
+        p.decision = i;
+        tensors.push_back(std::move(p));
+        ++plan.n_copied;
+        break;
+      }
+      case Fate::kDrop:
+        ++plan.n_dropped;
+        break;
+      case Fate::kSplit:
+        ++plan.n_split;
+        [[fallthrough]];
+      case Fate::kQuantize:
+      case Fate::kDequantize:
+        for (const std::size_t mi : d.modules) {
+          const PlannedModule& m = plan.modules[mi];
+          const std::vector<std::uint64_t> shape{m.source.rows, m.source.cols};
+          if (m.kind != PlannedModule::Kind::kQuantize) {
+            PlannedTensor p;
+            p.name = m.name + ".weight";
+            p.dtype = m.dtype;
+            p.shape = shape;
+            p.byte_size = checked_bytes(m.source.rows * m.source.cols,
+                                        static_cast<std::uint64_t>(dtype_bits(m.dtype)), p.name);
+            p.source = PlannedTensor::Source::kModule;
+            p.decision = i;
+            p.module = mi;
+            tensors.push_back(std::move(p));
+            if (m.kind == PlannedModule::Kind::kDequantize) ++plan.n_dequantized;
+            continue;
+          }
+          const SchemeGroup& g = plan.group_of(m);
+          const auto specs = g.family()->outputs(g.weights, m.dtype, m.source.rows, m.source.cols);
+          for (std::size_t o = 0; o < specs.size(); ++o) {
+            PlannedTensor p;
+            p.name = m.name + "." + specs[o].suffix;
+            p.dtype = specs[o].dtype;
+            p.shape = specs[o].shape;
+            p.byte_size = specs[o].byte_size();
+            p.source = PlannedTensor::Source::kModule;
+            p.decision = i;
+            p.module = mi;
+            p.output = o;
+            tensors.push_back(std::move(p));
+          }
+          ++plan.n_quantized;
+        }
+        break;
+    }
+  }
+  return tensors;
+}
 
-  // Output tensors, shard by shard.
+// Orders the tensors of one output shard: names first, to find a name
+// written twice; then the data layout of the safetensors writer (section 5
+// of the format spec): dtypes in the writer's order, largest first, then
+// names, which puts every tensor at a multiple of its element size.
+void order_shard_tensors(ShardPlan& shard) {
+  std::sort(shard.tensors.begin(), shard.tensors.end(),
+            [](const PlannedTensor& a, const PlannedTensor& b) { return a.name < b.name; });
+  for (std::size_t i = 1; i < shard.tensors.size(); ++i) {
+    if (shard.tensors[i].name == shard.tensors[i - 1].name) {
+      throw bad_input(
+          fmt::format("{}: output tensor '{}' would be written twice (the input "
+                      "already holds a tensor of that name)",
+                      shard.file_name, shard.tensors[i].name));
+    }
+  }
+  std::stable_sort(shard.tensors.begin(), shard.tensors.end(),
+                   [](const PlannedTensor& a, const PlannedTensor& b) {
+                     return dtype_writer_order(a.dtype) > dtype_writer_order(b.dtype);
+                   });
+}
+
+// Lays out one output shard (its tensors ordered): header, offsets, size;
+// records each tensor's file in weight_map and adds to the plan's byte
+// counts.
+void lay_out_shard(ShardPlan& shard, QuantizePlan& plan, json& weight_map) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(shard.tensors.size());
+  for (const PlannedTensor& t : shard.tensors) {
+    specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.byte_size});
+    if (weight_map.contains(t.name)) {
+      throw bad_input(fmt::format("output tensor '{}' would be written to {} and {}", t.name,
+                                  weight_map[t.name].get<std::string>(), shard.file_name));
+    }
+    weight_map[t.name] = shard.file_name;
+    if (!checked_add(plan.tensor_bytes_out, t.byte_size, plan.tensor_bytes_out)) {
+      throw bad_input("output size overflows 64 bits");
+    }
+  }
+  ShardLayout layout = layout_shard(specs, {{"format", "pt"}});
+  if (layout.data_start - 8 > kMaxHeaderBytes) {
+    throw bad_input(
+        fmt::format("{}: the output header would be {} bytes, more than the limit of "
+                    "{} that readers accept (section 1 of the format spec, docs/format.md)",
+                    shard.file_name, layout.data_start - 8, kMaxHeaderBytes));
+  }
+  for (std::size_t i = 0; i < shard.tensors.size(); ++i) shard.tensors[i].offset = layout.offsets[i];
+  shard.header = std::move(layout.header);
+  shard.data_start = layout.data_start;
+  shard.file_size = layout.file_size;
+  if (!checked_add(plan.shard_bytes_out, shard.file_size, plan.shard_bytes_out)) {
+    throw bad_input("output size overflows 64 bits");
+  }
+}
+
+// The output shards, one per input shard with its file name; the
+// weight map of the index (output tensor -> file).
+json plan_output_shards(const Checkpoint& checkpoint, QuantizePlan& plan) {
   json weight_map = json::object();
   for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
     ShardPlan shard;
     shard.file_name = checkpoint.shards[s].label();
     shard.input_shard = s;
-    for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
-      const TensorDecision& d = plan.decisions[i];
-      if (d.source.shard != s) continue;
-      const TensorEntry& t = checkpoint.entry(d.source);
-      switch (d.fate) {
-        case Fate::kCopy: {
-          PlannedTensor p;
-          p.name = t.name;
-          p.dtype = t.dtype;
-          p.shape = t.shape;
-          p.byte_size = t.byte_size();
-          p.source = PlannedTensor::Source::kCopy;
-          p.decision = i;
-          shard.tensors.push_back(std::move(p));
-          ++plan.n_copied;
-          break;
-        }
-        case Fate::kDrop:
-          ++plan.n_dropped;
-          break;
-        case Fate::kSplit:
-          ++plan.n_split;
-          [[fallthrough]];
-        case Fate::kQuantize:
-        case Fate::kDequantize:
-          for (const std::size_t mi : d.modules) {
-            const PlannedModule& m = plan.modules[mi];
-            const std::vector<std::uint64_t> shape{m.source.rows, m.source.cols};
-            if (m.kind != PlannedModule::Kind::kQuantize) {
-              PlannedTensor p;
-              p.name = m.name + ".weight";
-              p.dtype = m.dtype;
-              p.shape = shape;
-              p.byte_size = checked_bytes(m.source.rows * m.source.cols,
-                                          static_cast<std::uint64_t>(dtype_bits(m.dtype)), p.name);
-              p.source = PlannedTensor::Source::kModule;
-              p.decision = i;
-              p.module = mi;
-              shard.tensors.push_back(std::move(p));
-              if (m.kind == PlannedModule::Kind::kDequantize) ++plan.n_dequantized;
-              continue;
-            }
-            const SchemeGroup& g = plan.group_of(m);
-            const auto specs = g.family()->outputs(g.weights, m.dtype, m.source.rows, m.source.cols);
-            for (std::size_t o = 0; o < specs.size(); ++o) {
-              PlannedTensor p;
-              p.name = m.name + "." + specs[o].suffix;
-              p.dtype = specs[o].dtype;
-              p.shape = specs[o].shape;
-              p.byte_size = specs[o].byte_size();
-              p.source = PlannedTensor::Source::kModule;
-              p.decision = i;
-              p.module = mi;
-              p.output = o;
-              shard.tensors.push_back(std::move(p));
-            }
-            ++plan.n_quantized;
-          }
-          break;
-      }
-    }
-    // Names first, to find a name written twice.
-    std::sort(shard.tensors.begin(), shard.tensors.end(),
-              [](const PlannedTensor& a, const PlannedTensor& b) { return a.name < b.name; });
-    for (std::size_t i = 1; i < shard.tensors.size(); ++i) {
-      if (shard.tensors[i].name == shard.tensors[i - 1].name) {
-        throw bad_input(
-            fmt::format("{}: output tensor '{}' would be written twice (the input "
-                        "already holds a tensor of that name)",
-                        shard.file_name, shard.tensors[i].name));
-      }
-    }
-    // Then the data layout of the safetensors writer (section 5 of the
-    // format spec): dtypes in the writer's order, largest first, then names,
-    // which puts every tensor at a multiple of its element size.
-    std::stable_sort(shard.tensors.begin(), shard.tensors.end(),
-                     [](const PlannedTensor& a, const PlannedTensor& b) {
-                       return dtype_writer_order(a.dtype) > dtype_writer_order(b.dtype);
-                     });
-    std::vector<TensorSpec> specs;
-    specs.reserve(shard.tensors.size());
-    for (const PlannedTensor& t : shard.tensors) {
-      specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.byte_size});
-      if (weight_map.contains(t.name)) {
-        throw bad_input(fmt::format("output tensor '{}' would be written to {} and {}", t.name,
-                                    weight_map[t.name].get<std::string>(), shard.file_name));
-      }
-      weight_map[t.name] = shard.file_name;
-      if (!checked_add(plan.tensor_bytes_out, t.byte_size, plan.tensor_bytes_out)) {
-        throw bad_input("output size overflows 64 bits");
-      }
-    }
-    ShardLayout layout = layout_shard(specs, {{"format", "pt"}});
-    if (layout.data_start - 8 > kMaxHeaderBytes) {
-      throw bad_input(
-          fmt::format("{}: the output header would be {} bytes, more than the limit of "
-                      "{} that readers accept (section 1 of the format spec, docs/format.md)",
-                      shard.file_name, layout.data_start - 8, kMaxHeaderBytes));
-    }
-    for (std::size_t i = 0; i < shard.tensors.size(); ++i)
-      shard.tensors[i].offset = layout.offsets[i];
-    shard.header = std::move(layout.header);
-    shard.data_start = layout.data_start;
-    shard.file_size = layout.file_size;
-    if (!checked_add(plan.shard_bytes_out, shard.file_size, plan.shard_bytes_out)) {
-      throw bad_input("output size overflows 64 bits");
-    }
+    shard.tensors = output_tensors_of_shard(checkpoint, plan, s);
+    order_shard_tensors(shard);
+    lay_out_shard(shard, plan, weight_map);
     plan.shards.push_back(std::move(shard));
   }
+  return weight_map;
+}
 
-  // model_free_ptq writes an index for every checkpoint, a single file too
-  // (schemes.md 1, step 8).
-  plan.index =
-      json{{"metadata", {{"total_size", plan.tensor_bytes_out}}}, {"weight_map", weight_map}};
+// The index (model_free_ptq writes one for every checkpoint, a
+// single file too: schemes.md 1, step 8), config.json with its
+// quantization_config, and the files copied as they are.
+void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan,
+                           const json& weight_map) {
+  plan.index = json{{"metadata", {{"total_size", plan.tensor_bytes_out}}},
+                    {"weight_map", weight_map}};
   plan.config = output_config(checkpoint.config,
-                              plan_quantization_config(options, plan.group_modules));
+                              plan_quantization_config(plan.options, plan.group_modules));
   plan.copied_files = checkpoint.other_files;
+}
+
+}  // namespace
+
+QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
+  check_plan_options(given);
+  QuantizePlan plan = start_plan(checkpoint, given);
+  decide_fates(checkpoint, plan);
+  check_weight_row_sizes(checkpoint, plan);
+  assign_amax_sets(checkpoint, plan);
+  const json weight_map = plan_output_shards(checkpoint, plan);
+  plan_index_and_config(checkpoint, plan, weight_map);
   count_linear_params(checkpoint, plan);
   return plan;
 }

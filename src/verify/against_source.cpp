@@ -306,7 +306,7 @@ class AgainstSource {
 
   // A group whose codes, scale or zero point differ from what quantize
   // writes: its row, its column of groups and, for codes, the first
-  // differing column (mark() in check_quantized).
+  // differing column (mark() in recompute_rows).
   struct Mismatch {
     std::uint64_t row = 0;
     std::uint64_t group_col = 0;
@@ -472,25 +472,59 @@ class AgainstSource {
     return found;
   }
 
+  // A quantized module being checked: what its family writes and where
+  // OUTPUT holds it.
+  struct QuantizedOutputs {
+    std::size_t index = 0;  // into plan_.modules
+    const PlannedModule& module;
+    const SchemeFamily& family;
+    const QuantArgs& args;
+    std::vector<OutputTensorSpec> specs;
+    std::string first_name;  // its first output tensor, which the findings name
+    std::string file;        // the file of OUTPUT holding it (else the planned one)
+    std::vector<Ref> refs;   // per spec, once check_output_layout found them
+  };
+  // What the chunks of a quantized module found, taken in row order.
+  struct ModuleFindings {
+    ModuleCheck check;
+    std::uint64_t accepted_scales = 0;  // within --scale-ulp
+    std::uint64_t max_scale_ulp = 0;
+  };
+
+  // Module mi, quantized: its outputs present with their dtypes and shapes,
+  // its whole tensors, then every row chunk recomputed and compared; the
+  // findings reported.
   void check_quantized(std::size_t mi) {
+    QuantizedOutputs q = quantized_outputs(mi);
+    if (!check_output_layout(q)) return;
+    const WeightRows source(ckpt_, q.module.source);
+    const float amax = set_amax_[mi];
+    const std::vector<std::vector<std::byte>> whole_stored = check_whole_tensors(q, amax);
+    std::optional<ModuleFindings> found = recompute_rows(q, source, amax, whole_stored);
+    if (!found) return;  // a source value that cannot have been quantized, reported
+    report_module(q, source, std::move(*found));
+  }
+
+  QuantizedOutputs quantized_outputs(std::size_t mi) const {
     const PlannedModule& m = plan_.modules[mi];
     const SchemeGroup& g = plan_.group_of(m);
-    const SchemeFamily& family = *g.family();
-    const QuantArgs& args = g.weights;
-    const auto specs = family.outputs(args, m.dtype, m.source.rows, m.source.cols);
-    const std::string first_name = m.name + "." + specs.front().suffix;
-    const std::string file = [&] {
-      const Ref r = out_.find(first_name);
-      return r ? r.file->label() : plan_.shards[m.shard].file_name;
-    }();
-    // Section 4: every output tensor present, of its dtype and shape.
+    QuantizedOutputs q{mi, m, *g.family(), g.weights, {}, {}, {}, {}};
+    q.specs = q.family.outputs(q.args, m.dtype, m.source.rows, m.source.cols);
+    q.first_name = m.name + "." + q.specs.front().suffix;
+    const Ref r = out_.find(q.first_name);
+    q.file = r ? r.file->label() : plan_.shards[m.shard].file_name;
+    return q;
+  }
+
+  // Section 4: every output tensor present, of its dtype and shape (each
+  // one handled here). False, with the difference reported, when one is not.
+  bool check_output_layout(QuantizedOutputs& q) {
     std::vector<std::string> layout;
-    std::vector<Ref> refs;
-    for (const OutputTensorSpec& s : specs) {
-      const std::string name = m.name + "." + s.suffix;
+    for (const OutputTensorSpec& s : q.specs) {
+      const std::string name = q.module.name + "." + s.suffix;
       handled_.insert(name);
       const Ref r = out_.find(name);
-      refs.push_back(r);
+      q.refs.push_back(r);
       if (!r) {
         layout.push_back(fmt::format("'{}' is missing", name));
       } else if (r.entry->dtype != s.dtype || r.entry->shape != s.shape) {
@@ -499,49 +533,66 @@ class AgainstSource {
                                      dtype_tag(s.dtype), shape_string(s.shape)));
       }
     }
-    if (!layout.empty()) {
-      std::string message;
-      for (const auto& l : layout) message += (message.empty() ? "" : "; ") + l;
-      c_.diff("layout", file, first_name,
-              fmt::format("{} ({}, section 4 of the format spec, docs/format.md)", message,
-                          family.format));
-      return;
-    }
-    const WeightRows source(ckpt_, m.source);
+    if (layout.empty()) return true;
+    std::string message;
+    for (const auto& l : layout) message += (message.empty() ? "" : "; ") + l;
+    c_.diff("layout", q.file, q.first_name,
+            fmt::format("{} ({}, section 4 of the format spec, docs/format.md)", message,
+                        q.family.format));
+    return false;
+  }
+
+  // Whole tensors (weight_shape, a global scale): exactly what the family
+  // writes from amax, the max |w| of the module's amax set. Returns them as
+  // stored, in outputs() order among the kWhole tensors.
+  std::vector<std::vector<std::byte>> check_whole_tensors(const QuantizedOutputs& q, float amax) {
+    const PlannedModule& m = q.module;
     const std::uint64_t rows = m.source.rows;
     const std::uint64_t cols = m.source.cols;
-    const float amax = set_amax_[mi];
-
-    // Whole tensors (weight_shape, a global scale): exactly what the family writes.
     std::vector<std::vector<std::byte>> whole_stored;
     std::size_t whole_index = 0;
-    for (std::size_t o = 0; o < specs.size(); ++o) {
-      if (specs[o].fill != OutputTensorSpec::Fill::kWhole) continue;
-      std::vector<std::byte> stored = read_whole(refs[o]);
+    for (std::size_t o = 0; o < q.specs.size(); ++o) {
+      const OutputTensorSpec& spec = q.specs[o];
+      if (spec.fill != OutputTensorSpec::Fill::kWhole) continue;
+      const Ref& ref = q.refs[o];
+      std::vector<std::byte> stored = read_whole(ref);
       const std::vector<std::byte> want =
-          family.whole_tensor(args, m.dtype, rows, cols, amax, whole_index++);
+          q.family.whole_tensor(q.args, m.dtype, rows, cols, amax, whole_index++);
       if (stored != want) {
-        c_.diff(specs[o].kind == OutputTensorSpec::Kind::kShape ? "layout" : "scale",
-                refs[o].file->label(), refs[o].entry->name,
-                specs[o].kind == OutputTensorSpec::Kind::kShape
-                    ? fmt::format("'{}' does not hold [{}, {}]", refs[o].entry->name, rows, cols)
+        c_.diff(spec.kind == OutputTensorSpec::Kind::kShape ? "layout" : "scale",
+                ref.file->label(), ref.entry->name,
+                spec.kind == OutputTensorSpec::Kind::kShape
+                    ? fmt::format("'{}' does not hold [{}, {}]", ref.entry->name, rows, cols)
                     : fmt::format("'{}' is not the value the source gives (from max |w| {} of "
                                   "the module{})",
-                                  refs[o].entry->name, amax,
+                                  ref.entry->name, amax,
                                   m.amax_set && plan_.amax_sets[*m.amax_set].size() > 1
                                       ? " and the fused layers it shares it with"
                                       : ""));
       }
       whole_stored.push_back(std::move(stored));
     }
+    return whole_stored;
+  }
 
-    ModuleCheck check;
+  // Every chunk of rows recomputed (check_chunk) on the worker threads; the
+  // findings taken in row order, so the report does not depend on the
+  // thread count. Nothing, with the difference reported, when a source
+  // value cannot have been quantized.
+  std::optional<ModuleFindings> recompute_rows(
+      const QuantizedOutputs& q, const WeightRows& source, float amax,
+      const std::vector<std::vector<std::byte>>& whole_stored) {
+    const PlannedModule& m = q.module;
+    const std::uint64_t rows = m.source.rows;
+    const std::uint64_t cols = m.source.cols;
+    ModuleFindings f;
+    ModuleCheck& check = f.check;
     check.module = m.name;
     check.rows = rows;
     check.cols = cols;
     check.fp8_source = source.is_fp8();
-    const std::uint64_t scale_rows = std::max<std::uint64_t>(1, args.scale_rows(rows));
-    const std::uint64_t scale_cols = std::max<std::uint64_t>(1, args.scale_cols(cols));
+    const std::uint64_t scale_rows = std::max<std::uint64_t>(1, q.args.scale_rows(rows));
+    const std::uint64_t scale_cols = std::max<std::uint64_t>(1, q.args.scale_cols(cols));
     const std::uint64_t groups_per_row = (cols + scale_cols - 1) / scale_cols;
     check.groups = (rows + scale_rows - 1) / scale_rows * groups_per_row;
     std::set<std::uint64_t> mismatched;  // group indices
@@ -561,32 +612,27 @@ class AgainstSource {
     };
 
     std::vector<std::size_t> row_outputs;
-    for (std::size_t o = 0; o < specs.size(); ++o) {
-      if (specs[o].fill == OutputTensorSpec::Fill::kRows) row_outputs.push_back(o);
+    for (std::size_t o = 0; o < q.specs.size(); ++o) {
+      if (q.specs[o].fill == OutputTensorSpec::Fill::kRows) row_outputs.push_back(o);
     }
-    const std::uint64_t align = std::max<std::uint64_t>(1, family.row_alignment(args));
+    const std::uint64_t align = std::max<std::uint64_t>(1, q.family.row_alignment(q.args));
     const std::uint64_t step = step_rows(source, align);
     QuantError error;
-    std::uint64_t accepted_scales = 0;
-    std::uint64_t max_scale_ulp = 0;
     bool stopped = false;  // a source value that cannot have been quantized
-    // Chunks of rows are recomputed on the worker threads; their findings
-    // are taken in row order, so the report does not depend on the thread
-    // count.
     const ModuleChunks chunks{m,
-                              family,
-                              args,
-                              specs,
-                              refs,
+                              q.family,
+                              q.args,
+                              q.specs,
+                              q.refs,
                               row_outputs,
                               whole_stored,
                               source,
                               amax,
                               scale_rows,
                               scale_cols,
-                              mi,
-                              is_mse_observer(args.observer)
-                                  ? std::optional<std::uint32_t>(mse_cutoff_of(mi))
+                              q.index,
+                              is_mse_observer(q.args.observer)
+                                  ? std::optional<std::uint32_t>(mse_cutoff_of(q.index))
                                   : std::nullopt};
     std::vector<ChunkScratch> scratch(threads_);
     ordered_parallel<ChunkFindings>(
@@ -604,14 +650,21 @@ class AgainstSource {
             return;
           }
           for (const Mismatch& x : found.mismatches) mark(x.row, x.group_col, x.col);
-          accepted_scales += found.accepted_scales;
-          max_scale_ulp = std::max(max_scale_ulp, found.max_scale_ulp);
+          f.accepted_scales += found.accepted_scales;
+          f.max_scale_ulp = std::max(f.max_scale_ulp, found.max_scale_ulp);
           for (const RowError& r : found.row_errors) error.add(r);
         });
-    if (stopped) return;
+    if (stopped) return std::nullopt;
     check.groups_mismatched = mismatched.size();
     check.rel_frobenius = error.rel_frobenius();
     check.max_abs_error = error.max_abs_error();
+    return f;
+  }
+
+  // The groups that differ (a "codes" difference), the scales --scale-ulp
+  // accepted (a note), and the module's check in the report.
+  void report_module(const QuantizedOutputs& q, const WeightRows& source, ModuleFindings&& f) {
+    const ModuleCheck& check = f.check;
     if (check.groups_mismatched > 0) {
       json details = {{"groups_mismatched", check.groups_mismatched},
                       {"groups", check.groups},
@@ -620,7 +673,7 @@ class AgainstSource {
                       {"first_column", check.first_column ? json(*check.first_column)
                                                           : json(nullptr)}};
       if (source.is_fp8()) details["source"] = "dequantized FP8";
-      c_.diff("codes", file, first_name,
+      c_.diff("codes", q.file, q.first_name,
               fmt::format("{} of {} groups are not the RTN codes of the {}source (codes, scale "
                           "or zero point differ), first at row {}, {}",
                           check.groups_mismatched, check.groups,
@@ -632,13 +685,13 @@ class AgainstSource {
                                             *check.first_group)),
               std::move(details));
     }
-    if (accepted_scales > 0) {
-      c_.note("scale", file, m.name + ".weight_scale",
+    if (f.accepted_scales > 0) {
+      c_.note("scale", q.file, q.module.name + ".weight_scale",
               fmt::format("{} scale values differ from RTN by at most {} ulp; accepted by "
                           "--scale-ulp {}",
-                          accepted_scales, max_scale_ulp, options_.scale_ulp));
+                          f.accepted_scales, f.max_scale_ulp, options_.scale_ulp));
     }
-    c_.report().modules.push_back(check);
+    c_.report().modules.push_back(std::move(f.check));
   }
 
   // A 16-bit weight written from source rows (an FP8 weight dequantized to
