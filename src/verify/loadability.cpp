@@ -1,5 +1,6 @@
 #include "ctquant/verify/loadability.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -10,6 +11,7 @@
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/plan/roles.hpp"
 #include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {
@@ -20,12 +22,23 @@ namespace {
 
 constexpr const char* kKind = "loadability";
 
-// compressed-tensors' CompressionFormat values (mxfp8-quantized: schemes.md
-// section 2, fixture llama-bf16-mxfp8a16).
-const std::set<std::string> kFormats = {
-    "dense",           "sparse-bitmask",       "sparse-24-bitmask",    "int-quantized",
-    "float-quantized", "naive-quantized",      "pack-quantized",       "marlin-24",
-    "mixed-precision", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized"};
+// compressed-tensors' CompressionFormat values that no scheme family of the
+// registry writes; the others are the families' formats.
+const std::set<std::string> kOtherFormats = {"dense", "sparse-bitmask", "sparse-24-bitmask",
+                                             "marlin-24", "mixed-precision"};
+
+bool is_compressed_tensors_format(const std::string& format) {
+  return family_by_format(format) != nullptr || kOtherFormats.contains(format);
+}
+
+// The format vLLM serves integer weight-only groups from (the registry row
+// with vllm_int_weight_only).
+std::string int_weight_only_format() {
+  for (const SchemeFamily* f : scheme_families()) {
+    if (f->vllm_int_weight_only) return std::string(f->format);
+  }
+  return std::string();
+}
 
 bool non_empty(const json& v) {
   if (v.is_null()) return false;
@@ -112,7 +125,7 @@ void check_loadability(const std::optional<json>& config,
                        status));
   }
   const std::string top_format = qc->value("format", std::string());
-  if (!kFormats.contains(top_format)) {
+  if (!is_compressed_tensors_format(top_format)) {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.format '{}' is not a compressed-tensors format",
                        top_format));
@@ -154,12 +167,13 @@ void check_loadability(const std::optional<json>& config,
         }
         const bool int_weights = g.weights.value("type", std::string("int")) == "int";
         const bool activations = non_empty(group.value("input_activations", json()));
-        if (int_weights && !activations && format != "pack-quantized") {
+        const SchemeFamily* family = family_by_format(format);
+        if (int_weights && !activations && (family == nullptr || !family->vllm_int_weight_only)) {
           c.diff(kConfigFileName, "",
                  fmt::format("config group '{}': int weight-only quantization with format '{}'; "
-                             "vLLM reads it only as \"pack-quantized\" (other formats trip its "
+                             "vLLM reads it only as \"{}\" (other formats trip its "
                              "weights.type == FLOAT assertion)",
-                             name, format));
+                             name, format, int_weight_only_format()));
         }
         if (const auto a = g.weights.find("actorder"); a != g.weights.end() && !a->is_null()) {
           c.diff(kConfigFileName, "",
@@ -196,9 +210,12 @@ void check_loadability(const std::optional<json>& config,
                          m));
     }
     // pack-quantized (the int formats) also records each weight's shape;
-    // the FP4 formats do not.
+    // the FP4 formats do not (the registry row's writes_weight_shape).
     std::vector<const char*> needed{"weight_scale"};
-    if (top_format == "pack-quantized") needed.push_back("weight_shape");
+    if (const SchemeFamily* family = family_by_format(top_format);
+        family != nullptr && family->writes_weight_shape) {
+      needed.push_back("weight_shape");
+    }
     for (const char* p : needed) {
       if (!tensors.contains(m + "." + p)) {
         c.diff(file, m + ".weight_packed",
