@@ -6,9 +6,9 @@
 // `::` or CamelCase in prose, any identifier in a table outside its "rule"
 // column, which quotes the reference library) is an identifier of the code
 // under include/ or src/ (comments left out; the CMake targets of
-// CMakeLists.txt count; the Tests section may also name test helpers); "`f`
-// in `file`" means f is in that file; and its lint rule table lists the
-// rule ids of docs/cli.md, the prose home of the lint rules.
+// CMakeLists.txt count; the Tests section may also name test helpers); and
+// "`f` in `file`" means f is in that file. (The lint rules are checked
+// against docs/cli.md, their prose home, by tests/test_lint.cpp.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -381,27 +381,6 @@ TEST(ArchitectureDoc, EveryFunctionNamedInAFileIsInThatFile) {
   }
   EXPECT_GT(checked, 10u);
   EXPECT_TRUE(wrong.empty()) << fmt::format("{}", fmt::join(wrong, "\n"));
-}
-
-// The ids of a markdown table's first column of the form L<n>.
-std::set<std::string> lint_ids(const std::string& markdown) {
-  static const std::regex row(R"(^\| (L[0-9]+) \|)");
-  std::set<std::string> out;
-  std::istringstream in(markdown);
-  std::string line;
-  std::smatch m;
-  while (std::getline(in, line)) {
-    if (std::regex_search(line, m, row)) out.insert(m[1]);
-  }
-  return out;
-}
-
-TEST(ArchitectureDoc, LintTableListsTheRulesOfCliMd) {
-  const std::set<std::string> cli = lint_ids(read_file(source_dir() / "docs" / "cli.md"));
-  const std::set<std::string> arch = lint_ids(read_file(source_dir() / "docs" / "ARCHITECTURE.md"));
-  ASSERT_GE(cli.size(), 10u) << "docs/cli.md's lint rule table";
-  if (arch.empty()) GTEST_SKIP() << "docs/ARCHITECTURE.md has no lint rule table";
-  EXPECT_EQ(arch, cli) << "the lint rules of docs/ARCHITECTURE.md and of docs/cli.md";
 }
 
 }  // namespace

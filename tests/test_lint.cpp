@@ -1,11 +1,14 @@
-// Lint rules L1-L11 on hand-made checkpoints (headers at real model shapes,
-// sparse data), the blocking policy, and lint inside quantize and the CLI.
+// Lint rules on hand-made checkpoints (headers at real model shapes, sparse
+// data), the rule table against docs/cli.md, the blocking policy, and lint
+// inside quantize and the CLI.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <regex>
 #include <set>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -43,8 +46,26 @@ struct Linted {
 // into no error-level finding the first run did not have: every tensor of
 // an error after the fix was in an error of the same rule before (rules
 // regroup tensors), and the fix's own finding, when an error, is gone.
+// Each finding comes from a rule of lint_rules(), with a severity the rule
+// declares, and findings come rule by rule in the table's order.
+void expect_findings_follow_the_rule_table(const std::vector<Finding>& findings) {
+  std::size_t last = 0;
+  for (const Finding& f : findings) {
+    const auto rules = lint_rules();
+    const auto rule = std::find_if(rules.begin(), rules.end(),
+                                   [&](const LintRule& r) { return r.id == f.id; });
+    ASSERT_NE(rule, rules.end()) << f.id;
+    EXPECT_TRUE(f.severity == rule->severity || (rule->also && f.severity == *rule->also))
+        << format_finding(f);
+    const std::size_t at = static_cast<std::size_t>(rule - rules.begin());
+    EXPECT_GE(at, last) << f.id << " after a finding of a later rule";
+    last = at;
+  }
+}
+
 void expect_fixes_pass_lint(const Checkpoint& checkpoint, const PlanOptions& options,
                             const std::vector<Finding>& findings, unsigned tp) {
+  expect_findings_follow_the_rule_table(findings);
   std::map<std::string, std::set<std::string>> errors_before;  // rule -> tensors
   for (const Finding& f : findings) {
     if (f.severity != Severity::kError) continue;
@@ -1319,6 +1340,83 @@ TEST(LintL17, UntiedConfigWithoutHeadTensorWarnsAndStrictStops) {
   EXPECT_TRUE(with_id(lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$"}).findings,
                       "L17")
                   .empty());
+}
+
+// ---- the rule table ----
+
+// docs/cli.md's lint table: each row's id, severity column and anchor.
+struct CliLintRow {
+  std::string severities;
+  std::string anchor;
+};
+
+std::map<std::string, CliLintRow> cli_lint_rows(const std::string& markdown) {
+  static const std::regex row(R"re(^\| (?:<a id="([^"]*)"></a>)?(L[0-9]+) \| ([^|]+) \|)re");
+  std::map<std::string, CliLintRow> out;
+  std::istringstream in(markdown);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (!std::regex_search(line, m, row)) continue;
+    const std::string id = m[2];
+    EXPECT_FALSE(out.contains(id)) << id << " twice in docs/cli.md";
+    out[id] = CliLintRow{m[3], m[1]};
+  }
+  return out;
+}
+
+std::string severities_text(const LintRule& rule) {
+  return rule.also ? fmt::format("{} / {}", severity_name(rule.severity), severity_name(*rule.also))
+                   : std::string(severity_name(rule.severity));
+}
+
+const std::string& cli_md() {
+  static const std::string text = test::read_file(fs::path(CTQUANT_DOCS_DIR) / "cli.md");
+  return text;
+}
+
+TEST(LintRuleTable, IdsAndSeveritiesAreThoseOfCliMd) {
+  const std::map<std::string, CliLintRow> rows = cli_lint_rows(cli_md());
+  ASSERT_EQ(rows.size(), 17u) << "docs/cli.md's lint table";
+  std::set<std::string> ids;
+  for (const LintRule& rule : lint_rules()) {
+    EXPECT_TRUE(ids.insert(std::string(rule.id)).second) << rule.id << " twice in the table";
+    const auto it = rows.find(std::string(rule.id));
+    ASSERT_NE(it, rows.end()) << rule.id << " is not in docs/cli.md's lint table";
+    EXPECT_EQ(it->second.severities, severities_text(rule)) << rule.id;
+  }
+  std::set<std::string> documented;
+  for (const auto& [id, row] : rows) documented.insert(id);
+  EXPECT_EQ(ids, documented);
+}
+
+TEST(LintRuleTable, EachAnchorIsItsRuleRowInCliMd) {
+  const std::map<std::string, CliLintRow> rows = cli_lint_rows(cli_md());
+  for (const LintRule& rule : lint_rules()) {
+    SCOPED_TRACE(std::string(rule.id));
+    EXPECT_FALSE(rule.title.empty());
+    EXPECT_NE(rule.run, nullptr);
+    ASSERT_TRUE(rows.contains(std::string(rule.id)));
+    EXPECT_EQ(rows.at(std::string(rule.id)).anchor, rule.anchor);
+    // The anchor exists once in the whole document.
+    const std::string tag = fmt::format("id=\"{}\"", rule.anchor);
+    const std::size_t first = cli_md().find(tag);
+    EXPECT_NE(first, std::string::npos);
+    EXPECT_EQ(cli_md().find(tag, first + 1), std::string::npos);
+  }
+}
+
+// The table parser reads rows with and without an anchor, and the severity
+// column as written.
+TEST(LintRuleTable, CliRowsParseWithTheirAnchors) {
+  const auto rows = cli_lint_rows(
+      "| id | severity | finding | fix |\n|---|---|---|---|\n"
+      "| <a id=\"lint-l2\"></a>L2 | error / info | a | b |\n| L9 | error | c | d |\n");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows.at("L2").severities, "error / info");
+  EXPECT_EQ(rows.at("L2").anchor, "lint-l2");
+  EXPECT_EQ(rows.at("L9").severities, "error");
+  EXPECT_EQ(rows.at("L9").anchor, "");
 }
 
 }  // namespace

@@ -736,5 +736,40 @@ TEST(RegistryContractCases, EveryFamilyAndPresetHasCases) {
   }
 }
 
+// The questions lint and verify ask a family (SchemeFamily::
+// vllm_one_global_scale, writes_weight_shape, vllm_int_weight_only) are
+// answered by its row in agreement with what it writes: a weight_shape
+// tensor exactly when the row says so, a global scale where vLLM is said to
+// serve fused partners with one, and integer weight-only presets exactly in
+// the family vLLM serves them from.
+TEST(RegistryQuestions, AnswersAgreeWithWhatEachFamilyWrites) {
+  std::size_t int_weight_only_families = 0;
+  for (const SchemeFamily* family : scheme_families()) {
+    SCOPED_TRACE(std::string(family->id));
+    bool shape = false;
+    bool global_scale = false;
+    bool int_weight_only = false;
+    for (const Preset& preset : family->presets) {
+      if (!preset.refused.empty()) continue;
+      for (const OutputTensorSpec& spec : family->outputs(preset.weights, DType::kBF16, 256, 256)) {
+        shape |= spec.kind == OutputTensorSpec::Kind::kShape;
+        global_scale |= spec.kind == OutputTensorSpec::Kind::kGlobalScale;
+      }
+      int_weight_only |=
+          preset.weights.type == QuantArgs::Type::kInt && preset.input_activations.empty();
+    }
+    EXPECT_EQ(family->writes_weight_shape, shape);
+    if (family->vllm_one_global_scale) {
+      EXPECT_TRUE(global_scale);
+    }
+    EXPECT_EQ(family->vllm_int_weight_only, int_weight_only);
+    int_weight_only_families += family->vllm_int_weight_only ? 1 : 0;
+  }
+  // verify names the one format vLLM reads integer weight-only groups from.
+  EXPECT_EQ(int_weight_only_families, 1u);
+  EXPECT_TRUE(family_by_format("nvfp4-pack-quantized")->vllm_one_global_scale);
+  EXPECT_FALSE(family_by_format("float-quantized")->vllm_one_global_scale);
+}
+
 }  // namespace
 }  // namespace ctquant::test

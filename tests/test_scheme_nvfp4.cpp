@@ -20,6 +20,8 @@
 
 #include "ctquant/format/minifloat.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
@@ -242,6 +244,22 @@ TEST(Nvfp4Family, WritesFp4GroupsOf16AndSupportsOnlyTheNvfp4Args) {
   EXPECT_EQ(family().presets[1].name, "NVFP4");
   test::expect_message(std::string(family().presets[1].refused),
                        {"Model Free PTQ cannot calibrate activations", "NVFP4A16"});
+}
+
+// The NVFP4 (W4A4) refusal has one home, its preset in this row: the
+// refused-preset list does not repeat it, and --scheme NVFP4 says it.
+TEST(Nvfp4Family, RefusedNvfp4PresetIsExplainedByItsRowOnly) {
+  EXPECT_EQ(refused_preset("NVFP4"), nullptr);
+  const Preset* p = find_preset("nvfp4");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->refused, family().presets[1].refused);
+  try {
+    preset_group("NVFP4");
+    ADD_FAILURE() << "NVFP4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    test::expect_message(e.what(), {"scheme 'NVFP4' is not written", std::string(p->refused)});
+  }
 }
 
 TEST(Nvfp4Family, OutputsPackedCodesFp8ScalesAndAGlobalScale) {

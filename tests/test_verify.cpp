@@ -232,6 +232,43 @@ TEST(VerifyGolden, ConfigFieldReadersActOnIsADifference) {
   EXPECT_EQ(r.differences[1].details["acted_on"], false);
 }
 
+// Which formats loaders read is the registry's answer (SchemeFamily::
+// vllm_int_weight_only, writes_weight_shape) and compressed-tensors' list.
+TEST(VerifyLoadability, IntWeightOnlyGroupOutsidePackQuantizedIsADifference) {
+  GoldenCopy out("llama-bf16");
+  json config = test::read_json(out.path / "config.json");
+  json& qc = config["quantization_config"];
+  qc["format"] = "int-quantized";
+  qc["config_groups"]["group_0"]["format"] = "int-quantized";
+  test::write_json(out.path / "config.json", config);
+  const VerifyReport r = verify_checkpoints(out.path, golden("llama-bf16") / "expected", {});
+  const auto items = of_kind(r.differences, "loadability");
+  ASSERT_EQ(items.size(), 1u) << describe(r);
+  EXPECT_EQ(items[0].file, "config.json");
+  EXPECT_EQ(items[0].message,
+            "config group 'group_0': int weight-only quantization with format 'int-quantized'; "
+            "vLLM reads it only as \"pack-quantized\" (other formats trip its weights.type == "
+            "FLOAT assertion)");
+}
+
+TEST(VerifyLoadability, FormatCompressedTensorsDoesNotHaveIsADifference) {
+  GoldenCopy out("llama-bf16");
+  json config = test::read_json(out.path / "config.json");
+  config["quantization_config"]["format"] = "pack-quantised";
+  test::write_json(out.path / "config.json", config);
+  const VerifyReport r = verify_checkpoints(out.path, golden("llama-bf16") / "expected", {});
+  const auto items = of_kind(r.differences, "loadability");
+  // Neither a registry row's format nor one of compressed-tensors' others.
+  ASSERT_EQ(items.size(), 1u) << describe(r);
+  EXPECT_EQ(items[0].message,
+            "quantization_config.format 'pack-quantised' is not a compressed-tensors format");
+  // A compressed-tensors format ctquant does not write is not this difference.
+  config["quantization_config"]["format"] = "mixed-precision";
+  test::write_json(out.path / "config.json", config);
+  const VerifyReport mixed = verify_checkpoints(out.path, golden("llama-bf16") / "expected", {});
+  EXPECT_TRUE(of_kind(mixed.differences, "loadability").empty()) << describe(mixed);
+}
+
 TEST(VerifyGolden, NoteOnlyConfigDifferencesAreSame) {
   GoldenCopy out("llama-bf16");
   json config = test::read_json(out.path / "config.json");

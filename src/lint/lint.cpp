@@ -792,7 +792,7 @@ void lint_unshared_global_scales(const LintContext& ctx, std::vector<Finding>& o
     if (it == set_of.end()) return std::nullopt;
     const PlannedModule& m = plan.modules[plan.amax_sets[it->second].front()];
     const SchemeFamily* family = plan.group_of(m).family();
-    if (family == nullptr || family->id != "nvfp4") return std::nullopt;
+    if (family == nullptr || !family->vllm_one_global_scale) return std::nullopt;
     return it->second;
   };
   // The partners vLLM fuses into one layer: (first, second) under one parent
@@ -865,7 +865,93 @@ void lint_nothing_quantized(const LintContext& ctx, std::vector<Finding>& out) {
 
 }  // namespace
 
+// What every rule reads, made once per run.
+struct detail::LintRun {
+  const LintContext& ctx;
+  const RolesLint& roles;
+  const LintOptions& options;
+};
+
 namespace {
+
+using detail::LintRun;
+using detail::RolesLint;
+
+// The table's run functions: a rule of the plan's fates, a rule of the
+// module roles, and the rules that take more than the context.
+template <void (*Rule)(const LintContext&, std::vector<Finding>&)>
+void on_context(const LintRun& run, std::vector<Finding>& out) {
+  Rule(run.ctx, out);
+}
+
+template <void (RolesLint::*Rule)(std::vector<Finding>&) const>
+void on_roles(const LintRun& run, std::vector<Finding>& out) {
+  (run.roles.*Rule)(out);
+}
+
+// L1 and L8 look at the ignore list, then at each scheme group's targets.
+void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
+  const QuantizePlan& plan = run.ctx.plan;
+  lint_unmatched_entries(run.ctx, plan.options.ignore, plan.ignore_matches,
+                         ModuleMatcher::Role::kIgnore, out);
+  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
+    lint_unmatched_entries(run.ctx, plan.options.groups[g].targets, plan.target_matches[g],
+                           ModuleMatcher::Role::kTargets, out);
+  }
+}
+
+void prefix_matches(const LintRun& run, std::vector<Finding>& out) {
+  const QuantizePlan& plan = run.ctx.plan;
+  lint_prefix_matches(plan.options.ignore, plan.ignore_matches, ModuleMatcher::Role::kIgnore, out,
+                      run.ctx);
+  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
+    lint_prefix_matches(plan.options.groups[g].targets, plan.target_matches[g],
+                        ModuleMatcher::Role::kTargets, out, run.ctx);
+  }
+}
+
+void kernel_shapes(const LintRun& run, std::vector<Finding>& out) {
+  lint_kernel_shapes(run.ctx, run.options.tp, out);
+}
+
+constexpr Severity kError = Severity::kError;
+constexpr Severity kWarning = Severity::kWarning;
+constexpr Severity kInfo = Severity::kInfo;
+constexpr std::nullopt_t kOnly = std::nullopt;
+
+// The rules in the order run_lint runs them, which is the order findings
+// are listed in (not quite the ids' order: L10 and L11 before L9, L14
+// before L12). What each checks is docs/cli.md's lint table, the row at its
+// anchor (tests/test_lint.cpp checks ids, severities and anchors against it).
+constexpr LintRule kLintRules[] = {
+    {"L1", kWarning, kInfo, "entry matched no module", "lint-l1", unmatched_entries},
+    {"L2", kError, kInfo, "literal ignore entry vLLM does not match", "lint-l2",
+     on_roles<&RolesLint::literal_entries>},
+    {"L3", kError, kOnly, "fused layer split", "lint-l3", on_context<lint_fused_groups>},
+    {"L4", kError, kOnly, "DFlash qkv_proj quantized", "lint-l4", on_context<lint_dflash_qkv>},
+    {"L5", kError, kWarning, "shard shape the vLLM kernel cannot run", "lint-l5", kernel_shapes},
+    {"L6", kError, kWarning, "tied lm_head", "lint-l6", on_context<lint_tied_lm_head>},
+    {"L7", kError, kOnly, "stacked experts vLLM would not load", "lint-l7",
+     on_roles<&RolesLint::stacked_experts>},
+    {"L8", kInfo, kOnly, "re: entry matching by a prefix", "lint-l8", prefix_matches},
+    {"L10", kError, kOnly, "scheme no vLLM kernel runs", "lint-l10",
+     on_context<lint_kernel_args>},
+    {"L11", kError, kOnly, "module vLLM gives another scheme group", "lint-l11",
+     on_context<lint_group_assignment>},
+    {"L9", kError, kOnly, "nothing quantized", "lint-l9", on_context<lint_nothing_quantized>},
+    {"L14", kWarning, kOnly, "fused NVFP4 partners with their own global scales", "lint-l14",
+     on_context<lint_unshared_global_scales>},
+    {"L12", kError, kOnly, "module vLLM loads unquantized would be packed", "lint-l12",
+     on_roles<&RolesLint::unloadable_modules>},
+    {"L13", kError, kWarning, "ignore list and targets as vLLM reads them", "lint-l13",
+     on_roles<&RolesLint::vllm_expectations>},
+    {"L15", kWarning, kOnly, "most weights kept in 16 bits", "lint-l15",
+     on_roles<&RolesLint::sixteen_bit_share>},
+    {"L16", kWarning, kOnly, "draft module another engine reads unpacked", "lint-l16",
+     on_roles<&RolesLint::engine_modules>},
+    {"L17", kWarning, kOnly, "untied model without an output head", "lint-l17",
+     on_roles<&RolesLint::missing_head>},
+};
 
 std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options, bool check_fixes);
@@ -922,34 +1008,9 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
                               const LintOptions& options, bool check_fixes) {
   const LintContext ctx(checkpoint, plan);
   const detail::RolesLint roles(checkpoint, plan);
+  const detail::LintRun run{ctx, roles, options};
   std::vector<Finding> findings;
-  lint_unmatched_entries(ctx, plan.options.ignore, plan.ignore_matches,
-                         ModuleMatcher::Role::kIgnore, findings);
-  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
-    lint_unmatched_entries(ctx, plan.options.groups[g].targets, plan.target_matches[g],
-                           ModuleMatcher::Role::kTargets, findings);
-  }
-  roles.literal_entries(findings);
-  lint_fused_groups(ctx, findings);
-  lint_dflash_qkv(ctx, findings);
-  lint_kernel_shapes(ctx, options.tp, findings);
-  lint_tied_lm_head(ctx, findings);
-  roles.stacked_experts(findings);
-  lint_prefix_matches(plan.options.ignore, plan.ignore_matches, ModuleMatcher::Role::kIgnore,
-                      findings, ctx);
-  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
-    lint_prefix_matches(plan.options.groups[g].targets, plan.target_matches[g],
-                        ModuleMatcher::Role::kTargets, findings, ctx);
-  }
-  lint_kernel_args(ctx, findings);
-  lint_group_assignment(ctx, findings);
-  lint_nothing_quantized(ctx, findings);
-  lint_unshared_global_scales(ctx, findings);
-  roles.unloadable_modules(findings);
-  roles.vllm_expectations(findings);
-  roles.sixteen_bit_share(findings);
-  roles.engine_modules(findings);
-  roles.missing_head(findings);
+  for (const LintRule& rule : kLintRules) rule.run(run, findings);
   if (check_fixes) {
     const std::vector<Finding> as_found = findings;
     for (Finding& f : findings) check_option_fix(checkpoint, plan, options, as_found, f);
@@ -958,6 +1019,8 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
 }
 
 }  // namespace
+
+std::span<const LintRule> lint_rules() { return kLintRules; }
 
 std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options) {

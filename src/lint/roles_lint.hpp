@@ -1,30 +1,8 @@
 // Lint rules that read the module roles (roles.hpp) and vLLM's matching
-// rules (vllm_match.hpp). Private to the lint module; run_lint() calls them.
-//
-//   L2  error    a literal ignore entry that vLLM, after mapping it to its
-//                own names, does not match for a module it keeps in 16 bits
-//                (info when another entry covers the module in vLLM)
-//   L7  error    stacked (3-D) experts ctquant cannot write loadably: the
-//                family's vLLM loader reads per-expert tensors and they are
-//                not split, or they are kept while vLLM's MoE probes say the
-//                layer is quantized
-//   L12 error    a module vLLM loads unquantized (output head, embedding,
-//                router, shared-expert gate, plain nn.Linear) would be packed
-//   L13 error    the written ignore list and targets, evaluated as vLLM does
-//                on vLLM's names, disagree with what OUTPUT holds (or vLLM
-//                raises on them); warning for a quantizable layer matched by
-//                neither (older vLLM raises, newer loads it unquantized)
-//   L15 warning  less than kMinQuantizedShare of the linear layers' weight
-//                parameters would be quantized, or the experts of a whole
-//                MoE layer stay in 16 bits: why, and the option that
-//                changes it (run_lint keeps that fix only when the changed
-//                run passes lint)
-//   L16 warning  a draft or MTP module that vLLM loads packed but another
-//                engine reads as a plain 16-bit weight would be packed
-//                (EAGLE-3 and DFlash fc, MTP fc, DFlash2 selector and
-//                convolution projections), naming each engine's file
-//   L17 warning  config.json says the head is not tied, but the checkpoint
-//                holds the embedding and no output head tensor
+// rules (vllm_match.hpp): L2, L7, L12, L13, L15, L16 and L17. Private to the
+// lint module; each method is the run function of its row of lint_rules()
+// (src/lint/lint.cpp), and what it checks is its row of docs/cli.md's lint
+// table.
 #pragma once
 
 #include <optional>

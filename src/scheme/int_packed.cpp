@@ -360,6 +360,8 @@ const SchemeFamily kIntPackedFamily{
         "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"
         "compressed_tensors_wNa16.py, vllm/model_executor/layers/quantization/utils/"
         "marlin_utils.py",
+    .writes_weight_shape = true,
+    .vllm_int_weight_only = true,
 };
 
 }  // namespace ctquant

@@ -300,6 +300,7 @@ const SchemeFamily kNvfp4Family{
         "vllm/model_executor/layers/quantization/compressed_tensors/schemes/"
         "compressed_tensors_w4a4_nvfp4.py, vllm/model_executor/layers/quantization/utils/"
         "nvfp4_utils.py, vllm/model_executor/layers/quantization/utils/marlin_utils_fp4.py",
+    .vllm_one_global_scale = true,
 };
 
 }  // namespace ctquant

@@ -9,8 +9,10 @@ namespace ctquant {
 namespace {
 
 // Presets of compressed-tensors 0.18 `quantization/quant_scheme.py` that
-// ctquant does not write. FP8, NVFP4 and UNQUANTIZED are refused by
-// model_free_ptq itself (schemes.md 10); the int-quantized presets with
+// ctquant does not write and no registry row lists. FP8 and UNQUANTIZED
+// are refused by model_free_ptq itself (schemes.md 10; NVFP4 too, but its
+// refusal is the `refused` text of its preset in the nvfp4 row, nvfp4.cpp,
+// since its weights are NVFP4A16's); the int-quantized presets with
 // fewer than 8 weight bits are written by model_free_ptq but not loadable
 // on NVIDIA GPUs by vLLM (compressed_tensors.py: _is_dynamic_token_w4a8_int
 // selects CompressedTensorsW4A8Int, whose kernels are CPU and XPU only;
@@ -23,16 +25,12 @@ constexpr std::string_view kIntQuantizedNarrow =
     "with 8-bit activations run on CPU and XPU only; other widths have no vLLM scheme); "
     "use W4A16 (weights only, pack-quantized) or W8A8";
 
-constexpr std::array<RefusedPreset, 13> kRefusedPresets = {{
+constexpr std::array<RefusedPreset, 12> kRefusedPresets = {{
     {"FP8",
      "FP8 quantizes input activations statically per tensor (\"dynamic\": false), which needs "
      "calibration data: model_free_ptq refuses it (Model Free PTQ cannot calibrate "
      "activations); use FP8_DYNAMIC (per-channel weights, dynamic per-token activations) or "
      "FP8_BLOCK (128x128 blocks, dynamic per-group activations)"},
-    {"NVFP4",
-     "NVFP4 quantizes input activations with \"dynamic\": \"local\" global scales, which need "
-     "calibration data: model_free_ptq refuses it (Model Free PTQ cannot calibrate "
-     "activations); use NVFP4A16 (weights only)"},
     {"UNQUANTIZED",
      "UNQUANTIZED has no weight quantization: model_free_ptq refuses it (Must provide a "
      "weights quantization scheme to perform weights-only PTQ)"},

@@ -1,5 +1,6 @@
 #include "ctquant/verify/loadability.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -10,6 +11,7 @@
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/plan/roles.hpp"
 #include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {
@@ -20,12 +22,23 @@ namespace {
 
 constexpr const char* kKind = "loadability";
 
-// compressed-tensors' CompressionFormat values (mxfp8-quantized: schemes.md
-// section 2, fixture llama-bf16-mxfp8a16).
-const std::set<std::string> kFormats = {
-    "dense",           "sparse-bitmask",       "sparse-24-bitmask",    "int-quantized",
-    "float-quantized", "naive-quantized",      "pack-quantized",       "marlin-24",
-    "mixed-precision", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized"};
+// compressed-tensors' CompressionFormat values that no scheme family of the
+// registry writes; the others are the families' formats.
+const std::set<std::string> kOtherFormats = {"dense", "sparse-bitmask", "sparse-24-bitmask",
+                                             "marlin-24", "mixed-precision"};
+
+bool is_compressed_tensors_format(const std::string& format) {
+  return family_by_format(format) != nullptr || kOtherFormats.contains(format);
+}
+
+// The format vLLM serves integer weight-only groups from (the registry row
+// with vllm_int_weight_only).
+std::string int_weight_only_format() {
+  for (const SchemeFamily* f : scheme_families()) {
+    if (f->vllm_int_weight_only) return std::string(f->format);
+  }
+  return std::string();
+}
 
 bool non_empty(const json& v) {
   if (v.is_null()) return false;
@@ -55,70 +68,77 @@ class Checks {
   VerifyReport& report_;
 };
 
-}  // namespace
+// The tensors of the written shards, and which modules are quantized:
+// packed codes (weight_packed), or a weight with its scale (float-quantized
+// formats keep M.weight, FP8 or FP4 codes beside M.weight_scale). 16-bit
+// modules have neither.
+struct WrittenTensors {
+  std::map<std::string, std::pair<std::string, const TensorEntry*>> tensors;  // name -> (shard label, entry)
+  std::vector<std::string> packed;  // modules with weight_packed, in name order
+  std::set<std::string> packed_set;
+  std::set<std::string> quantized;
+};
 
-void check_loadability(const std::optional<json>& config,
-                       const std::vector<SafetensorsFile>& shards, VerifyReport& report) {
-  Checks c(report);
-  // Every tensor: name -> (shard label, entry).
-  std::map<std::string, std::pair<std::string, const TensorEntry*>> tensors;
+WrittenTensors written_tensors(const std::vector<SafetensorsFile>& shards) {
+  WrittenTensors w;
   for (const SafetensorsFile& shard : shards) {
     for (const TensorEntry& t : shard.header().tensors) {
-      tensors.emplace(t.name, std::make_pair(shard.label(), &t));
+      w.tensors.emplace(t.name, std::make_pair(shard.label(), &t));
     }
   }
-  // Quantized modules: packed codes (weight_packed), or a weight with its
-  // scale (float-quantized formats keep M.weight, FP8 or FP4 codes beside
-  // M.weight_scale). 16-bit modules have neither.
-  std::vector<std::string> packed;  // modules with weight_packed, in name order
-  std::set<std::string> quantized;
-  for (const auto& [name, at] : tensors) {
+  for (const auto& [name, at] : w.tensors) {
     if (name.ends_with(".weight_packed")) {
-      packed.push_back(module_of(name));
-      quantized.insert(module_of(name));
+      w.packed.push_back(module_of(name));
+      w.quantized.insert(module_of(name));
     } else if (name.ends_with(".weight_scale")) {
-      quantized.insert(module_of(name));
+      w.quantized.insert(module_of(name));
     }
   }
-  const json* qc = nullptr;
-  if (config && config->is_object()) {
-    if (const auto it = config->find("quantization_config"); it != config->end() && it->is_object()) {
-      qc = &*it;
-    }
-  }
-  if (qc == nullptr) {
-    if (!quantized.empty()) {
-      c.diff(kConfigFileName, "",
-             fmt::format("{} quantized module(s) (first '{}'), but config.json has no "
-                         "quantization_config: no loader knows they are quantized",
-                         quantized.size(), *quantized.begin()));
-    }
-    return;
-  }
+  w.packed_set.insert(w.packed.begin(), w.packed.end());
+  return w;
+}
 
-  // The config block.
-  const std::string method = qc->value("quant_method", std::string());
+// config.json's quantization_config object, or nullptr.
+const json* quantization_config(const std::optional<json>& config) {
+  if (!config || !config->is_object()) return nullptr;
+  const auto it = config->find("quantization_config");
+  return it != config->end() && it->is_object() ? &*it : nullptr;
+}
+
+// Quantized tensors with no quantization_config to say so.
+void check_unannounced(const WrittenTensors& w, Checks& c) {
+  if (w.quantized.empty()) return;
+  c.diff(kConfigFileName, "",
+         fmt::format("{} quantized module(s) (first '{}'), but config.json has no "
+                     "quantization_config: no loader knows they are quantized",
+                     w.quantized.size(), *w.quantized.begin()));
+}
+
+// The config block: quant_method, quantization_status, format, transforms
+// and sparsity. Returns the top-level format.
+std::string check_config_block(const json& qc, Checks& c) {
+  const std::string method = qc.value("quant_method", std::string());
   if (method != "compressed-tensors") {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.quant_method is '{}': vLLM and transformers read "
                        "compressed-tensors checkpoints only under \"compressed-tensors\"",
                        method));
   }
-  const std::string status = qc->value("quantization_status", std::string());
+  const std::string status = qc.value("quantization_status", std::string());
   if (status != "compressed") {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.quantization_status is '{}': transformers "
                        "decompresses packed weights only when it is \"compressed\"",
                        status));
   }
-  const std::string top_format = qc->value("format", std::string());
-  if (!kFormats.contains(top_format)) {
+  const std::string top_format = qc.value("format", std::string());
+  if (!is_compressed_tensors_format(top_format)) {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.format '{}' is not a compressed-tensors format",
                        top_format));
   }
   for (const char* key : {"transform_config", "sparsity_config"}) {
-    if (const auto it = qc->find(key); it != qc->end() && non_empty(*it)) {
+    if (const auto it = qc.find(key); it != qc.end() && non_empty(*it)) {
       c.diff(kConfigFileName, "",
              fmt::format("quantization_config.{} is not empty: {}", key,
                          std::string(key) == "transform_config"
@@ -128,84 +148,104 @@ void check_loadability(const std::optional<json>& config,
                                "removed\")"));
     }
   }
+  return top_format;
+}
+
+// The config groups, each checked for a format vLLM reads it with and for
+// actorder.
+std::vector<Group> read_groups(const json& qc, const std::string& top_format, Checks& c) {
   std::vector<Group> groups;
-  if (const auto it = qc->find("config_groups"); it != qc->end() && it->is_object()) {
-    for (const auto& [name, group] : it->items()) {
-      if (!group.is_object()) continue;
-      Group g;
-      g.name = name;
-      g.weights = group.value("weights", json());
-      if (const auto t = group.find("targets"); t != group.end() && t->is_array()) {
-        for (const json& x : *t) {
-          if (x.is_string()) g.targets.push_back(x.get<std::string>());
-        }
+  const auto it = qc.find("config_groups");
+  if (it == qc.end() || !it->is_object()) return groups;
+  for (const auto& [name, group] : it->items()) {
+    if (!group.is_object()) continue;
+    Group g;
+    g.name = name;
+    g.weights = group.value("weights", json());
+    if (const auto t = group.find("targets"); t != group.end() && t->is_array()) {
+      for (const json& x : *t) {
+        if (x.is_string()) g.targets.push_back(x.get<std::string>());
       }
-      const std::string format = group.value("format", top_format);
-      if (!group.contains("format") && top_format == "mixed-precision") {
-        c.diff(kConfigFileName, "",
-               fmt::format("config group '{}' has no format while the top-level format is "
-                           "\"mixed-precision\": vLLM then finds no scheme for it",
-                           name));
-      }
-      if (g.weights.is_object()) {
-        g.symmetric = g.weights.value("symmetric", true);
-        if (const auto b = g.weights.find("num_bits"); b != g.weights.end() && b->is_number_integer()) {
-          g.bits = b->get<int>();
-        }
-        const bool int_weights = g.weights.value("type", std::string("int")) == "int";
-        const bool activations = non_empty(group.value("input_activations", json()));
-        if (int_weights && !activations && format != "pack-quantized") {
-          c.diff(kConfigFileName, "",
-                 fmt::format("config group '{}': int weight-only quantization with format '{}'; "
-                             "vLLM reads it only as \"pack-quantized\" (other formats trip its "
-                             "weights.type == FLOAT assertion)",
-                             name, format));
-        }
-        if (const auto a = g.weights.find("actorder"); a != g.weights.end() && !a->is_null()) {
-          c.diff(kConfigFileName, "",
-                 fmt::format("config group '{}': weights.actorder is {}; a loader then expects "
-                             "weight_g_idx (\"group\") or a reordering ctquant never wrote",
-                             name, a->dump()));
-        }
-      }
-      groups.push_back(std::move(g));
     }
+    const std::string format = group.value("format", top_format);
+    if (!group.contains("format") && top_format == "mixed-precision") {
+      c.diff(kConfigFileName, "",
+             fmt::format("config group '{}' has no format while the top-level format is "
+                         "\"mixed-precision\": vLLM then finds no scheme for it",
+                         name));
+    }
+    if (g.weights.is_object()) {
+      g.symmetric = g.weights.value("symmetric", true);
+      if (const auto b = g.weights.find("num_bits"); b != g.weights.end() && b->is_number_integer()) {
+        g.bits = b->get<int>();
+      }
+      const bool int_weights = g.weights.value("type", std::string("int")) == "int";
+      const bool activations = non_empty(group.value("input_activations", json()));
+      const SchemeFamily* family = family_by_format(format);
+      if (int_weights && !activations && (family == nullptr || !family->vllm_int_weight_only)) {
+        c.diff(kConfigFileName, "",
+               fmt::format("config group '{}': int weight-only quantization with format '{}'; "
+                           "vLLM reads it only as \"{}\" (other formats trip its "
+                           "weights.type == FLOAT assertion)",
+                           name, format, int_weight_only_format()));
+      }
+      if (const auto a = g.weights.find("actorder"); a != g.weights.end() && !a->is_null()) {
+        c.diff(kConfigFileName, "",
+               fmt::format("config group '{}': weights.actorder is {}; a loader then expects "
+                           "weight_g_idx (\"group\") or a reordering ctquant never wrote",
+                           name, a->dump()));
+      }
+    }
+    groups.push_back(std::move(g));
   }
+  return groups;
+}
+
+// The written targets of every group (each once, first seen first) and the
+// ignore list.
+std::vector<std::string> written_targets(const std::vector<Group>& groups) {
   std::vector<std::string> targets;
   for (const Group& g : groups) {
     for (const auto& t : g.targets) {
       if (std::find(targets.begin(), targets.end(), t) == targets.end()) targets.push_back(t);
     }
   }
+  return targets;
+}
+
+std::vector<std::string> written_ignore(const json& qc) {
   std::vector<std::string> ignore;
-  if (const auto it = qc->find("ignore"); it != qc->end() && it->is_array()) {
+  if (const auto it = qc.find("ignore"); it != qc.end() && it->is_array()) {
     for (const json& e : *it) {
       if (e.is_string()) ignore.push_back(e.get<std::string>());
     }
   }
-  const Group* scheme = groups.empty() ? nullptr : &groups.front();
+  return ignore;
+}
 
-  // Packed modules' tensors.
-  std::set<std::string> packed_set(packed.begin(), packed.end());
-  for (const std::string& m : packed) {
-    const std::string& file = tensors.at(m + ".weight_packed").first;
-    if (tensors.contains(m + ".weight")) {
+// Packed modules' tensors: no .weight beside weight_packed, the scale (and
+// the shape, for a format that records it), a zero point exactly when the
+// scheme is asymmetric.
+void check_packed_modules(const WrittenTensors& w, const std::string& top_format,
+                          const Group* scheme, Checks& c) {
+  const SchemeFamily* family = family_by_format(top_format);
+  for (const std::string& m : w.packed) {
+    const std::string& file = w.tensors.at(m + ".weight_packed").first;
+    if (w.tensors.contains(m + ".weight")) {
       c.diff(file, m + ".weight",
              fmt::format("module '{}' is packed and still has a .weight: a loader that builds it "
                          "quantized finds a tensor it has no parameter for",
                          m));
     }
-    // pack-quantized (the int formats) also records each weight's shape;
-    // the FP4 formats do not.
     std::vector<const char*> needed{"weight_scale"};
-    if (top_format == "pack-quantized") needed.push_back("weight_shape");
+    if (family != nullptr && family->writes_weight_shape) needed.push_back("weight_shape");
     for (const char* p : needed) {
-      if (!tensors.contains(m + "." + p)) {
+      if (!w.tensors.contains(m + "." + p)) {
         c.diff(file, m + ".weight_packed",
                fmt::format("packed module '{}' has no {}", m, p));
       }
     }
-    const bool zp = tensors.contains(m + ".weight_zero_point");
+    const bool zp = w.tensors.contains(m + ".weight_zero_point");
     if (scheme != nullptr && scheme->symmetric && zp) {
       c.diff(file, m + ".weight_zero_point",
              fmt::format("module '{}' has a weight_zero_point, but the scheme is symmetric: "
@@ -216,44 +256,45 @@ void check_loadability(const std::optional<json>& config,
              fmt::format("module '{}' has no weight_zero_point, but the scheme is asymmetric", m));
     }
   }
+}
 
-  // Every module's state against vLLM's reading of ignore and targets. A
-  // packed module is given to the role analysis as its .weight, with the
-  // unpacked column count.
-  const int bits = scheme != nullptr && scheme->bits > 0 && scheme->bits <= 32 ? scheme->bits : 4;
+// The tensors as the role analysis takes them: a packed module as its
+// .weight, with the unpacked column count (codes of `bits` bits); a
+// quantized module's other tensors left out.
+std::vector<std::pair<std::string, std::vector<std::uint64_t>>> role_listing(
+    const WrittenTensors& w, int bits) {
   std::vector<std::pair<std::string, std::vector<std::uint64_t>>> listed;
-  for (const auto& [name, at] : tensors) {
+  for (const auto& [name, at] : w.tensors) {
     const std::string module = module_of(name);
-    if (quantized.contains(module)) {
+    if (w.quantized.contains(module)) {
       const auto& shape = at.second->shape;
       if (name.ends_with(".weight_packed") && shape.size() == 2) {
         const std::uint64_t word_bits = static_cast<std::uint64_t>(dtype_bits(at.second->dtype));
         listed.emplace_back(module + ".weight",
                             std::vector<std::uint64_t>{
                                 shape[0], shape[1] * word_bits / static_cast<std::uint64_t>(bits)});
-      } else if (name == module + ".weight" && !packed_set.contains(module)) {
+      } else if (name == module + ".weight" && !w.packed_set.contains(module)) {
         listed.emplace_back(name, shape);
       }
       continue;
     }
     listed.emplace_back(name, at.second->shape);
   }
-  const RoleAnalysis roles = analyze_roles(config, listed);
-  std::optional<VllmLoadRules> rules;
-  try {
-    rules.emplace(roles, ignore, targets);
-  } catch (const Error& e) {
-    c.diff(kConfigFileName, "",
-           fmt::format("quantization_config ignore or targets cannot be evaluated: {}", e.what()));
-    return;
-  }
+  return listed;
+}
+
+// Every module's state against vLLM's reading of ignore and targets (and
+// stacked experts against the family's vLLM loader).
+void check_vllm_reading(const WrittenTensors& w, const RoleAnalysis& roles,
+                        const VllmLoadRules& rules, Checks& c) {
   std::set<std::string> refused_layers;
   for (const ModuleInfo& m : roles.modules) {
     if (m.role == ModuleRole::kParameter || m.role == ModuleRole::kNorm) continue;
-    const bool is_packed = quantized.contains(m.module);
-    const std::string tensor = packed_set.contains(m.module) ? m.module + ".weight_packed" : m.tensor;
-    const auto found = tensors.find(tensor);
-    const std::string file = found == tensors.end() ? std::string() : found->second.first;
+    const bool is_packed = w.quantized.contains(m.module);
+    const std::string tensor =
+        w.packed_set.contains(m.module) ? m.module + ".weight_packed" : m.tensor;
+    const auto found = w.tensors.find(tensor);
+    const std::string file = found == w.tensors.end() ? std::string() : found->second.first;
     if (m.role == ModuleRole::kStackedExperts && m.stacked) {
       const StackedExperts& s = roles.stacked[*m.stacked];
       if (!s.vllm_loads_stacked) {
@@ -265,7 +306,7 @@ void check_loadability(const std::optional<json>& config,
         continue;
       }
     }
-    const VllmExpectation e = rules->expect(m);
+    const VllmExpectation e = rules.expect(m);
     using State = VllmExpectation::State;
     if (e.state == State::kRefused) {
       // Once per layer, at its first module.
@@ -290,6 +331,34 @@ void check_loadability(const std::optional<json>& config,
       c.note(file, tensor, e.why);
     }
   }
+}
+
+}  // namespace
+
+void check_loadability(const std::optional<json>& config,
+                       const std::vector<SafetensorsFile>& shards, VerifyReport& report) {
+  Checks c(report);
+  const WrittenTensors written = written_tensors(shards);
+  const json* qc = quantization_config(config);
+  if (qc == nullptr) {
+    check_unannounced(written, c);
+    return;
+  }
+  const std::string top_format = check_config_block(*qc, c);
+  const std::vector<Group> groups = read_groups(*qc, top_format, c);
+  const Group* scheme = groups.empty() ? nullptr : &groups.front();
+  check_packed_modules(written, top_format, scheme, c);
+  const int bits = scheme != nullptr && scheme->bits > 0 && scheme->bits <= 32 ? scheme->bits : 4;
+  const RoleAnalysis roles = analyze_roles(config, role_listing(written, bits));
+  std::optional<VllmLoadRules> rules;
+  try {
+    rules.emplace(roles, written_ignore(*qc), written_targets(groups));
+  } catch (const Error& e) {
+    c.diff(kConfigFileName, "",
+           fmt::format("quantization_config ignore or targets cannot be evaluated: {}", e.what()));
+    return;
+  }
+  check_vllm_reading(written, roles, *rules, c);
 }
 
 }  // namespace ctquant

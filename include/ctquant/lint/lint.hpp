@@ -4,78 +4,21 @@
 // run_lint() looks at the checkpoint's headers and config.json and at the
 // plan (each tensor's fate, the modules each ignore and targets entry
 // matched) and returns findings. Each finding has an id (L1..L17), a
-// severity, the tensors concerned, what was found and the fix. The reasons
-// behind the rules are section 7 of the format spec:
-//
-//   L1 warning  an ignore or targets entry matched no module (near misses
-//               listed); info when it matched only modules that are never
-//               quantized anyway (embeddings, norms, non-2-D tensors) and for
-//               the default ignore list's lm_head; default targets not checked
-//   L2 error    a literal ignore entry that vLLM, after mapping it to its
-//               own names (roles.hpp), does not match for a module kept in
-//               16 bits; info when another entry covers the module
-//   L3 error    a fused layer split between quantized and not (q/k/v_proj of
-//               one attention, gate/up_proj of one MLP, the experts of one
-//               MoE layer)
-//   L4 error    a DFlash draft whose qkv_proj (or q/k/v_proj) is quantized
-//   L5 error    a quantized tensor whose per-shard shape the vLLM kernel of
-//      warning  its family cannot run at the chosen tensor-parallel degree
-//               (SchemeFamily::vllm_shape_rule: an error where current vLLM
-//               refuses the shard, e.g. in_features % group size for
-//               Marlin; a warning where only older releases do, e.g.
-//               out_features % 64); the fix covers its whole fused q/k/v or
-//               gate/up group
-//   L6 error    tie_word_embeddings is true and lm_head.weight is quantized;
-//      warning  tied, no lm_head tensor, and no ignore entry names lm_head
-//               (transformers fails to tie the head it builds:
-//               absent_head_entry() in roles.hpp)
-//   L7 error    a 3-D .weight that is not a stacked gate_up_proj / down_proj
-//               tensor (those are split) and that no ignore entry covers;
-//               stacked experts that are not split while the family's vLLM
-//               loader reads experts per expert, or kept while vLLM's MoE
-//               probes say their layer is quantized
-//   L8 info     an unanchored `re:` entry that matches some modules only by a
-//               prefix of their names (`re:.*gate` also takes `gate_proj`)
-//   L9 error    no tensor would be quantized at all
-//   L10 error   a scheme group whose arguments no vLLM kernel runs
-//               (SchemeFamily::vllm_args_rule: a bit width, or a group size
-//               Marlin does not take)
-//   L11 error   a module vLLM's target matching would give to another scheme
-//               group than the one ctquant quantized it with
-//   L12 error   a module vLLM loads unquantized (output head, embedding,
-//               router, shared-expert gate, plain nn.Linear) would be packed
-//   L13 error   the written ignore list and targets, evaluated as vLLM does
-//               on vLLM's names (vllm_match.hpp), disagree with what OUTPUT
-//               holds, or vLLM raises on them; warning for a quantizable
-//               layer neither matches
-//   L14 warning NVFP4 partners vLLM fuses into one layer (an expert's
-//               gate/up or w1/w3, a shared expert's gate/up, MLA's q_a_proj /
-//               kv_a_proj_with_mqa) with their own global scales, as
-//               model_free_ptq writes them: vLLM serves the layer with one
-//               (compressed_tensors_moe.py takes the gate's; vLLM issue
-//               54150; compressed_tensors_w4a4_nvfp4.py for dense layers)
-//   L15 warning less than kMinQuantizedShare of the linear layers' weight
-//               parameters quantized, or a whole MoE layer's experts kept in
-//               16 bits: the share of each reason and the option changing it
-//   L16 warning a draft or MTP module vLLM loads packed that another engine
-//               reads as a plain weight would be packed (EAGLE-3 / DFlash
-//               fc, MTP fc, DFlash2 selector), naming each engine's file
-//   L17 warning tie_word_embeddings is false, the embedding is there and no
-//               output head is (vLLM checks loaded weights only for
-//               unquantized models)
-//
-// L2, L7 (stacked experts), L12, L13, L15, L16 and L17 read the module roles
-// (src/lint/roles_lint.hpp); docs/loadability.md lists them with sources.
-// L1 also tells an entry that matched nothing apart from one vLLM or
-// transformers need (an empty weight vLLM would build quantized, the head
-// transformers builds for a tied model).
+// severity, the tensors concerned, what was found and the fix. The rules are
+// the rows of lint_rules(); what each one checks, its severities and its
+// usual fix are written once, in docs/cli.md's lint table (each row's
+// anchor is LintRule::anchor). The reasons behind them are section 7 of the
+// format spec.
 //
 // Whether findings stop `quantize` is decided by blocking_findings(): errors
 // unless allow_unloadable, warnings under strict; infos never.
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -124,9 +67,29 @@ inline constexpr double kMinQuantizedShare = 0.80;
 // Tensor-parallel degrees L5 tries when it lists the ones that work.
 inline constexpr unsigned kLintTpDegrees[] = {1, 2, 4, 8};
 
-// Runs every rule on a plan made from checkpoint. Pure: reads headers and
-// config.json only, writes nothing. Findings come rule by rule (L1 first),
-// each listing its tensors in input order. Throws Error{kUsage} only if
+namespace detail {
+struct LintRun;  // what the rules read, made once per run (src/lint/lint.cpp)
+}
+
+// One lint rule, a row of lint_rules(), in the manner of clang-tidy's
+// registerCheck: its id, its severities, a title, where docs/cli.md
+// describes it, and the function that checks it.
+struct LintRule {
+  std::string_view id;             // "L1" .. "L17"
+  Severity severity;               // of its findings
+  std::optional<Severity> also;    // a second severity some of its findings have, or none
+  std::string_view title;          // what it finds, in a few words
+  std::string_view anchor;         // docs/cli.md#<anchor>: its row of the lint table
+  void (*run)(const detail::LintRun& run, std::vector<Finding>& out);  // appends its findings
+};
+
+// Every rule, in the order run_lint runs them (the order findings come in).
+// Static storage; never throws.
+std::span<const LintRule> lint_rules();
+
+// Runs every rule of lint_rules() on a plan made from checkpoint. Pure:
+// reads headers and config.json only, writes nothing. Findings come rule by
+// rule, in the table's order, each listing its tensors in input order. Throws Error{kUsage} only if
 // options.tp is 0.
 std::vector<Finding> run_lint(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options);

@@ -4,11 +4,13 @@
 // `_validate_scheme` (llm-compressor `entrypoints/model_free/validate.py`)
 // refuses a preset without weights and any preset whose activations are
 // not `"dynamic": true` (schemes.md section 10: FP8's static per-tensor
-// inputs, NVFP4's "local" ones). Other presets are written by the library
-// but not loadable by vLLM on NVIDIA GPUs (the int-quantized schemes with
-// sub-8-bit weights, docs/fp8-int8.md). A name the registry does not list
-// (find_preset returns nullptr) is looked up here, so `--scheme FP8` is
-// answered with the reason rather than "unknown scheme".
+// inputs). Other presets are written by the library but not loadable by
+// vLLM on NVIDIA GPUs (the int-quantized schemes with sub-8-bit weights,
+// docs/fp8-int8.md). A name the registry does not list (find_preset returns
+// nullptr) is looked up here, so `--scheme FP8` is answered with the reason
+// rather than "unknown scheme". A refused preset whose weights a registry
+// row writes (NVFP4, whose "local" activations need calibration) is listed
+// in that row instead, with Preset::refused: each refusal has one home.
 #pragma once
 
 #include <string_view>

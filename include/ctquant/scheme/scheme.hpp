@@ -240,6 +240,27 @@ struct SchemeFamily {
   std::vector<ShapeProblem> (*vllm_shape_rule)(const QuantArgs& args, std::uint64_t rows,
                                                std::uint64_t cols, Parallel parallel);
   std::string_view vllm_source;  // the vLLM file(s) the rule was read from
+
+  // The questions lint and verify ask about a format, answered by its row
+  // (they never compare a family's id or format string):
+  //
+  // Whether vLLM serves the partners it fuses into one layer (an expert's
+  // gate/up or w1/w3, a shared expert's gate/up, MLA's q_a_proj and
+  // kv_a_proj_with_mqa) with one global scale, one partner's, without
+  // requantizing the others (NVFP4: compressed_tensors_w4a4_nvfp4.py for
+  // dense layers, the NVFP4 method of compressed_tensors_moe.py for experts).
+  // Lint L14 warns where such partners were written with their own.
+  bool vllm_one_global_scale = false;
+  // Whether each quantized module of this format records its weight's shape
+  // as M.weight_shape (pack-quantized); verify's loadability check requires
+  // the tensor beside every M.weight_packed of such a format.
+  bool writes_weight_shape = false;
+  // Whether vLLM serves integer weights without input activations from this
+  // format (pack-quantized, as CompressedTensorsWNA16; compressed_tensors.py
+  // sends other formats to a float scheme whose weights.type == FLOAT
+  // assertion fails). verify's loadability check reports a group that does
+  // otherwise.
+  bool vllm_int_weight_only = false;
 };
 
 }  // namespace ctquant
