@@ -16,7 +16,7 @@
 
 #include "ctquant/exec/quantize.hpp"
 #include "ctquant/plan/matcher.hpp"
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/verify.hpp"

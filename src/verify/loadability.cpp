@@ -8,8 +8,8 @@
 
 #include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/plan/roles.hpp"
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/roles.hpp"
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {

@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/plan/roles.hpp"
+#include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/fp8.hpp"

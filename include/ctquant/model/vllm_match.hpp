@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "ctquant/plan/matcher.hpp"
-#include "ctquant/plan/roles.hpp"
+#include "ctquant/model/roles.hpp"
 
 namespace ctquant {
 

@@ -1,4 +1,4 @@
-#include "ctquant/plan/roles.hpp"
+#include "ctquant/model/roles.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/vllm_match.hpp"
 
 #include <algorithm>
 
