@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/util/error.hpp"
-#include "ctquant/plan/matcher.hpp"
 #include "ctquant/exec/quantize.hpp"
+#include "ctquant/format/matcher.hpp"
+#include "ctquant/util/error.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/exec/quantize.hpp"
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/model/vllm_match.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/util/error.hpp"

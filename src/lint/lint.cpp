@@ -12,7 +12,7 @@
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "lint/roles_lint.hpp"

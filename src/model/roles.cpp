@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"

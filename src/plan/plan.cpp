@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
-#include "ctquant/plan/matcher.hpp"
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"

@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/model/roles.hpp"
 
 namespace ctquant {
