@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/matcher.hpp"
-#include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -337,11 +336,6 @@ std::vector<FamilyRow> make_family_table() {
 // ---------------------------------------------------------------------------
 // Name helpers.
 
-std::string parent_of(std::string_view name) {
-  const auto dot = name.rfind('.');
-  return dot == std::string_view::npos ? std::string() : std::string(name.substr(0, dot));
-}
-
 std::vector<std::string> split_dots(std::string_view name) {
   std::vector<std::string> parts;
   std::size_t begin = 0;
@@ -528,7 +522,7 @@ RoleDecision generic_role(const std::string& module, const std::string& tensor,
                           bool is_weight) {
   RoleDecision r;
   const std::string last = last_component(module);
-  const std::string parent_last = last_component(parent_of(module));
+  const std::string parent_last = last_component(module_of(module));
   const std::vector<std::string> parts = split_dots(module);
   const bool numbered = std::any_of(parts.begin(), parts.end(), is_digits);
   if (shape.size() == 3) {
@@ -639,7 +633,7 @@ std::string moe_layer_of(const std::string& name) {
   for (std::size_t i = parts.size(); i-- > 0;) {
     if (parts[i] == "experts") return join_dots(parts, 0, i + 1);
   }
-  return parent_of(name);
+  return module_of(name);
 }
 
 bool is_3d_expert_tensor(const std::string& name, const std::vector<std::uint64_t>& shape) {
@@ -650,7 +644,7 @@ bool is_3d_expert_tensor(const std::string& name, const std::vector<std::uint64_
 
 StackedExperts::Kind stacked_kind(const std::string& tensor) {
   std::string last = last_component(tensor);
-  if (last == "weight") last = last_component(parent_of(tensor));
+  if (last == "weight") last = last_component(module_of(tensor));
   if (last == "gate_up_proj" || last == "w13" || last == "gate_up" || last == "w13_weight") {
     return StackedExperts::Kind::kGateUp;
   }
@@ -875,7 +869,7 @@ std::string vllm_tensor_name(const FamilyRow* family, const std::string& tensor)
 
 std::string vllm_module_name(const FamilyRow* family, const std::string& module) {
   const std::string mapped = vllm_tensor_name(family, module + ".weight");
-  return mapped.ends_with(".weight") ? mapped.substr(0, mapped.size() - 7) : parent_of(mapped);
+  return mapped.ends_with(".weight") ? mapped.substr(0, mapped.size() - 7) : module_of(mapped);
 }
 
 std::string vllm_entry(const FamilyRow* family, const std::string& entry) {
@@ -968,7 +962,7 @@ RoleAnalysis analyze_roles(
   // does not load as that model anyway; partial layouts are tested alone).
   std::set<std::string> weight_modules;
   for (const auto& [name, shape] : tensors) {
-    if (name.ends_with(".weight")) weight_modules.insert(parent_of(name));
+    if (name.ends_with(".weight")) weight_modules.insert(module_of(name));
   }
 
   for (const auto& [name, shape] : tensors) {
@@ -978,9 +972,9 @@ RoleAnalysis analyze_roles(
     ModuleInfo m;
     m.tensor = name;
     m.shape = shape;
-    m.module = (is_weight && !stacked_tensor) ? parent_of(name) : name;
+    m.module = (is_weight && !stacked_tensor) ? module_of(name) : name;
     if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan
-    if (stacked_tensor && name.ends_with(".weight")) m.module = parent_of(name);
+    if (stacked_tensor && name.ends_with(".weight")) m.module = module_of(name);
 
     const ComponentAt at = component_of(m.module, a.dims, row);
     m.component = at.component;
@@ -1027,7 +1021,7 @@ RoleAnalysis analyze_roles(
       // The MoE layer: vLLM probes <layer>.0.{gate,up,down}_proj.
       m.vllm_layer = vllm_module_name(row, moe_layer_of(m.role == ModuleRole::kStackedExperts
                                                             ? name
-                                                            : parent_of(m.module)));
+                                                            : module_of(m.module)));
       m.vllm_name = m.vllm_layer;
     } else if (m.role == ModuleRole::kParameter) {
       m.vllm_name = vllm_tensor_name(row, name);
@@ -1039,7 +1033,7 @@ RoleAnalysis analyze_roles(
       const auto f = shard_to_fused.find(last);
       bool fused = f != shard_to_fused.end();
       if (fused) {
-        const std::string parent = parent_of(m.module);
+        const std::string parent = module_of(m.module);
         for (const char* shard : f->second.spec->shards) {
           if (!weight_modules.contains(parent.empty() ? std::string(shard)
                                                       : parent + "." + shard)) {
@@ -1048,7 +1042,7 @@ RoleAnalysis analyze_roles(
         }
       }
       if (fused) {
-        m.vllm_layer = parent_of(m.vllm_name);
+        m.vllm_layer = module_of(m.vllm_name);
         m.vllm_layer = (m.vllm_layer.empty() ? "" : m.vllm_layer + ".") + f->second.spec->fused;
         // A group vLLM does not list is tested under its fused name.
         if (!f->second.listed) m.vllm_name = m.vllm_layer;
@@ -1420,8 +1414,8 @@ std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles
       key = "tower:" + at.root;
       proto.subtree = true;
       // A root maps like the modules under it ("vision_tower." rules).
-      const std::string vroot = parent_of(vllm_module_name(roles.family, at.root + ".x"));
-      const std::string hroot = parent_of(hf_module_name(roles.family, at.root + ".x"));
+      const std::string vroot = module_of(vllm_module_name(roles.family, at.root + ".x"));
+      const std::string hroot = module_of(hf_module_name(roles.family, at.root + ".x"));
       proto.roots = {at.root};
       for (const std::string& r : {vroot, hroot}) {
         if (std::find(proto.roots.begin(), proto.roots.end(), r) == proto.roots.end()) {
@@ -1524,7 +1518,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
   std::map<std::string, std::vector<const ModuleInfo*>> experts_of;
   for (const ModuleInfo& m : roles.modules) {
     if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
-      experts_of[moe_layer_of(m.role == ModuleRole::kExpert ? parent_of(m.module) : m.tensor)]
+      experts_of[moe_layer_of(m.role == ModuleRole::kExpert ? module_of(m.module) : m.tensor)]
           .push_back(&m);
     }
   }
@@ -1553,7 +1547,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
     }
     const bool expert = m->role == ModuleRole::kExpert || m->role == ModuleRole::kStackedExperts;
     const std::string layer =
-        expert ? moe_layer_of(m->role == ModuleRole::kExpert ? parent_of(m->module) : m->tensor)
+        expert ? moe_layer_of(m->role == ModuleRole::kExpert ? module_of(m->module) : m->tensor)
                : std::string();
     if (expert && whole_layers.contains(layer)) {
       auto [it, inserted] = by_key.try_emplace("moe:" + key_of(layer), groups.size());
@@ -1583,7 +1577,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
     for (const ModuleInfo* m : g.members) {
       const std::string last = last_component(m->module);
       for (const std::string& f : name_forms(*m)) {
-        if (last_component(f) != last || parent_of(f).empty()) mergeable = false;
+        if (last_component(f) != last || module_of(f).empty()) mergeable = false;
       }
     }
     if (!mergeable) {
@@ -1591,7 +1585,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
       continue;
     }
     auto [it, inserted] =
-        by_parent.try_emplace(key_of(parent_of(g.members.front()->module)), merged.size());
+        by_parent.try_emplace(key_of(module_of(g.members.front()->module)), merged.size());
     if (inserted) merged.emplace_back();
     merged[it->second].push_back(i);
   }
@@ -1608,7 +1602,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
         for (const ModuleInfo* m : groups[i].members) {
           members.push_back(m);
           lasts.insert(regex_escape(last_component(m->module)));
-          for (const std::string& f : name_forms(*m)) parents.push_back(parent_of(f));
+          for (const std::string& f : name_forms(*m)) parents.push_back(module_of(f));
         }
       }
       const std::set<std::size_t> vary = varying_digits(parents);

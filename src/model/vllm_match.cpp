@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/plan.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant {

@@ -37,16 +37,6 @@ const char* fate_name(Fate fate) {
   return "?";
 }
 
-std::string module_of(const std::string& tensor_name) {
-  const auto dot = tensor_name.rfind('.');
-  return dot == std::string::npos ? std::string() : tensor_name.substr(0, dot);
-}
-
-std::string last_component(std::string_view name) {
-  const auto dot = name.rfind('.');
-  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
-}
-
 const SchemeFamily* SchemeGroup::family() const {
   return family_for(weights, !input_activations.is_null());
 }
