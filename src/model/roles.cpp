@@ -166,7 +166,6 @@ struct RoleDecision {
   ModuleRole role = ModuleRole::kLinear;
   VllmBuild build = VllmBuild::kQuantizable;
   std::string reason;
-  bool from_family = false;
   const char* entry = nullptr;
   std::size_t rule = SIZE_MAX;
 };
@@ -480,22 +479,16 @@ void check_tie_flag(const std::optional<json>& config) {
   }
 }
 
-RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options) {
-  check_tie_flag(checkpoint.config);
-  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors;
-  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
-    const auto& entries = checkpoint.shards[s].header().tensors;
-    for (std::size_t e = 0; e < entries.size(); ++e) {
-      tensors.emplace_back(entries[e].name, entries[e].shape);
-    }
-  }
-  return analyze_roles(checkpoint.config, tensors, options);
-}
+namespace {
 
-RoleAnalysis analyze_roles(
-    const std::optional<json>& config,
-    const std::vector<std::pair<std::string, std::vector<std::uint64_t>>>& tensors,
-    const RoleOptions& options) {
+// The stages of analyze_roles, in order.
+
+using TensorList = std::vector<std::pair<std::string, std::vector<std::uint64_t>>>;
+
+// Stage 1, the model: the family row matching config.json, the
+// architecture and model_type it names, why roles come from the generic
+// rules when no row matches, and the sizes the rules read.
+RoleAnalysis identify_model(const std::optional<json>& config) {
   RoleAnalysis a;
   a.family = match_family(config);
   if (config && config->is_object()) {
@@ -515,169 +508,180 @@ RoleAnalysis analyze_roles(
         a.model_type.empty() ? "" : fmt::format(" (model_type {})", a.model_type));
   }
   a.dims = read_dims(config, a.family);
-  const FamilyRow* row = a.family;
+  return a;
+}
 
+// Stage 2, the row's name rules, compiled once.
+std::vector<CompiledRule> compile_rules(const FamilyRow* row) {
   std::vector<CompiledRule> rules;
   if (row != nullptr) {
     for (const NameRule& r : row->rules) {
       rules.push_back(CompiledRule{&r, ModuleMatcher({r.pattern}, ModuleMatcher::Role::kIgnore)});
     }
   }
-  // The fused groups vLLM lists in packed_modules_mapping, by shard name.
-  struct FusedAt {
-    const FusedSpec* spec;
-    bool listed;
-  };
-  std::map<std::string, FusedAt> shard_to_fused;
+  return rules;
+}
+
+// A fused group of the family and whether vLLM's packed_modules_mapping
+// lists it.
+struct FusedAt {
+  const FusedSpec* spec;
+  bool listed;
+};
+using FusedByShard = std::map<std::string, FusedAt>;
+
+// Stage 3, the fused groups: the family's, by shard name (a draft's
+// quantization config lists none).
+FusedByShard fused_by_shard(const FamilyRow* row, const std::optional<json>& config) {
+  FusedByShard shard_to_fused;
   for (const FusedSpec& spec : family_fused_groups(row)) {
-    const bool listed = (row == nullptr || row->top_level_quant_config) && fused_listed(spec, config);
+    const bool listed =
+        (row == nullptr || row->top_level_quant_config) && fused_listed(spec, config);
     for (const char* shard : spec.shards) shard_to_fused[shard] = {&spec, listed};
   }
-  // A group is fused only where every shard is there (a layout missing one
-  // does not load as that model anyway; partial layouts are tested alone).
+  return shard_to_fused;
+}
+
+// The modules with a `.weight` tensor. A group is fused only where every
+// shard is there (a layout missing one does not load as that model anyway;
+// partial layouts are tested alone).
+std::set<std::string> weight_modules_of(const TensorList& tensors) {
   std::set<std::string> weight_modules;
   for (const auto& [name, shape] : tensors) {
     if (name.ends_with(".weight")) weight_modules.insert(module_of(name));
   }
+  return weight_modules;
+}
 
-  for (const auto& [name, shape] : tensors) {
-    const bool stacked_tensor = is_3d_expert_tensor(name, shape);
-    if (shape.size() != 2 && !stacked_tensor) continue;
-    const bool is_weight = name.ends_with(".weight") && name.find('.') != std::string::npos;
-    ModuleInfo m;
-    m.tensor = name;
-    m.shape = shape;
-    m.module = (is_weight && !stacked_tensor) ? module_of(name) : name;
-    if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan
-    if (stacked_tensor && name.ends_with(".weight")) m.module = module_of(name);
-
-    const ComponentAt at = component_of(m.module, a.dims, row);
-    m.component = at.component;
-
-    RoleDecision decision;
-    bool decided = false;
-    if (is_weight && !stacked_tensor) {
-      for (const CompiledRule& r : rules) {
-        if (!r.matcher.entry_matches(0, m.module)) continue;
-        decision.role = r.rule->role;
-        decision.build = r.rule->build;
-        decision.reason = r.rule->reason;
-        decision.from_family = true;
-        decision.entry = r.rule->entry;
-        decision.rule = static_cast<std::size_t>(&r - rules.data());
-        if (r.rule->condition == RuleCondition::kSiglipMlpQuantizableIf64) {
-          const bool ok = a.dims.vision_hidden && a.dims.vision_intermediate &&
-                          *a.dims.vision_hidden % 64 == 0 && *a.dims.vision_intermediate % 64 == 0;
-          if (!ok) {
-            decision.role = ModuleRole::kPlainLinear;
-            decision.build = VllmBuild::kPlain;
-            decision.reason = fmt::format(
-                "SigLIP MLP: vision hidden_size {} and intermediate_size {} are not both "
-                "multiples of 64, so vLLM builds fc1/fc2 without the quantization config "
-                "(siglip.py@0c028ba4)",
-                a.dims.vision_hidden ? std::to_string(*a.dims.vision_hidden) : "?",
-                a.dims.vision_intermediate ? std::to_string(*a.dims.vision_intermediate) : "?");
-          }
-        }
-        decided = true;
-        break;
-      }
-    }
-    if (!decided) decision = generic_role(m.module, name, shape, a.dims, is_weight);
-    m.role = decision.role;
-    m.build = decision.build;
-    m.reason = decision.reason;
-    m.entry = decision.entry;
-    m.rule = decision.rule;
-    m.source = decision.from_family ? family_source(*row) : (row ? family_source(*row) : std::string());
-
-    // vLLM's names.
-    if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
-      // The MoE layer: vLLM probes <layer>.0.{gate,up,down}_proj.
-      m.vllm_layer = vllm_module_name(row, moe_layer_of(m.role == ModuleRole::kStackedExperts
-                                                            ? name
-                                                            : module_of(m.module)));
-      m.vllm_name = m.vllm_layer;
-    } else if (m.role == ModuleRole::kParameter) {
-      m.vllm_name = vllm_tensor_name(row, name);
-      m.vllm_layer = m.vllm_name;
-    } else {
-      m.vllm_name = vllm_module_name(row, m.module);
-      m.vllm_layer = m.vllm_name;
-      const std::string last = last_component(m.vllm_name);
-      const auto f = shard_to_fused.find(last);
-      bool fused = f != shard_to_fused.end();
-      if (fused) {
-        const std::string parent = module_of(m.module);
-        for (const char* shard : f->second.spec->shards) {
-          if (!weight_modules.contains(parent.empty() ? std::string(shard)
-                                                      : parent + "." + shard)) {
-            fused = false;
-          }
+// Stage 4, a tensor's role: the first of the row's name rules that matches
+// the module (for a 2-D module weight), else the generic name and shape rules.
+RoleDecision decide_role(const std::vector<CompiledRule>& rules, const ModelDims& dims,
+                         const std::string& module, const std::string& tensor,
+                         const std::vector<std::uint64_t>& shape, bool is_weight,
+                         bool stacked_tensor) {
+  if (is_weight && !stacked_tensor) {
+    for (const CompiledRule& r : rules) {
+      if (!r.matcher.entry_matches(0, module)) continue;
+      RoleDecision decision;
+      decision.role = r.rule->role;
+      decision.build = r.rule->build;
+      decision.reason = r.rule->reason;
+      decision.entry = r.rule->entry;
+      decision.rule = static_cast<std::size_t>(&r - rules.data());
+      if (r.rule->condition == RuleCondition::kSiglipMlpQuantizableIf64) {
+        const bool ok = dims.vision_hidden && dims.vision_intermediate &&
+                        *dims.vision_hidden % 64 == 0 && *dims.vision_intermediate % 64 == 0;
+        if (!ok) {
+          decision.role = ModuleRole::kPlainLinear;
+          decision.build = VllmBuild::kPlain;
+          decision.reason = fmt::format(
+              "SigLIP MLP: vision hidden_size {} and intermediate_size {} are not both "
+              "multiples of 64, so vLLM builds fc1/fc2 without the quantization config "
+              "(siglip.py@0c028ba4)",
+              dims.vision_hidden ? std::to_string(*dims.vision_hidden) : "?",
+              dims.vision_intermediate ? std::to_string(*dims.vision_intermediate) : "?");
         }
       }
-      if (fused) {
-        m.vllm_layer = module_of(m.vllm_name);
-        m.vllm_layer = (m.vllm_layer.empty() ? "" : m.vllm_layer + ".") + f->second.spec->fused;
-        // A group vLLM does not list is tested under its fused name.
-        if (!f->second.listed) m.vllm_name = m.vllm_layer;
-      }
+      return decision;
     }
-    m.hf_name = hf_module_name(row, m.module);
-
-    // Stacked experts: the dims.
-    if (m.role == ModuleRole::kStackedExperts) {
-      StackedExperts s;
-      s.tensor = name;
-      s.moe_layer = moe_layer_of(name);
-      s.kind = stacked_kind(name);
-      s.vllm_loads_stacked = row != nullptr && row->vllm_loads_stacked;
-      s.vllm_loads_per_expert = row == nullptr || row->vllm_loads_per_expert;
-      if (row != nullptr && row->stacked != StackedLayout::kNone) {
-        s.interleave_known = true;
-        s.interleaved = row->stacked == StackedLayout::kInOutInterleaved;
-      }
-      size_stacked(s, shape, a.dims);
-      m.stacked = a.stacked.size();
-      a.stacked.push_back(std::move(s));
-    }
-
-    // The default action.
-    const bool tower = m.component == Component::kVision || m.component == Component::kAudio ||
-                       m.component == Component::kProjector;
-    switch (m.role) {
-      case ModuleRole::kLinear:
-      case ModuleRole::kExpert:
-        m.action = m.build == VllmBuild::kPlain || (tower && !options.quantize_vision)
-                       ? DefaultAction::kKeep
-                       : DefaultAction::kQuantize;
-        break;
-      case ModuleRole::kStackedExperts:
-        // Read only stacked by vLLM: kept whole. Otherwise the planner splits
-        // them into per-expert weights (schemes.md 8), quantized like
-        // experts.
-        m.action = a.stacked[*m.stacked].vllm_loads_stacked ? DefaultAction::kKeep
-                                                            : DefaultAction::kQuantize;
-        break;
-      default:
-        m.action = DefaultAction::kKeep;
-        break;
-    }
-    if (tower && m.action == DefaultAction::kKeep &&
-        (m.role == ModuleRole::kLinear || m.role == ModuleRole::kExpert)) {
-      m.reason += fmt::format("; part of the {} '{}', kept in 16 bits by default "
-                              "(--quantize-vision quantizes it)",
-                              component_name(m.component), at.root);
-    }
-    a.index.emplace(m.module, a.modules.size());
-    a.modules.push_back(std::move(m));
   }
+  return generic_role(module, tensor, shape, dims, is_weight);
+}
 
-  // Orientation of square stacked tensors: from the layer's other stacked
-  // tensor, else from the family's layout.
-  for (StackedExperts& s : a.stacked) {
+// Stage 5, vLLM's names: the name ignore is tested on and the layer vLLM
+// builds (a MoE layer, whose experts.0.{gate,up,down}_proj vLLM probes; the
+// fused layer of a shard whose group is complete, tested under the fused
+// name when vLLM does not list the group).
+void set_vllm_names(ModuleInfo& m, const FamilyRow* row, const FusedByShard& shard_to_fused,
+                    const std::set<std::string>& weight_modules) {
+  if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
+    m.vllm_layer = vllm_module_name(row, moe_layer_of(m.role == ModuleRole::kStackedExperts
+                                                          ? m.tensor
+                                                          : module_of(m.module)));
+    m.vllm_name = m.vllm_layer;
+    return;
+  }
+  if (m.role == ModuleRole::kParameter) {
+    m.vllm_name = vllm_tensor_name(row, m.tensor);
+    m.vllm_layer = m.vllm_name;
+    return;
+  }
+  m.vllm_name = vllm_module_name(row, m.module);
+  m.vllm_layer = m.vllm_name;
+  const auto f = shard_to_fused.find(last_component(m.vllm_name));
+  if (f == shard_to_fused.end()) return;
+  const std::string parent = module_of(m.module);
+  for (const char* shard : f->second.spec->shards) {
+    if (!weight_modules.contains(parent.empty() ? std::string(shard) : parent + "." + shard)) {
+      return;
+    }
+  }
+  m.vllm_layer = module_of(m.vllm_name);
+  m.vllm_layer = (m.vllm_layer.empty() ? "" : m.vllm_layer + ".") + f->second.spec->fused;
+  // A group vLLM does not list is tested under its fused name.
+  if (!f->second.listed) m.vllm_name = m.vllm_layer;
+}
+
+// Stage 6, a stacked-experts tensor: its kind, dims and what the family
+// says of its layout and of vLLM's loader.
+StackedExperts stacked_experts_of(const std::string& tensor,
+                                  const std::vector<std::uint64_t>& shape, const FamilyRow* row,
+                                  const ModelDims& dims) {
+  StackedExperts s;
+  s.tensor = tensor;
+  s.moe_layer = moe_layer_of(tensor);
+  s.kind = stacked_kind(tensor);
+  s.vllm_loads_stacked = row != nullptr && row->vllm_loads_stacked;
+  s.vllm_loads_per_expert = row == nullptr || row->vllm_loads_per_expert;
+  if (row != nullptr && row->stacked != StackedLayout::kNone) {
+    s.interleave_known = true;
+    s.interleaved = row->stacked == StackedLayout::kInOutInterleaved;
+  }
+  size_stacked(s, shape, dims);
+  return s;
+}
+
+// Stage 7, the default action: Linear layers and experts are quantized
+// unless vLLM builds them plain or they are part of a tower (kept unless
+// quantize_vision); stacked experts are split and quantized unless vLLM
+// reads only the stacked layout; everything else is kept.
+void set_default_action(ModuleInfo& m, const RoleAnalysis& a, const RoleOptions& options,
+                        const std::string& tower_root) {
+  const bool tower = m.component == Component::kVision || m.component == Component::kAudio ||
+                     m.component == Component::kProjector;
+  switch (m.role) {
+    case ModuleRole::kLinear:
+    case ModuleRole::kExpert:
+      m.action = m.build == VllmBuild::kPlain || (tower && !options.quantize_vision)
+                     ? DefaultAction::kKeep
+                     : DefaultAction::kQuantize;
+      break;
+    case ModuleRole::kStackedExperts:
+      // Read only stacked by vLLM: kept whole. Otherwise the planner splits
+      // them into per-expert weights (schemes.md 8), quantized like
+      // experts.
+      m.action = a.stacked[*m.stacked].vllm_loads_stacked ? DefaultAction::kKeep
+                                                          : DefaultAction::kQuantize;
+      break;
+    default:
+      m.action = DefaultAction::kKeep;
+      break;
+  }
+  if (tower && m.action == DefaultAction::kKeep &&
+      (m.role == ModuleRole::kLinear || m.role == ModuleRole::kExpert)) {
+    m.reason += fmt::format("; part of the {} '{}', kept in 16 bits by default "
+                            "(--quantize-vision quantizes it)",
+                            component_name(m.component), tower_root);
+  }
+}
+
+// Stage 8, once every tensor has a role: the orientation of square stacked
+// tensors, from the layer's other stacked tensor, else from the family's
+// layout.
+void orient_square_stacked(std::vector<StackedExperts>& stacked, const FamilyRow* row) {
+  for (StackedExperts& s : stacked) {
     if (s.orientation != StackedExperts::Orientation::kUnknown || !s.problem.empty()) continue;
-    for (const StackedExperts& t : a.stacked) {
+    for (const StackedExperts& t : stacked) {
       if (&t == &s || t.moe_layer != s.moe_layer || t.proof != StackedExperts::Proof::kShape) {
         continue;
       }
@@ -693,6 +697,11 @@ RoleAnalysis analyze_roles(
       s.proof = StackedExperts::Proof::kFamily;
     }
   }
+}
+
+// Stage 9, the reason of each stacked-experts module: its dims, orientation
+// and what happens to it.
+void describe_stacked(RoleAnalysis& a) {
   for (ModuleInfo& m : a.modules) {
     if (!m.stacked) continue;
     const StackedExperts& s = a.stacked[*m.stacked];
@@ -712,6 +721,61 @@ RoleAnalysis analyze_roles(
                   "the planner splits it";
     }
   }
+}
+
+}  // namespace
+
+RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options) {
+  check_tie_flag(checkpoint.config);
+  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors;
+  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
+    const auto& entries = checkpoint.shards[s].header().tensors;
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      tensors.emplace_back(entries[e].name, entries[e].shape);
+    }
+  }
+  return analyze_roles(checkpoint.config, tensors, options);
+}
+
+RoleAnalysis analyze_roles(const std::optional<json>& config, const TensorList& tensors,
+                           const RoleOptions& options) {
+  RoleAnalysis a = identify_model(config);
+  const FamilyRow* row = a.family;
+  const std::vector<CompiledRule> rules = compile_rules(row);
+  const FusedByShard shard_to_fused = fused_by_shard(row, config);
+  const std::set<std::string> weight_modules = weight_modules_of(tensors);
+
+  for (const auto& [name, shape] : tensors) {
+    const bool stacked_tensor = is_3d_expert_tensor(name, shape);
+    if (shape.size() != 2 && !stacked_tensor) continue;
+    if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan
+    const bool is_weight = name.ends_with(".weight");
+    ModuleInfo m;
+    m.tensor = name;
+    m.shape = shape;
+    m.module = is_weight ? module_of(name) : name;
+    const ComponentAt at = component_of(m.module, a.dims, row);
+    m.component = at.component;
+    RoleDecision decision =
+        decide_role(rules, a.dims, m.module, name, shape, is_weight, stacked_tensor);
+    m.role = decision.role;
+    m.build = decision.build;
+    m.reason = std::move(decision.reason);
+    m.entry = decision.entry;
+    m.rule = decision.rule;
+    m.source = row != nullptr ? family_source(*row) : std::string();
+    set_vllm_names(m, row, shard_to_fused, weight_modules);
+    m.hf_name = hf_module_name(row, m.module);
+    if (m.role == ModuleRole::kStackedExperts) {
+      m.stacked = a.stacked.size();
+      a.stacked.push_back(stacked_experts_of(name, shape, row, a.dims));
+    }
+    set_default_action(m, a, options, at.root);
+    a.index.emplace(m.module, a.modules.size());
+    a.modules.push_back(std::move(m));
+  }
+  orient_square_stacked(a.stacked, row);
+  describe_stacked(a);
   return a;
 }
 
@@ -1144,8 +1208,8 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
       merged.push_back({i});
       continue;
     }
-    auto [it, inserted] =
-        by_parent.try_emplace(numbered_template(module_of(g.members.front()->module)), merged.size());
+    const std::string parent = numbered_template(module_of(g.members.front()->module));
+    auto [it, inserted] = by_parent.try_emplace(parent, merged.size());
     if (inserted) merged.emplace_back();
     merged[it->second].push_back(i);
   }
