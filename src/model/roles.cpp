@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/matcher.hpp"
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -788,9 +789,7 @@ std::vector<std::string> name_forms(const ModuleInfo& m) {
     if (std::find(forms.begin(), forms.end(), f) == forms.end()) forms.push_back(f);
   };
   if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
-    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
-      add(fmt::format("{}.0.{}", m.vllm_layer, p));
-    }
+    for (const std::string& probe : VllmLoadRules::moe_probes(m.vllm_layer)) add(probe);
   } else {
     add(m.vllm_name);
   }
