@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/job/quantize.hpp"
-#include "ctquant/plan/matcher.hpp"
 #include "ctquant/util/error.hpp"
 #include "fp8_test_support.hpp"
 #include "test_support.hpp"

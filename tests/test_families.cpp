@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/job/quantize.hpp"
-#include "ctquant/plan/matcher.hpp"
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/verify.hpp"

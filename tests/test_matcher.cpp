@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/util/error.hpp"
-#include "ctquant/plan/matcher.hpp"
 
 namespace ctquant {
 namespace {

@@ -57,6 +57,15 @@ TEST(Upper, UpperCasesAsciiLettersOnly) {
   EXPECT_EQ(upper(""), "");
 }
 
+TEST(ModuleNames, ModuleOfCutsTheLastComponent) {
+  EXPECT_EQ(module_of("model.layers.0.self_attn.q_proj.weight"), "model.layers.0.self_attn.q_proj");
+  EXPECT_EQ(module_of("lm_head.weight"), "lm_head");
+  EXPECT_EQ(module_of("weight"), "");
+  EXPECT_EQ(last_component("model.layers.0.self_attn.q_proj"), "q_proj");
+  EXPECT_EQ(last_component("lm_head"), "lm_head");
+  EXPECT_EQ(last_component("a."), "");
+}
+
 TEST(FsyncDirectory, FlushesAnExistingDirectory) {
   TempDir dir;
   EXPECT_NO_THROW(fsync_directory(dir.path()));

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/plan/roles.hpp"
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/roles.hpp"
+#include "ctquant/model/vllm_match.hpp"
 
 namespace ctquant {
 namespace {

@@ -60,13 +60,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "ctquant/util/checked.hpp"
 #include "ctquant/format/dtype.hpp"
-#include "ctquant/util/error.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/format/safetensors.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
+#include "ctquant/util/checked.hpp"
+#include "ctquant/util/error.hpp"
 #include "ctquant/util/fd_pool.hpp"
-#include "ctquant/plan/matcher.hpp"
 
 namespace {
 

@@ -12,7 +12,8 @@
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
+#include "ctquant/model/fused_groups.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "lint/roles_lint.hpp"
@@ -271,20 +272,18 @@ std::optional<std::pair<std::string, std::string>> fused_group_of(const std::str
       return std::make_pair(std::string("experts"), module.substr(0, at + 8));
     }
   }
-  const std::string last = last_component(module);
-  if (last == "q_proj" || last == "k_proj" || last == "v_proj") {
-    return std::make_pair(std::string("qkv_proj"), module_of(module));
-  }
-  if (last == "gate_proj" || last == "up_proj") {
-    return std::make_pair(std::string("gate_up_proj"), module_of(module));
+  // The q/k/v and gate/up shards vLLM fuses (model/fused_groups.hpp).
+  if (const FusedSpec* group = llama_fused_group_of(last_component(module))) {
+    return std::make_pair(std::string(group->fused), module_of(module));
   }
   return std::nullopt;
 }
 
 // The members vLLM fuses into a group of kind "qkv_proj" or "gate_up_proj".
 std::vector<const char*> fused_members(const std::string& kind) {
-  if (kind == "qkv_proj") return {"q_proj", "k_proj", "v_proj"};
-  if (kind == "gate_up_proj") return {"gate_proj", "up_proj"};
+  for (const FusedSpec& group : llama_fused_groups()) {
+    if (kind == group.fused) return group.shards;
+  }
   return {};
 }
 
@@ -795,18 +794,20 @@ void lint_unshared_global_scales(const LintContext& ctx, std::vector<Finding>& o
     if (family == nullptr || !family->vllm_one_global_scale) return std::nullopt;
     return it->second;
   };
-  // The partners vLLM fuses into one layer: (first, second) under one parent
-  // (gate_up_proj: stacked_params_mapping of its model files; an expert's
-  // w13: FusedMoE's expert mapping; fused_qkv_a_proj: models/deepseek_v2.py
-  // and deepseek_mtp.py).
-  static constexpr std::pair<const char*, const char*> kPairs[] = {
-      {"gate_proj", "up_proj"}, {"w1", "w3"}, {"q_a_proj", "kv_a_proj_with_mqa"}};
+  // The pairs vLLM fuses into one layer under one parent
+  // (model/fused_groups.hpp): gate_up_proj, an expert's w13 and MLA's
+  // fused_qkv_a_proj.
+  static constexpr FusedKind kPairs[] = {FusedKind::kGateUpProj, FusedKind::kExpertW13,
+                                         FusedKind::kFusedQkvAProj};
   std::vector<std::string> tensors;
   std::set<std::string> kinds;
   std::size_t pairs = 0;
   for (const LintWeight& w : ctx.weights) {
     if (!w.quantized) continue;
-    for (const auto& [first, second] : kPairs) {
+    for (const FusedKind kind : kPairs) {
+      const FusedSpec& group = vllm_fused_group(kind);
+      const char* first = group.shards[0];
+      const char* second = group.shards[1];
       if (last_component(w.module) != first) continue;
       const std::string partner = module_of(w.module) + "." + second;
       const auto a = nvfp4_set(w.module);

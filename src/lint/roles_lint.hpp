@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ctquant/lint/lint.hpp"
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/vllm_match.hpp"
 
 namespace ctquant::detail {
 

@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
-#include "ctquant/plan/matcher.hpp"
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
@@ -35,16 +35,6 @@ const char* fate_name(Fate fate) {
       return "split";
   }
   return "?";
-}
-
-std::string module_of(const std::string& tensor_name) {
-  const auto dot = tensor_name.rfind('.');
-  return dot == std::string::npos ? std::string() : tensor_name.substr(0, dot);
-}
-
-std::string last_component(std::string_view name) {
-  const auto dot = name.rfind('.');
-  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
 }
 
 const SchemeFamily* SchemeGroup::family() const {

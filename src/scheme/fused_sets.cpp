@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant {

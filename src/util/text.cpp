@@ -37,4 +37,14 @@ std::string upper(std::string_view text) {
   return out;
 }
 
+std::string module_of(std::string_view tensor_name) {
+  const auto dot = tensor_name.rfind('.');
+  return dot == std::string_view::npos ? std::string() : std::string(tensor_name.substr(0, dot));
+}
+
+std::string last_component(std::string_view name) {
+  const auto dot = name.rfind('.');
+  return std::string(dot == std::string_view::npos ? name : name.substr(dot + 1));
+}
+
 }  // namespace ctquant

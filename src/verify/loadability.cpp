@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
+#include "ctquant/model/roles.hpp"
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/plan/plan.hpp"
-#include "ctquant/plan/roles.hpp"
-#include "ctquant/plan/vllm_match.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 

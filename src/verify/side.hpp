@@ -21,8 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/format/safetensors.hpp"
-#include "ctquant/plan/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/verify/verify.hpp"
 

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/source/checkpoint.hpp"
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/plan/plan.hpp"
 
 namespace ctquant {

@@ -26,11 +26,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ctquant/plan/roles.hpp"
+#include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/fp8.hpp"
 #include "ctquant/source/weight_rows.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -239,13 +240,6 @@ IgnoreList effective_ignore(const RoleAnalysis& roles, const PlanOptions& option
 // support, and invalid ignore and target entries (every invalid entry of
 // every list in one message, see ModuleMatcher).
 void check_plan_options(const PlanOptions& options);
-
-// The module a tensor belongs to: the name up to its last dot.
-std::string module_of(const std::string& tensor_name);
-
-// The last dot-separated component of a name ("q_proj" of
-// "model.layers.0.self_attn.q_proj"; the whole name when it has no dot).
-std::string last_component(std::string_view name);
 
 // The output config.json's quantization_config for the plan's groups: each
 // group's scheme with the format of its family, or null when it quantized

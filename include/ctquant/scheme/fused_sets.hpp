@@ -25,10 +25,12 @@
 // - `cross_attn.q_proj` is fused when co-located, never fetched.
 //
 // vLLM needs equal global scales across the partitions it fuses (qkv_proj,
-// gate_up_proj; vllm/model_executor/layers/quantization/compressed_tensors/
-// schemes/compressed_tensors_w4a4_nvfp4.py takes the max for q/k/v, with a
-// warning, when they differ): the fused sets give q/k/v and gate/up one
-// global scale whenever all members are quantized.
+// gate_up_proj, defined in model/fused_groups.hpp;
+// vllm/model_executor/layers/quantization/compressed_tensors/schemes/
+// compressed_tensors_w4a4_nvfp4.py takes the max for q/k/v, with a warning,
+// when they differ): the fused sets give q/k/v and gate/up one global scale
+// whenever all members are quantized. These tables are the reference
+// library's, not vLLM's: they decide the bytes written.
 #pragma once
 
 #include <map>

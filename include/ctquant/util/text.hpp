@@ -27,4 +27,12 @@ std::string replace_all(std::string text, std::string_view from, std::string_vie
 // locale); other bytes unchanged.
 std::string upper(std::string_view text);
 
+// The module a tensor belongs to: the name up to its last dot ("" when it
+// has no dot).
+std::string module_of(std::string_view tensor_name);
+
+// The last dot-separated component of a name ("q_proj" of
+// "model.layers.0.self_attn.q_proj"; the whole name when it has no dot).
+std::string last_component(std::string_view name);
+
 }  // namespace ctquant

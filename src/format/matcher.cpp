@@ -1,4 +1,4 @@
-#include "ctquant/plan/matcher.hpp"
+#include "ctquant/format/matcher.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

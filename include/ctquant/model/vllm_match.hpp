@@ -27,8 +27,8 @@
 //   model_loader/utils.py configure_quant_config: literal ignore entries and
 //     dotted targets are mapped by the model's hf_to_vllm_mapper
 //     (apply_vllm_mapper); `re:` entries are not.
-// The names each module has in vLLM, and the family's packed_modules_mapping,
-// come from the role table (roles.hpp).
+// The names each module has in vLLM come from the role analysis (roles.hpp),
+// the packed_modules_mapping from the family table (families.hpp).
 #pragma once
 
 #include <cstddef>
@@ -39,8 +39,8 @@
 #include <string>
 #include <vector>
 
-#include "ctquant/plan/matcher.hpp"
-#include "ctquant/plan/roles.hpp"
+#include "ctquant/format/matcher.hpp"
+#include "ctquant/model/roles.hpp"
 
 namespace ctquant {
 

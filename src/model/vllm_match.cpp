@@ -1,10 +1,9 @@
-#include "ctquant/plan/vllm_match.hpp"
+#include "ctquant/model/vllm_match.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/plan.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant {
@@ -54,11 +53,7 @@ VllmLoadRules::VllmLoadRules(const RoleAnalysis& roles, std::vector<std::string>
   // The row's full shard lists, in its order (a checkpoint may lack a shard).
   const FamilyRow* row = roles.family;
   if (row == nullptr || row->top_level_quant_config) {
-    static const std::vector<FusedSpec> kDefault = {
-        {"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
-        {"gate_up_proj", {"gate_proj", "up_proj"}},
-    };
-    for (const FusedSpec& spec : row == nullptr ? kDefault : row->fused) {
+    for (const FusedSpec& spec : family_fused_groups(row)) {
       const auto it = packed_.find(spec.fused);
       if (it == packed_.end()) continue;
       it->second.assign(spec.shards.begin(), spec.shards.end());

@@ -1,4 +1,4 @@
-#include "ctquant/plan/roles.hpp"
+#include "ctquant/model/roles.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/plan/matcher.hpp"
-#include "ctquant/plan/plan.hpp"
+#include "ctquant/format/matcher.hpp"
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -16,331 +16,10 @@ namespace ctquant {
 
 using nlohmann::json;
 
-// ---------------------------------------------------------------------------
-// The role table. Each row was read from the vLLM model file it names
-// (repository vllm-project/vllm, at the commit given); docs/loadability.md
-// lists the rows with their sources. Matching rules common to all rows are
-// compressed_tensors/utils.py@008014e8 (should_ignore_layer: exact name or
-// Python re.match; fused layers tested shard by shard) and
-// compressed_tensors_moe/compressed_tensors_moe.py@0043d6b5 (MoE layers
-// probed by <layer>.0.gate_proj / .0.up_proj / .0.down_proj).
-
 namespace {
-
-const std::vector<FusedSpec> kLlamaFused = {
-    {"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
-    {"gate_up_proj", {"gate_proj", "up_proj"}},
-};
-
-// transformers >= 4.52 names of LLaVA-style models (the checkpoint may hold
-// the older language_model.model.* names).
-const std::vector<std::pair<const char*, const char*>> kLlavaHfPrefix = {
-    {"model.", "model."},
-    {"lm_head", "lm_head"},
-    {"language_model.model.", "model.language_model."},
-    {"language_model.lm_head", "lm_head"},
-    {"vision_tower.", "model.vision_tower."},
-    {"multi_modal_projector.", "model.multi_modal_projector."},
-};
-
-const std::vector<std::pair<const char*, const char*>> kLlavaVllmPrefix = {
-    {"model.language_model.", "language_model.model."},
-    {"model.vision_tower.", "vision_tower."},
-    {"model.multi_modal_projector.", "multi_modal_projector."},
-    {"lm_head.", "language_model.lm_head."},
-};
-
-std::vector<FamilyRow> make_family_table() {
-  std::vector<FamilyRow> rows;
-  {
-    FamilyRow r{};
-    r.name = "Llama";
-    r.architectures = {"LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM",
-                       "AquilaForCausalLM", "InternLMForCausalLM", "InternLM3ForCausalLM",
-                       "XverseForCausalLM"};
-    r.model_types = {"llama", "mistral"};
-    r.vllm_file = "vllm/model_executor/models/llama.py";
-    r.vllm_commit = "e06c9ba2ea923a84add30f5dafaea126429b81";
-    r.fused = kLlamaFused;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Qwen3";
-    r.architectures = {"Qwen3ForCausalLM"};
-    r.model_types = {"qwen3"};
-    r.vllm_file = "vllm/model_executor/models/qwen3.py";
-    r.vllm_commit = "e745bafffc44744aa601169f8c6f325e47ca7cd5";
-    r.fused = kLlamaFused;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Qwen3-MoE";
-    r.architectures = {"Qwen3MoeForCausalLM"};
-    r.model_types = {"qwen3_moe"};
-    r.vllm_file = "vllm/model_executor/models/qwen3_moe.py";
-    r.vllm_commit = "2e0831b0ab951c8896d4dd5d6cb9c3350a4574de";
-    r.rules = {
-        {"re:.*\\.mlp\\.gate$", ModuleRole::kRouter, VllmBuild::kQuantizable,
-         "router: vLLM builds ReplicatedLinear(hidden, num_experts, quant_config=quant_config), "
-         "so the Linear target takes it unless the ignore list names it",
-         "re:.*mlp.gate$"},
-        {"re:.*\\.mlp\\.shared_expert_gate$", ModuleRole::kSharedExpertGate, VllmBuild::kPlain,
-         "shared-expert gate: vLLM builds ReplicatedLinear(hidden, 1, quant_config=None)"},
-    };
-    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
-               {"gate_up_proj", {"gate_proj", "up_proj"}, "mlp_only_layers"}};
-    r.stacked = StackedLayout::kOutInHalves;
-    r.vllm_loads_stacked = false;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Qwen2-MoE";
-    r.architectures = {"Qwen2MoeForCausalLM"};
-    r.model_types = {"qwen2_moe"};
-    r.vllm_file = "vllm/model_executor/models/qwen2_moe.py";
-    r.vllm_commit = "8bbabf03350e7821e2ffc6a5b3d9931e5f6df4c0";
-    r.rules = {
-        {"re:.*\\.mlp\\.gate$", ModuleRole::kRouter, VllmBuild::kPlain,
-         "router: vLLM builds ReplicatedLinear(hidden, num_experts, quant_config=None)"},
-        {"re:.*\\.mlp\\.shared_expert_gate$", ModuleRole::kSharedExpertGate, VllmBuild::kPlain,
-         "shared-expert gate: vLLM builds torch.nn.Linear(hidden, 1)"},
-    };
-    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
-               {"gate_up_proj",
-                {"gate_proj", "up_proj"},
-                "shared_expert_intermediate_size,mlp_only_layers"}};
-    r.stacked = StackedLayout::kOutInHalves;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Mixtral";
-    r.architectures = {"MixtralForCausalLM"};
-    r.model_types = {"mixtral"};
-    r.vllm_file = "vllm/model_executor/models/mixtral.py";
-    r.vllm_commit = "f0e26957c6af4d1ce3d0642120b011949da65885";
-    r.rules = {
-        {"re:.*\\.block_sparse_moe\\.gate$", ModuleRole::kRouter, VllmBuild::kPlain,
-         "router: vLLM builds ReplicatedLinear(hidden, num_experts, quant_config=None) (\"Gate "
-         "always runs at half / full precision\")"},
-    };
-    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}}};
-    r.expert_gate = "w1";
-    r.expert_up = "w3";
-    r.expert_down = "w2";
-    r.intermediate_key = "intermediate_size";
-    r.stacked = StackedLayout::kOutInHalves;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "DeepSeek-V2/V3";
-    r.architectures = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-                       "DeepseekV32ForCausalLM"};
-    r.model_types = {"deepseek_v2", "deepseek_v3", "deepseek_v32"};
-    r.vllm_file = "vllm/model_executor/models/deepseek_v2.py";
-    r.vllm_commit = "b863fe5bf4e19680572603b4e166faefc5725551";
-    r.rules = {
-        {"re:.*\\.mlp\\.gate$", ModuleRole::kRouter, VllmBuild::kPlain,
-         "router: vLLM builds DeepSeekV2Gate, which asserts quant_config is None"},
-        {"re:.*\\.indexer\\.weights_proj$", ModuleRole::kPlainLinear, VllmBuild::kPlain,
-         "indexer weights_proj: vLLM builds ReplicatedLinear(quant_config=None)"},
-        {"re:.*\\.eh_proj$", ModuleRole::kPlainLinear, VllmBuild::kPlain,
-         "MTP eh_proj: vLLM builds torch.nn.Linear(2 * hidden, hidden) "
-         "(deepseek_mtp.py@4f7c1440)"},
-        {"re:.*\\.shared_head\\.head$", ModuleRole::kHead, VllmBuild::kIfTargeted,
-         "MTP output head: vLLM builds ParallelLMHead (deepseek_mtp.py@4f7c1440), quantized "
-         "only when a target names it"},
-    };
-    r.fused = {{"gate_up_proj", {"gate_proj", "up_proj"}},
-               {"fused_qkv_a_proj", {"q_a_proj", "kv_a_proj_with_mqa"}, "q_lora_rank"}};
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "LLaVA";
-    r.architectures = {"LlavaForConditionalGeneration", "MantisForConditionalGeneration"};
-    r.model_types = {"llava"};
-    r.vllm_file = "vllm/model_executor/models/llava.py";
-    r.vllm_commit = "35d3c24b11a03faf6108c5f9e7b81634ea1c3e5d";
-    r.mapper_prefix = kLlavaVllmPrefix;
-    r.fused = kLlamaFused;
-    r.hf_prefix = kLlavaHfPrefix;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Mistral3";
-    r.architectures = {"Mistral3ForConditionalGeneration"};
-    r.model_types = {"mistral3"};
-    r.vllm_file = "vllm/model_executor/models/mistral3.py";
-    r.vllm_commit = "577477b558219164dea7597e6e0356e455a86a61";
-    r.rules = {
-        {"re:.*multi_modal_projector\\.patch_merger\\.merging_layer$", ModuleRole::kPlainLinear,
-         VllmBuild::kPlain, "patch merger: vLLM builds torch.nn.Linear(vision_hidden * merge^2, "
-         "vision_hidden)"},
-    };
-    r.mapper_prefix = kLlavaVllmPrefix;
-    r.fused = kLlamaFused;
-    r.hf_prefix = kLlavaHfPrefix;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Gemma3 VLM";
-    r.architectures = {"Gemma3ForConditionalGeneration"};
-    r.model_types = {"gemma3"};
-    r.vllm_file = "vllm/model_executor/models/gemma3_mm.py";
-    r.vllm_commit = "e5fa94509b708330e28208a55c84aba8a7781675";
-    r.rules = {
-        {"re:.*vision_tower\\..*\\.mlp\\.fc[12]$", ModuleRole::kLinear, VllmBuild::kQuantizable,
-         "SigLIP MLP (siglip.py@0c028ba4): quantizable only when the vision hidden and "
-         "intermediate sizes are multiples of 64",
-         nullptr, RuleCondition::kSiglipMlpQuantizableIf64},
-    };
-    r.mapper_prefix = kLlavaVllmPrefix;
-    r.fused = kLlamaFused;
-    r.hf_prefix = kLlavaHfPrefix;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "Qwen2.5-VL";
-    r.architectures = {"Qwen2_5_VLForConditionalGeneration"};
-    r.model_types = {"qwen2_5_vl"};
-    r.vllm_file = "vllm/model_executor/models/qwen2_5_vl.py";
-    r.vllm_commit = "fb33ec8cf0a73c82af00a2128dee4ad058d16e9b";
-    r.mapper_prefix = {
-        {"model.language_model.", "language_model.model."},
-        {"model.visual.", "visual."},
-        {"lm_head.", "language_model.lm_head."},
-        {"model.", "language_model.model."},
-    };
-    r.fused = kLlamaFused;
-    // transformers' _checkpoint_conversion_mapping: ^visual -> model.visual,
-    // ^model(?!.(language_model|visual)) -> model.language_model.
-    r.hf_prefix = {
-        {"model.language_model.", "model.language_model."},
-        {"model.visual.", "model.visual."},
-        {"visual.", "model.visual."},
-        {"model.", "model.language_model."},
-    };
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "gpt-oss";
-    r.architectures = {"GptOssForCausalLM"};
-    r.model_types = {"gpt_oss"};
-    r.vllm_file = "vllm/model_executor/models/gpt_oss.py";
-    r.vllm_commit = "a6b6cfaa0cedff84872a0118380c6cfea91b635d";
-    r.rules = {
-        {"re:.*\\.mlp\\.router$", ModuleRole::kRouter, VllmBuild::kPlain,
-         "router: vLLM builds torch.nn.Linear(hidden, num_local_experts) with bias"},
-        {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
-         "output head: vLLM builds ParallelLMHead without quant_config"},
-        {"re:.*\\.embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
-         "embedding: vLLM builds VocabParallelEmbedding without quant_config (model.embedding)"},
-    };
-    r.mapper_substr = {{".self_attn.", ".attn."}};
-    r.mapper_suffix = {
-        {".embed_tokens.weight", ".embedding.weight"}, {".gate_up_proj_blocks", ".w13_weight"},
-        {".down_proj_blocks", ".w2_weight"},           {".gate_up_proj_scales", ".w13_weight_scale"},
-        {".down_proj_scales", ".w2_weight_scale"},     {".gate_up_proj", ".w13_weight"},
-        {".down_proj", ".w2_weight"},                  {".gate_up_proj_bias", ".w13_bias"},
-        {".down_proj_bias", ".w2_bias"},
-    };
-    r.fused = {{"qkv_proj", {"q_proj", "k_proj", "v_proj"}}};
-    r.intermediate_key = "intermediate_size";
-    r.stacked = StackedLayout::kInOutInterleaved;
-    r.vllm_loads_stacked = true;
-    r.vllm_loads_per_expert = false;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "EAGLE-3 draft";
-    r.architectures = {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3",
-                       "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM"};
-    r.vllm_file = "vllm/model_executor/models/llama_eagle3.py";
-    r.vllm_commit = "583507d13075783a12ccbd774575974d10ca4959";
-    r.rules = {
-        {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
-         "draft output head: vLLM builds ParallelLMHead(draft_vocab_size, hidden) without "
-         "quant_config"},
-        {"re:(.*\\.)?embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
-         "draft embedding: shared with the target or built without quant_config"},
-        {"re:(.*\\.)?fc$", ModuleRole::kLinear, VllmBuild::kQuantizable,
-         "fc over the target's aux hidden states: ReplicatedLinear(quant_config) in current vLLM "
-         "(prefix model.fc)"},
-    };
-    r.mapper_substr = {{"midlayer.", "layers.0."}};
-    r.load_prefix = "model.";
-    r.load_prefix_except = "lm_head";
-    r.top_level_quant_config = false;
-    r.fused = kLlamaFused;
-    rows.push_back(std::move(r));
-  }
-  {
-    FamilyRow r{};
-    r.name = "DFlash draft";
-    r.architecture_substring = "DFlash";
-    r.config_key = "dflash_config";
-    r.vllm_file = "vllm/model_executor/models/qwen3_dflash.py";
-    r.vllm_commit = "036a00d1f5d00d449d02dce9babdd15a5b4d06c9";
-    r.rules = {
-        {"re:.*\\.qkv_proj$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
-         "DFlash qkv_proj: vLLM builds the context-KV buffer by reading qkv_proj.weight "
-         "directly (_build_context_kv_buffers), so it must stay a 16-bit .weight",
-         "re:.*qkv_proj$"},
-        {"re:.*\\.self_attn\\.[qkv]_proj$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
-         "DFlash q/k/v_proj: stacked into qkv_proj, whose .weight vLLM reads directly "
-         "(_build_context_kv_buffers), so they must stay 16-bit",
-         "re:.*[qkv]_proj$"},
-        {"re:.*\\.g_proj$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
-         "DFlash attention gate g_proj: out_features is the number of heads, too narrow for "
-         "Marlin (out_features % 64), kept in 16 bits",
-         "re:.*g_proj$"},
-        {"re:(.*\\.)?candidate_selector\\.hidden_projection$", ModuleRole::kDraftKeep,
-         VllmBuild::kQuantizable,
-         "DFlash2 candidate selector hidden_projection: vLLM's DFlash drafts build no candidate "
-         "selector, and xLLM's DFlash2 copies hidden_projection.weight as a 16-bit tensor "
-         "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so it stays in 16 bits"},
-        {"re:.*_conv\\.kernel_projection$", ModuleRole::kDraftKeep, VllmBuild::kQuantizable,
-         "DFlash2 convolution kernel_projection: vLLM's DFlash drafts build no convolutions, "
-         "and xLLM's DFlash2 copies kernel_projection.weight as a 16-bit tensor "
-         "(xllm/python/models/qwen3_dflash2.py@b09b5ac6), so it stays in 16 bits"},
-        {"re:(.*\\.)?lm_head$", ModuleRole::kHead, VllmBuild::kPlain,
-         "draft output head: vLLM builds ParallelLMHead without quant_config"},
-        {"re:(.*\\.)?embed_tokens$", ModuleRole::kEmbedding, VllmBuild::kPlain,
-         "draft embedding: VocabParallelEmbedding without quant_config"},
-    };
-    r.mapper_substr = {{"midlayer.", "layers.0."},
-                       {"encoder.output_norm_enc.", "hidden_norm."},
-                       {"encoder.fc.", "fc."}};
-    r.load_prefix = "model.";
-    r.top_level_quant_config = false;
-    r.fused = kLlamaFused;
-    // transformers has no DFlash class: without the draft's own modeling
-    // code it builds the class of config.json's model_type (Qwen3ForCausalLM
-    // for the z-lab drafts), whose decoder layers are model.layers.N (the
-    // draft's own code names them as the checkpoint does).
-    r.hf_prefix = {{"layers.", "model.layers."}};
-    rows.push_back(std::move(r));
-  }
-  return rows;
-}
 
 // ---------------------------------------------------------------------------
 // Name helpers.
-
-std::string parent_of(std::string_view name) {
-  const auto dot = name.rfind('.');
-  return dot == std::string_view::npos ? std::string() : std::string(name.substr(0, dot));
-}
 
 std::vector<std::string> split_dots(std::string_view name) {
   std::vector<std::string> parts;
@@ -369,6 +48,16 @@ bool is_digits(std::string_view s) {
                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
 }
 
+// A name with its numeric components replaced by "#" ("layers.#.mlp"): the
+// template modules of every layer share.
+std::string numbered_template(std::string_view name) {
+  std::vector<std::string> parts = split_dots(name);
+  for (std::string& p : parts) {
+    if (is_digits(p)) p.assign(1, '#');
+  }
+  return join_dots(parts);
+}
+
 std::optional<std::uint64_t> uint_field(const json& object, const char* key) {
   if (!object.is_object()) return std::nullopt;
   const auto it = object.find(key);
@@ -388,40 +77,6 @@ bool truthy_field(const json& object, const char* key) {
   return false;
 }
 
-// A rule list's key sorted longest first, as vLLM's WeightsMapper does.
-std::vector<std::pair<std::string, std::string>> longest_first(
-    const std::vector<std::pair<const char*, const char*>>& rules) {
-  std::vector<std::pair<std::string, std::string>> out(rules.begin(), rules.end());
-  std::stable_sort(out.begin(), out.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  return out;
-}
-
-// WeightsMapper._map_name: substring, then prefix, then suffix rules, each
-// kind longest key first and first hit only.
-std::string map_name(const FamilyRow& row, std::string key) {
-  for (const auto& [from, to] : longest_first(row.mapper_substr)) {
-    const auto at = key.find(from);
-    if (at != std::string::npos) {
-      key.replace(at, from.size(), to);
-      break;
-    }
-  }
-  for (const auto& [from, to] : longest_first(row.mapper_prefix)) {
-    if (key.starts_with(from)) {
-      key = to + key.substr(from.size());
-      break;
-    }
-  }
-  for (const auto& [from, to] : longest_first(row.mapper_suffix)) {
-    if (key.ends_with(from)) {
-      key = key.substr(0, key.size() - from.size()) + to;
-      break;
-    }
-  }
-  return key;
-}
-
 // The packed_modules_mapping vLLM matches ignore with: for the row's own
 // quantization config, its listed fused groups; none for drafts.
 bool fused_listed(const FusedSpec& spec, const std::optional<json>& config) {
@@ -435,10 +90,6 @@ bool fused_listed(const FusedSpec& spec, const std::optional<json>& config) {
     if (truthy_field(*config, key.c_str()) || truthy_field(*text, key.c_str())) return true;
   }
   return false;
-}
-
-const std::vector<FusedSpec>& fused_of(const FamilyRow* family) {
-  return family == nullptr ? kLlamaFused : family->fused;
 }
 
 ModelDims read_dims(const std::optional<json>& config, const FamilyRow* family) {
@@ -516,7 +167,6 @@ struct RoleDecision {
   ModuleRole role = ModuleRole::kLinear;
   VllmBuild build = VllmBuild::kQuantizable;
   std::string reason;
-  bool from_family = false;
   const char* entry = nullptr;
   std::size_t rule = SIZE_MAX;
 };
@@ -528,7 +178,7 @@ RoleDecision generic_role(const std::string& module, const std::string& tensor,
                           bool is_weight) {
   RoleDecision r;
   const std::string last = last_component(module);
-  const std::string parent_last = last_component(parent_of(module));
+  const std::string parent_last = last_component(module_of(module));
   const std::vector<std::string> parts = split_dots(module);
   const bool numbered = std::any_of(parts.begin(), parts.end(), is_digits);
   if (shape.size() == 3) {
@@ -626,12 +276,6 @@ struct CompiledRule {
   ModuleMatcher matcher;
 };
 
-std::string short_commit(const char* commit) { return std::string(commit).substr(0, 8); }
-
-std::string row_source(const FamilyRow& row) {
-  return fmt::format("{}@{}", row.vllm_file, short_commit(row.vllm_commit));
-}
-
 // The checkpoint module name a 3-D expert tensor belongs to: its path through
 // the last `experts` component.
 std::string moe_layer_of(const std::string& name) {
@@ -639,7 +283,7 @@ std::string moe_layer_of(const std::string& name) {
   for (std::size_t i = parts.size(); i-- > 0;) {
     if (parts[i] == "experts") return join_dots(parts, 0, i + 1);
   }
-  return parent_of(name);
+  return module_of(name);
 }
 
 bool is_3d_expert_tensor(const std::string& name, const std::vector<std::uint64_t>& shape) {
@@ -650,7 +294,7 @@ bool is_3d_expert_tensor(const std::string& name, const std::vector<std::uint64_
 
 StackedExperts::Kind stacked_kind(const std::string& tensor) {
   std::string last = last_component(tensor);
-  if (last == "weight") last = last_component(parent_of(tensor));
+  if (last == "weight") last = last_component(module_of(tensor));
   if (last == "gate_up_proj" || last == "w13" || last == "gate_up" || last == "w13_weight") {
     return StackedExperts::Kind::kGateUp;
   }
@@ -710,11 +354,6 @@ void size_stacked(StackedExperts& s, const std::vector<std::uint64_t>& shape,
 }
 
 }  // namespace
-
-const std::vector<FamilyRow>& family_table() {
-  static const std::vector<FamilyRow> table = make_family_table();
-  return table;
-}
 
 const char* role_name(ModuleRole role) {
   switch (role) {
@@ -819,77 +458,7 @@ const ModuleInfo* RoleAnalysis::find(std::string_view module) const {
 
 std::string RoleAnalysis::family_text() const {
   if (family == nullptr) return "no row of the role table";
-  return fmt::format("{} ({})", family->name, row_source(*family));
-}
-
-const FamilyRow* match_family(const std::optional<json>& config) {
-  if (!config || !config->is_object()) return nullptr;
-  std::vector<std::string> architectures;
-  if (const auto it = config->find("architectures"); it != config->end() && it->is_array()) {
-    for (const json& a : *it) {
-      if (a.is_string()) architectures.push_back(a.get<std::string>());
-    }
-  }
-  std::string model_type;
-  if (const auto it = config->find("model_type"); it != config->end() && it->is_string()) {
-    model_type = it->get<std::string>();
-  }
-  // Drafts first: a DFlash draft of a Qwen3 target says model_type qwen3.
-  for (const FamilyRow& row : family_table()) {
-    const bool by_substring =
-        row.architecture_substring != nullptr &&
-        std::any_of(architectures.begin(), architectures.end(), [&](const std::string& a) {
-          return a.find(row.architecture_substring) != std::string::npos;
-        });
-    if (by_substring || (row.config_key != nullptr && config->contains(row.config_key))) {
-      return &row;
-    }
-  }
-  for (const FamilyRow& row : family_table()) {
-    for (const std::string& a : architectures) {
-      if (std::find_if(row.architectures.begin(), row.architectures.end(),
-                       [&](const char* x) { return a == x; }) != row.architectures.end()) {
-        return &row;
-      }
-    }
-  }
-  if (!architectures.empty()) return nullptr;  // an architecture the table does not know
-  for (const FamilyRow& row : family_table()) {
-    if (std::find_if(row.model_types.begin(), row.model_types.end(),
-                     [&](const char* x) { return model_type == x; }) != row.model_types.end()) {
-      return &row;
-    }
-  }
-  return nullptr;
-}
-
-std::string vllm_tensor_name(const FamilyRow* family, const std::string& tensor) {
-  if (family == nullptr) return tensor;
-  std::string name = map_name(*family, tensor);
-  if (*family->load_prefix != '\0' &&
-      !(family->load_prefix_except != nullptr && name.starts_with(family->load_prefix_except))) {
-    name = family->load_prefix + name;
-  }
-  return name;
-}
-
-std::string vllm_module_name(const FamilyRow* family, const std::string& module) {
-  const std::string mapped = vllm_tensor_name(family, module + ".weight");
-  return mapped.ends_with(".weight") ? mapped.substr(0, mapped.size() - 7) : parent_of(mapped);
-}
-
-std::string vllm_entry(const FamilyRow* family, const std::string& entry) {
-  if (family == nullptr || !family->top_level_quant_config || regex_pattern(entry)) return entry;
-  return map_name(*family, entry);
-}
-
-std::string hf_module_name(const FamilyRow* family, const std::string& module) {
-  if (family == nullptr) return module;
-  for (const auto& [from, to] : family->hf_prefix) {
-    const std::string f(from);
-    if (module.starts_with(f)) return std::string(to) + module.substr(f.size());
-  }
-  return module;
+  return fmt::format("{} ({})", family->name, family_source(*family));
 }
 
 void check_tie_flag(const std::optional<json>& config) {
@@ -911,22 +480,16 @@ void check_tie_flag(const std::optional<json>& config) {
   }
 }
 
-RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options) {
-  check_tie_flag(checkpoint.config);
-  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors;
-  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
-    const auto& entries = checkpoint.shards[s].header().tensors;
-    for (std::size_t e = 0; e < entries.size(); ++e) {
-      tensors.emplace_back(entries[e].name, entries[e].shape);
-    }
-  }
-  return analyze_roles(checkpoint.config, tensors, options);
-}
+namespace {
 
-RoleAnalysis analyze_roles(
-    const std::optional<json>& config,
-    const std::vector<std::pair<std::string, std::vector<std::uint64_t>>>& tensors,
-    const RoleOptions& options) {
+// The stages of analyze_roles, in order.
+
+using TensorList = std::vector<std::pair<std::string, std::vector<std::uint64_t>>>;
+
+// Stage 1, the model: the family row matching config.json, the
+// architecture and model_type it names, why roles come from the generic
+// rules when no row matches, and the sizes the rules read.
+RoleAnalysis identify_model(const std::optional<json>& config) {
   RoleAnalysis a;
   a.family = match_family(config);
   if (config && config->is_object()) {
@@ -946,169 +509,180 @@ RoleAnalysis analyze_roles(
         a.model_type.empty() ? "" : fmt::format(" (model_type {})", a.model_type));
   }
   a.dims = read_dims(config, a.family);
-  const FamilyRow* row = a.family;
+  return a;
+}
 
+// Stage 2, the row's name rules, compiled once.
+std::vector<CompiledRule> compile_rules(const FamilyRow* row) {
   std::vector<CompiledRule> rules;
   if (row != nullptr) {
     for (const NameRule& r : row->rules) {
       rules.push_back(CompiledRule{&r, ModuleMatcher({r.pattern}, ModuleMatcher::Role::kIgnore)});
     }
   }
-  // The fused groups vLLM lists in packed_modules_mapping, by shard name.
-  struct FusedAt {
-    const FusedSpec* spec;
-    bool listed;
-  };
-  std::map<std::string, FusedAt> shard_to_fused;
-  for (const FusedSpec& spec : fused_of(row)) {
-    const bool listed = (row == nullptr || row->top_level_quant_config) && fused_listed(spec, config);
+  return rules;
+}
+
+// A fused group of the family and whether vLLM's packed_modules_mapping
+// lists it.
+struct FusedAt {
+  const FusedSpec* spec;
+  bool listed;
+};
+using FusedByShard = std::map<std::string, FusedAt>;
+
+// Stage 3, the fused groups: the family's, by shard name (a draft's
+// quantization config lists none).
+FusedByShard fused_by_shard(const FamilyRow* row, const std::optional<json>& config) {
+  FusedByShard shard_to_fused;
+  for (const FusedSpec& spec : family_fused_groups(row)) {
+    const bool listed =
+        (row == nullptr || row->top_level_quant_config) && fused_listed(spec, config);
     for (const char* shard : spec.shards) shard_to_fused[shard] = {&spec, listed};
   }
-  // A group is fused only where every shard is there (a layout missing one
-  // does not load as that model anyway; partial layouts are tested alone).
+  return shard_to_fused;
+}
+
+// The modules with a `.weight` tensor. A group is fused only where every
+// shard is there (a layout missing one does not load as that model anyway;
+// partial layouts are tested alone).
+std::set<std::string> weight_modules_of(const TensorList& tensors) {
   std::set<std::string> weight_modules;
   for (const auto& [name, shape] : tensors) {
-    if (name.ends_with(".weight")) weight_modules.insert(parent_of(name));
+    if (name.ends_with(".weight")) weight_modules.insert(module_of(name));
   }
+  return weight_modules;
+}
 
-  for (const auto& [name, shape] : tensors) {
-    const bool stacked_tensor = is_3d_expert_tensor(name, shape);
-    if (shape.size() != 2 && !stacked_tensor) continue;
-    const bool is_weight = name.ends_with(".weight") && name.find('.') != std::string::npos;
-    ModuleInfo m;
-    m.tensor = name;
-    m.shape = shape;
-    m.module = (is_weight && !stacked_tensor) ? parent_of(name) : name;
-    if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan
-    if (stacked_tensor && name.ends_with(".weight")) m.module = parent_of(name);
-
-    const ComponentAt at = component_of(m.module, a.dims, row);
-    m.component = at.component;
-
-    RoleDecision decision;
-    bool decided = false;
-    if (is_weight && !stacked_tensor) {
-      for (const CompiledRule& r : rules) {
-        if (!r.matcher.entry_matches(0, m.module)) continue;
-        decision.role = r.rule->role;
-        decision.build = r.rule->build;
-        decision.reason = r.rule->reason;
-        decision.from_family = true;
-        decision.entry = r.rule->entry;
-        decision.rule = static_cast<std::size_t>(&r - rules.data());
-        if (r.rule->condition == RuleCondition::kSiglipMlpQuantizableIf64) {
-          const bool ok = a.dims.vision_hidden && a.dims.vision_intermediate &&
-                          *a.dims.vision_hidden % 64 == 0 && *a.dims.vision_intermediate % 64 == 0;
-          if (!ok) {
-            decision.role = ModuleRole::kPlainLinear;
-            decision.build = VllmBuild::kPlain;
-            decision.reason = fmt::format(
-                "SigLIP MLP: vision hidden_size {} and intermediate_size {} are not both "
-                "multiples of 64, so vLLM builds fc1/fc2 without the quantization config "
-                "(siglip.py@0c028ba4)",
-                a.dims.vision_hidden ? std::to_string(*a.dims.vision_hidden) : "?",
-                a.dims.vision_intermediate ? std::to_string(*a.dims.vision_intermediate) : "?");
-          }
-        }
-        decided = true;
-        break;
-      }
-    }
-    if (!decided) decision = generic_role(m.module, name, shape, a.dims, is_weight);
-    m.role = decision.role;
-    m.build = decision.build;
-    m.reason = decision.reason;
-    m.entry = decision.entry;
-    m.rule = decision.rule;
-    m.source = decision.from_family ? row_source(*row) : (row ? row_source(*row) : std::string());
-
-    // vLLM's names.
-    if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
-      // The MoE layer: vLLM probes <layer>.0.{gate,up,down}_proj.
-      m.vllm_layer = vllm_module_name(row, moe_layer_of(m.role == ModuleRole::kStackedExperts
-                                                            ? name
-                                                            : parent_of(m.module)));
-      m.vllm_name = m.vllm_layer;
-    } else if (m.role == ModuleRole::kParameter) {
-      m.vllm_name = vllm_tensor_name(row, name);
-      m.vllm_layer = m.vllm_name;
-    } else {
-      m.vllm_name = vllm_module_name(row, m.module);
-      m.vllm_layer = m.vllm_name;
-      const std::string last = last_component(m.vllm_name);
-      const auto f = shard_to_fused.find(last);
-      bool fused = f != shard_to_fused.end();
-      if (fused) {
-        const std::string parent = parent_of(m.module);
-        for (const char* shard : f->second.spec->shards) {
-          if (!weight_modules.contains(parent.empty() ? std::string(shard)
-                                                      : parent + "." + shard)) {
-            fused = false;
-          }
+// Stage 4, a tensor's role: the first of the row's name rules that matches
+// the module (for a 2-D module weight), else the generic name and shape rules.
+RoleDecision decide_role(const std::vector<CompiledRule>& rules, const ModelDims& dims,
+                         const std::string& module, const std::string& tensor,
+                         const std::vector<std::uint64_t>& shape, bool is_weight,
+                         bool stacked_tensor) {
+  if (is_weight && !stacked_tensor) {
+    for (const CompiledRule& r : rules) {
+      if (!r.matcher.entry_matches(0, module)) continue;
+      RoleDecision decision;
+      decision.role = r.rule->role;
+      decision.build = r.rule->build;
+      decision.reason = r.rule->reason;
+      decision.entry = r.rule->entry;
+      decision.rule = static_cast<std::size_t>(&r - rules.data());
+      if (r.rule->condition == RuleCondition::kSiglipMlpQuantizableIf64) {
+        const bool ok = dims.vision_hidden && dims.vision_intermediate &&
+                        *dims.vision_hidden % 64 == 0 && *dims.vision_intermediate % 64 == 0;
+        if (!ok) {
+          decision.role = ModuleRole::kPlainLinear;
+          decision.build = VllmBuild::kPlain;
+          decision.reason = fmt::format(
+              "SigLIP MLP: vision hidden_size {} and intermediate_size {} are not both "
+              "multiples of 64, so vLLM builds fc1/fc2 without the quantization config "
+              "(siglip.py@0c028ba4)",
+              dims.vision_hidden ? std::to_string(*dims.vision_hidden) : "?",
+              dims.vision_intermediate ? std::to_string(*dims.vision_intermediate) : "?");
         }
       }
-      if (fused) {
-        m.vllm_layer = parent_of(m.vllm_name);
-        m.vllm_layer = (m.vllm_layer.empty() ? "" : m.vllm_layer + ".") + f->second.spec->fused;
-        // A group vLLM does not list is tested under its fused name.
-        if (!f->second.listed) m.vllm_name = m.vllm_layer;
-      }
+      return decision;
     }
-    m.hf_name = hf_module_name(row, m.module);
-
-    // Stacked experts: the dims.
-    if (m.role == ModuleRole::kStackedExperts) {
-      StackedExperts s;
-      s.tensor = name;
-      s.moe_layer = moe_layer_of(name);
-      s.kind = stacked_kind(name);
-      s.vllm_loads_stacked = row != nullptr && row->vllm_loads_stacked;
-      s.vllm_loads_per_expert = row == nullptr || row->vllm_loads_per_expert;
-      if (row != nullptr && row->stacked != StackedLayout::kNone) {
-        s.interleave_known = true;
-        s.interleaved = row->stacked == StackedLayout::kInOutInterleaved;
-      }
-      size_stacked(s, shape, a.dims);
-      m.stacked = a.stacked.size();
-      a.stacked.push_back(std::move(s));
-    }
-
-    // The default action.
-    const bool tower = m.component == Component::kVision || m.component == Component::kAudio ||
-                       m.component == Component::kProjector;
-    switch (m.role) {
-      case ModuleRole::kLinear:
-      case ModuleRole::kExpert:
-        m.action = m.build == VllmBuild::kPlain || (tower && !options.quantize_vision)
-                       ? DefaultAction::kKeep
-                       : DefaultAction::kQuantize;
-        break;
-      case ModuleRole::kStackedExperts:
-        // Read only stacked by vLLM: kept whole. Otherwise the planner splits
-        // them into per-expert weights (schemes.md 8), quantized like
-        // experts.
-        m.action = a.stacked[*m.stacked].vllm_loads_stacked ? DefaultAction::kKeep
-                                                            : DefaultAction::kQuantize;
-        break;
-      default:
-        m.action = DefaultAction::kKeep;
-        break;
-    }
-    if (tower && m.action == DefaultAction::kKeep &&
-        (m.role == ModuleRole::kLinear || m.role == ModuleRole::kExpert)) {
-      m.reason += fmt::format("; part of the {} '{}', kept in 16 bits by default "
-                              "(--quantize-vision quantizes it)",
-                              component_name(m.component), at.root);
-    }
-    a.index.emplace(m.module, a.modules.size());
-    a.modules.push_back(std::move(m));
   }
+  return generic_role(module, tensor, shape, dims, is_weight);
+}
 
-  // Orientation of square stacked tensors: from the layer's other stacked
-  // tensor, else from the family's layout.
-  for (StackedExperts& s : a.stacked) {
+// Stage 5, vLLM's names: the name ignore is tested on and the layer vLLM
+// builds (a MoE layer, whose experts.0.{gate,up,down}_proj vLLM probes; the
+// fused layer of a shard whose group is complete, tested under the fused
+// name when vLLM does not list the group).
+void set_vllm_names(ModuleInfo& m, const FamilyRow* row, const FusedByShard& shard_to_fused,
+                    const std::set<std::string>& weight_modules) {
+  if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
+    m.vllm_layer = vllm_module_name(row, moe_layer_of(m.role == ModuleRole::kStackedExperts
+                                                          ? m.tensor
+                                                          : module_of(m.module)));
+    m.vllm_name = m.vllm_layer;
+    return;
+  }
+  if (m.role == ModuleRole::kParameter) {
+    m.vllm_name = vllm_tensor_name(row, m.tensor);
+    m.vllm_layer = m.vllm_name;
+    return;
+  }
+  m.vllm_name = vllm_module_name(row, m.module);
+  m.vllm_layer = m.vllm_name;
+  const auto f = shard_to_fused.find(last_component(m.vllm_name));
+  if (f == shard_to_fused.end()) return;
+  const std::string parent = module_of(m.module);
+  for (const char* shard : f->second.spec->shards) {
+    if (!weight_modules.contains(parent.empty() ? std::string(shard) : parent + "." + shard)) {
+      return;
+    }
+  }
+  m.vllm_layer = module_of(m.vllm_name);
+  m.vllm_layer = (m.vllm_layer.empty() ? "" : m.vllm_layer + ".") + f->second.spec->fused;
+  // A group vLLM does not list is tested under its fused name.
+  if (!f->second.listed) m.vllm_name = m.vllm_layer;
+}
+
+// Stage 6, a stacked-experts tensor: its kind, dims and what the family
+// says of its layout and of vLLM's loader.
+StackedExperts stacked_experts_of(const std::string& tensor,
+                                  const std::vector<std::uint64_t>& shape, const FamilyRow* row,
+                                  const ModelDims& dims) {
+  StackedExperts s;
+  s.tensor = tensor;
+  s.moe_layer = moe_layer_of(tensor);
+  s.kind = stacked_kind(tensor);
+  s.vllm_loads_stacked = row != nullptr && row->vllm_loads_stacked;
+  s.vllm_loads_per_expert = row == nullptr || row->vllm_loads_per_expert;
+  if (row != nullptr && row->stacked != StackedLayout::kNone) {
+    s.interleave_known = true;
+    s.interleaved = row->stacked == StackedLayout::kInOutInterleaved;
+  }
+  size_stacked(s, shape, dims);
+  return s;
+}
+
+// Stage 7, the default action: Linear layers and experts are quantized
+// unless vLLM builds them plain or they are part of a tower (kept unless
+// quantize_vision); stacked experts are split and quantized unless vLLM
+// reads only the stacked layout; everything else is kept.
+void set_default_action(ModuleInfo& m, const RoleAnalysis& a, const RoleOptions& options,
+                        const std::string& tower_root) {
+  const bool tower = m.component == Component::kVision || m.component == Component::kAudio ||
+                     m.component == Component::kProjector;
+  switch (m.role) {
+    case ModuleRole::kLinear:
+    case ModuleRole::kExpert:
+      m.action = m.build == VllmBuild::kPlain || (tower && !options.quantize_vision)
+                     ? DefaultAction::kKeep
+                     : DefaultAction::kQuantize;
+      break;
+    case ModuleRole::kStackedExperts:
+      // Read only stacked by vLLM: kept whole. Otherwise the planner splits
+      // them into per-expert weights (schemes.md 8), quantized like
+      // experts.
+      m.action = a.stacked[*m.stacked].vllm_loads_stacked ? DefaultAction::kKeep
+                                                          : DefaultAction::kQuantize;
+      break;
+    default:
+      m.action = DefaultAction::kKeep;
+      break;
+  }
+  if (tower && m.action == DefaultAction::kKeep &&
+      (m.role == ModuleRole::kLinear || m.role == ModuleRole::kExpert)) {
+    m.reason += fmt::format("; part of the {} '{}', kept in 16 bits by default "
+                            "(--quantize-vision quantizes it)",
+                            component_name(m.component), tower_root);
+  }
+}
+
+// Stage 8, once every tensor has a role: the orientation of square stacked
+// tensors, from the layer's other stacked tensor, else from the family's
+// layout.
+void orient_square_stacked(std::vector<StackedExperts>& stacked, const FamilyRow* row) {
+  for (StackedExperts& s : stacked) {
     if (s.orientation != StackedExperts::Orientation::kUnknown || !s.problem.empty()) continue;
-    for (const StackedExperts& t : a.stacked) {
+    for (const StackedExperts& t : stacked) {
       if (&t == &s || t.moe_layer != s.moe_layer || t.proof != StackedExperts::Proof::kShape) {
         continue;
       }
@@ -1124,6 +698,11 @@ RoleAnalysis analyze_roles(
       s.proof = StackedExperts::Proof::kFamily;
     }
   }
+}
+
+// Stage 9, the reason of each stacked-experts module: its dims, orientation
+// and what happens to it.
+void describe_stacked(RoleAnalysis& a) {
   for (ModuleInfo& m : a.modules) {
     if (!m.stacked) continue;
     const StackedExperts& s = a.stacked[*m.stacked];
@@ -1143,6 +722,61 @@ RoleAnalysis analyze_roles(
                   "the planner splits it";
     }
   }
+}
+
+}  // namespace
+
+RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& options) {
+  check_tie_flag(checkpoint.config);
+  std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors;
+  for (std::size_t s = 0; s < checkpoint.shards.size(); ++s) {
+    const auto& entries = checkpoint.shards[s].header().tensors;
+    for (std::size_t e = 0; e < entries.size(); ++e) {
+      tensors.emplace_back(entries[e].name, entries[e].shape);
+    }
+  }
+  return analyze_roles(checkpoint.config, tensors, options);
+}
+
+RoleAnalysis analyze_roles(const std::optional<json>& config, const TensorList& tensors,
+                           const RoleOptions& options) {
+  RoleAnalysis a = identify_model(config);
+  const FamilyRow* row = a.family;
+  const std::vector<CompiledRule> rules = compile_rules(row);
+  const FusedByShard shard_to_fused = fused_by_shard(row, config);
+  const std::set<std::string> weight_modules = weight_modules_of(tensors);
+
+  for (const auto& [name, shape] : tensors) {
+    const bool stacked_tensor = is_3d_expert_tensor(name, shape);
+    if (shape.size() != 2 && !stacked_tensor) continue;
+    if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan
+    const bool is_weight = name.ends_with(".weight");
+    ModuleInfo m;
+    m.tensor = name;
+    m.shape = shape;
+    m.module = is_weight ? module_of(name) : name;
+    const ComponentAt at = component_of(m.module, a.dims, row);
+    m.component = at.component;
+    RoleDecision decision =
+        decide_role(rules, a.dims, m.module, name, shape, is_weight, stacked_tensor);
+    m.role = decision.role;
+    m.build = decision.build;
+    m.reason = std::move(decision.reason);
+    m.entry = decision.entry;
+    m.rule = decision.rule;
+    m.source = row != nullptr ? family_source(*row) : std::string();
+    set_vllm_names(m, row, shard_to_fused, weight_modules);
+    m.hf_name = hf_module_name(row, m.module);
+    if (m.role == ModuleRole::kStackedExperts) {
+      m.stacked = a.stacked.size();
+      a.stacked.push_back(stacked_experts_of(name, shape, row, a.dims));
+    }
+    set_default_action(m, a, options, at.root);
+    a.index.emplace(m.module, a.modules.size());
+    a.modules.push_back(std::move(m));
+  }
+  orient_square_stacked(a.stacked, row);
+  describe_stacked(a);
   return a;
 }
 
@@ -1155,9 +789,7 @@ std::vector<std::string> name_forms(const ModuleInfo& m) {
     if (std::find(forms.begin(), forms.end(), f) == forms.end()) forms.push_back(f);
   };
   if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
-    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
-      add(fmt::format("{}.0.{}", m.vllm_layer, p));
-    }
+    for (const std::string& probe : VllmLoadRules::moe_probes(m.vllm_layer)) add(probe);
   } else {
     add(m.vllm_name);
   }
@@ -1420,8 +1052,8 @@ std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles
       key = "tower:" + at.root;
       proto.subtree = true;
       // A root maps like the modules under it ("vision_tower." rules).
-      const std::string vroot = parent_of(vllm_module_name(roles.family, at.root + ".x"));
-      const std::string hroot = parent_of(hf_module_name(roles.family, at.root + ".x"));
+      const std::string vroot = module_of(vllm_module_name(roles.family, at.root + ".x"));
+      const std::string hroot = module_of(hf_module_name(roles.family, at.root + ".x"));
       proto.roots = {at.root};
       for (const std::string& r : {vroot, hroot}) {
         if (std::find(proto.roots.begin(), proto.roots.end(), r) == proto.roots.end()) {
@@ -1435,19 +1067,11 @@ std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles
     } else if (m.role == ModuleRole::kStackedExperts) {
       const std::string layer = moe_layer_of(m.tensor);
       // Group every MoE layer of the same template (layer numbers vary).
-      std::vector<std::string> parts = split_dots(layer);
-      for (auto& p : parts) {
-        if (is_digits(p)) p = "#";
-      }
-      key = "moe:" + join_dots(parts);
+      key = "moe:" + numbered_template(layer);
       proto.subtree = true;
       proto.reason = role_reason(m);
     } else {
-      std::vector<std::string> parts = split_dots(m.module);
-      for (auto& p : parts) {
-        if (is_digits(p)) p = "#";
-      }
-      key = fmt::format("{}:{}", role_order(m), join_dots(parts));
+      key = fmt::format("{}:{}", role_order(m), numbered_template(m.module));
       proto.reason = role_reason(m);
     }
     auto [it, inserted] = by_key.try_emplace(key, groups.size());
@@ -1524,7 +1148,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
   std::map<std::string, std::vector<const ModuleInfo*>> experts_of;
   for (const ModuleInfo& m : roles.modules) {
     if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
-      experts_of[moe_layer_of(m.role == ModuleRole::kExpert ? parent_of(m.module) : m.tensor)]
+      experts_of[moe_layer_of(m.role == ModuleRole::kExpert ? module_of(m.module) : m.tensor)]
           .push_back(&m);
     }
   }
@@ -1538,13 +1162,6 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
   std::vector<Group> groups;
   std::map<std::string, std::size_t> by_key;
   std::vector<std::string> unknown;  // modules without a role: their names as given
-  const auto key_of = [](const std::string& name) {
-    std::vector<std::string> parts = split_dots(name);
-    for (auto& p : parts) {
-      if (is_digits(p)) p = "#";
-    }
-    return join_dots(parts);
-  };
   for (const std::string& name : modules) {
     const ModuleInfo* m = roles.find(name);
     if (m == nullptr) {
@@ -1553,10 +1170,10 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
     }
     const bool expert = m->role == ModuleRole::kExpert || m->role == ModuleRole::kStackedExperts;
     const std::string layer =
-        expert ? moe_layer_of(m->role == ModuleRole::kExpert ? parent_of(m->module) : m->tensor)
+        expert ? moe_layer_of(m->role == ModuleRole::kExpert ? module_of(m->module) : m->tensor)
                : std::string();
     if (expert && whole_layers.contains(layer)) {
-      auto [it, inserted] = by_key.try_emplace("moe:" + key_of(layer), groups.size());
+      auto [it, inserted] = by_key.try_emplace("moe:" + numbered_template(layer), groups.size());
       if (inserted) {
         groups.emplace_back();
         groups.back().subtree = true;
@@ -1568,7 +1185,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
       }
       continue;
     }
-    auto [it, inserted] = by_key.try_emplace(key_of(name), groups.size());
+    auto [it, inserted] = by_key.try_emplace(numbered_template(name), groups.size());
     if (inserted) groups.emplace_back();
     groups[it->second].members.push_back(m);
   }
@@ -1583,15 +1200,15 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
     for (const ModuleInfo* m : g.members) {
       const std::string last = last_component(m->module);
       for (const std::string& f : name_forms(*m)) {
-        if (last_component(f) != last || parent_of(f).empty()) mergeable = false;
+        if (last_component(f) != last || module_of(f).empty()) mergeable = false;
       }
     }
     if (!mergeable) {
       merged.push_back({i});
       continue;
     }
-    auto [it, inserted] =
-        by_parent.try_emplace(key_of(parent_of(g.members.front()->module)), merged.size());
+    const std::string parent = numbered_template(module_of(g.members.front()->module));
+    auto [it, inserted] = by_parent.try_emplace(parent, merged.size());
     if (inserted) merged.emplace_back();
     merged[it->second].push_back(i);
   }
@@ -1608,7 +1225,7 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
         for (const ModuleInfo* m : groups[i].members) {
           members.push_back(m);
           lasts.insert(regex_escape(last_component(m->module)));
-          for (const std::string& f : name_forms(*m)) parents.push_back(parent_of(f));
+          for (const std::string& f : name_forms(*m)) parents.push_back(module_of(f));
         }
       }
       const std::set<std::size_t> vary = varying_digits(parents);

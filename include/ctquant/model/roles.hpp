@@ -12,11 +12,11 @@
 // the names vLLM and transformers give it, and what ctquant does with it by
 // default (quantize, keep in 16 bits, or refuse to write it).
 //
-// The per-family knowledge is one table, family_table(): each row matches
-// config.json's `architectures` or `model_type` and names the vLLM model file
-// (path and commit) it was read from; docs/loadability.md lists it. A
-// checkpoint whose architecture no row matches gets roles from name and shape
-// rules only, and RoleAnalysis::fallback says so.
+// The per-family knowledge is the family table (families.hpp): each row
+// matches config.json's `architectures` or `model_type` and names the vLLM
+// model file (path and commit) it was read from. A checkpoint whose
+// architecture no row matches gets roles from name and shape rules only, and
+// RoleAnalysis::fallback says so.
 //
 // default_ignore_entries() turns the modules kept in 16 bits into the ignore
 // entries written to config.json, each with its reason: literal names where
@@ -37,23 +37,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/model/families.hpp"
 #include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant {
-
-enum class ModuleRole : std::uint8_t {
-  kLinear,            // a Linear vLLM builds with the quantization config
-  kExpert,            // one projection of one expert of a fused MoE layer (2-D)
-  kStackedExperts,    // every expert of a layer in one 3-D tensor
-  kEmbedding,         // token or position embedding (any prefix, or [vocab, hidden])
-  kHead,              // output head (`*.lm_head`, MTP `shared_head.head`)
-  kRouter,            // MoE router
-  kSharedExpertGate,  // gate of a shared expert
-  kPlainLinear,       // vLLM builds it as torch.nn.Linear or without the quantization config
-  kDraftKeep,         // a draft module vLLM reads as a 16-bit .weight (DFlash qkv_proj)
-  kNorm,              // a 2-D weight of a module whose name ends in "norm"
-  kParameter,         // a 2-D tensor that is not a module's .weight (a raw nn.Parameter)
-};
 
 enum class Component : std::uint8_t {
   kLanguage,   // the language model
@@ -62,13 +49,6 @@ enum class Component : std::uint8_t {
   kProjector,  // multimodal projector
   kMtp,        // multi-token-prediction layer
   kDraft,      // a speculative-decoding draft model (EAGLE, DFlash)
-};
-
-// How vLLM builds the layer (vllm_roles.md section 0.1).
-enum class VllmBuild : std::uint8_t {
-  kQuantizable,  // built with the quantization config: packed unless the ignore list matches
-  kIfTargeted,   // ParallelLMHead / VocabParallelEmbedding: packed only if a target names it
-  kPlain,        // torch.nn.Linear, quant_config=None or a raw parameter: always 16-bit
 };
 
 // What ctquant does with the module when no option says otherwise.
@@ -90,92 +70,6 @@ const char* role_name(ModuleRole role);
 const char* component_name(Component component);
 const char* vllm_build_name(VllmBuild build);
 const char* default_action_name(DefaultAction action);
-
-// Extra conditions a name rule can carry.
-enum class RuleCondition : std::uint8_t {
-  kNone,
-  // SigLIP MLP fc1/fc2: vLLM passes the quantization config only when the
-  // vision hidden and intermediate sizes are both multiples of 64
-  // (siglip.py SiglipMLP); otherwise they are plain layers.
-  kSiglipMlpQuantizableIf64,
-};
-
-// One name rule of a family row: modules whose checkpoint name matches
-// `pattern` (an ignore-style entry: `re:` + Python re.match semantics, or a
-// literal) get this role.
-struct NameRule {
-  const char* pattern;
-  ModuleRole role;
-  VllmBuild build;
-  const char* reason;
-  // The ignore entry written for these modules when they are kept, as the
-  // family's published recipes spell it; checked like a generated entry and
-  // replaced by one when it matches other modules. nullptr: generated.
-  const char* entry = nullptr;
-  RuleCondition condition = RuleCondition::kNone;
-};
-
-// A checkpoint layout of 3-D stacked experts.
-enum class StackedLayout : std::uint8_t {
-  kNone,
-  // transformers v5 Qwen3-MoE / Mixtral: gate_up_proj [E, 2I, H] (gate rows
-  // then up rows), down_proj [E, H, I]: out_features first.
-  kOutInHalves,
-  // gpt-oss: gate_up_proj [E, H, 2I] with gate and up columns interleaved
-  // (even gate, odd up), down_proj [E, I, H]: in_features first.
-  kInOutInterleaved,
-};
-
-// A group of checkpoint modules vLLM fuses into one layer.
-struct FusedSpec {
-  const char* fused;                // "qkv_proj"
-  std::vector<const char*> shards;  // {"q_proj", "k_proj", "v_proj"}
-  // vLLM's packed_modules_mapping lists the group only when one of these
-  // config.json keys is truthy or non-empty (comma-separated); nullptr:
-  // always listed. When not listed, ignore is tested on the fused name.
-  const char* listed_if_config = nullptr;
-};
-
-// One row of the role table: a model family as vLLM builds it.
-struct FamilyRow {
-  const char* name;                         // "Qwen3-MoE"
-  std::vector<const char*> architectures;   // exact entries of config.json "architectures"
-  std::vector<const char*> model_types;     // config.json "model_type"
-  const char* architecture_substring;       // or any architecture containing this (nullptr: none)
-  const char* config_key;                   // or a config.json holding this key (nullptr: none)
-  const char* vllm_file;                    // the vLLM model file the row was read from
-  const char* vllm_commit;                  // its commit
-  std::vector<NameRule> rules;              // first match wins, before the generic rules
-  // hf_to_vllm_mapper: orig_to_new_substr, _prefix, _suffix (tensor names).
-  std::vector<std::pair<const char*, const char*>> mapper_substr;
-  std::vector<std::pair<const char*, const char*>> mapper_prefix;
-  std::vector<std::pair<const char*, const char*>> mapper_suffix;
-  // A prefix vLLM's module tree adds to every name outside the mapper
-  // (drafts: "model."), except names starting with keep_names_prefix.
-  const char* load_prefix = "";
-  const char* load_prefix_except = nullptr;
-  // Whether the quantization config vLLM matches ignore with is the model's
-  // own (apply_vllm_mapper maps literal entries, packed_modules_mapping is
-  // set): false for drafts, whose config comes from get_draft_quant_config.
-  bool top_level_quant_config = true;
-  std::vector<FusedSpec> fused;
-  // transformers' module names: prefix rewrites, first match wins (an
-  // identity rule stops later ones).
-  std::vector<std::pair<const char*, const char*>> hf_prefix;
-  // MoE: checkpoint names of the per-expert projections, the config key of
-  // the expert intermediate size, the stacked layout, and whether vLLM's
-  // loader reads the stacked layout (and only it).
-  const char* expert_gate = "gate_proj";
-  const char* expert_up = "up_proj";
-  const char* expert_down = "down_proj";
-  const char* intermediate_key = "moe_intermediate_size";
-  StackedLayout stacked = StackedLayout::kNone;
-  bool vllm_loads_stacked = false;
-  bool vllm_loads_per_expert = true;
-};
-
-// Every family row, in match order.
-const std::vector<FamilyRow>& family_table();
 
 // Sizes read from config.json (top level, or text_config for multimodal
 // models; vision sizes from vision_config).
@@ -280,22 +174,6 @@ RoleAnalysis analyze_roles(
     const std::optional<nlohmann::json>& config,
     const std::vector<std::pair<std::string, std::vector<std::uint64_t>>>& tensors,
     const RoleOptions& options = {});
-
-// The row matching config.json, or nullptr.
-const FamilyRow* match_family(const std::optional<nlohmann::json>& config);
-
-// vLLM's name of a checkpoint tensor: the row's hf_to_vllm_mapper
-// (substring, prefix, suffix rules, longest key first, first hit of each
-// kind), then the load prefix. Identity without a row.
-std::string vllm_tensor_name(const FamilyRow* family, const std::string& tensor);
-// vLLM's name of a checkpoint module (its `.weight` mapped, then cut).
-std::string vllm_module_name(const FamilyRow* family, const std::string& module);
-// A literal ignore or targets entry as vLLM matches it: mapped by
-// apply_vllm_mapper when the row's quantization config is the model's own;
-// `re:` entries unchanged.
-std::string vllm_entry(const FamilyRow* family, const std::string& entry);
-// transformers' module name of a checkpoint module.
-std::string hf_module_name(const FamilyRow* family, const std::string& module);
 
 // One entry of the default ignore list.
 struct DefaultIgnoreEntry {
