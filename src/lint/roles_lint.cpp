@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/model/fused_groups.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant::detail {
@@ -349,9 +350,9 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
   // reading too; an entry for vLLM's probes alone would move the mismatch
   // to the other members.
   const auto l3_reports = [](const ModuleInfo& m) {
-    static const std::set<std::string> kFusedMembers = {"q_proj", "k_proj", "v_proj",
-                                                        "gate_proj", "up_proj"};
-    return m.role == ModuleRole::kExpert || kFusedMembers.contains(last_component(m.module));
+    // The shards L3 groups (model/fused_groups.hpp).
+    return m.role == ModuleRole::kExpert ||
+           llama_fused_group_of(last_component(m.module)) != nullptr;
   };
   for (const Mismatch& mm : all) {
     if (planned_states[mm.module->vllm_layer].size() > 1 &&
