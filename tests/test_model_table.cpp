@@ -5,12 +5,16 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ctquant/model/families.hpp"
 #include "ctquant/model/fused_groups.hpp"
+#include "families.hpp"
+#include "test_support.hpp"
 
 namespace ctquant::test {
 namespace {
@@ -31,6 +35,27 @@ TEST(FamilyTable, EveryRowCitesAVllmModelFileAtAFullCommit) {
       return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
     })) << commit;
     EXPECT_EQ(family_source(row), file + "@" + commit.substr(0, 8));
+  }
+}
+
+// Adding a family is one row and its fixture: every row of the table is
+// the family of some checkpoint the tests build (tests/families.cpp) or of
+// a golden case's input (tests/golden/*/input/config.json).
+TEST(FamilyTable, EveryRowHasAFixture) {
+  std::set<const FamilyRow*> covered;
+  for (const Family f : all_families()) {
+    if (const FamilyRow* row = match_family(make_family(f).config)) covered.insert(row);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(golden_dir())) {
+    const std::filesystem::path config = e.path() / "input" / "config.json";
+    if (!std::filesystem::exists(config)) continue;
+    if (const FamilyRow* row = match_family(read_json(config))) covered.insert(row);
+  }
+  for (const FamilyRow& row : family_table()) {
+    EXPECT_TRUE(covered.contains(&row))
+        << "family row '" << row.name
+        << "' has no fixture: add a case to tests/families.cpp (or a golden case) whose "
+           "config.json it matches";
   }
 }
 

@@ -24,6 +24,7 @@ using nlohmann::json;
 
 namespace {
 
+// transformers >= 4.52 names of LLaVA-style models (the checkpoint may hold
 // the older language_model.model.* names).
 const std::vector<std::pair<const char*, const char*>> kLlavaHfPrefix = {
     {"model.", "model."},

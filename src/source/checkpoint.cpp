@@ -347,7 +347,8 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
       for (const auto& [file, what] : missing) {
         problems.add(fmt::format(
             "{}: weight_map names file '{}' for {} tensor(s) (first '{}'), which does not "
-            "exist in {}",
+            "exist in {}; every shard the index names is part of the model (section 1 of the "
+            "format spec, docs/format.md)",
             label, file, what.first, what.second, input.string()));
       }
       problems.throw_if_any();
