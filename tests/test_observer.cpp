@@ -183,6 +183,12 @@ std::vector<SearchCase> search_cases() {
        128},
       {"int4_norm2", args_for(T::kInt, 4, true, S::kGroup, 32),
        mse("memoryless_mse", {{"norm", 2.0}}), 96},
+      {"int4_norm2_2", args_for(T::kInt, 4, true, S::kGroup, 128),
+       mse("memoryless_mse", {{"norm", 2.2}}), 256},
+      {"int4_g128_wide", args_for(T::kInt, 4, true, S::kGroup, 128), mse("memoryless_mse"), 3072},
+      {"int4_g1024", args_for(T::kInt, 4, true, S::kGroup, 1024), mse("memoryless_mse"), 2048},
+      {"int4_g1008", args_for(T::kInt, 4, true, S::kGroup, 1008), mse("memoryless_mse"), 2016},
+      {"int4_asym_g16", args_for(T::kInt, 4, false, S::kGroup, 16), mse("memoryless_mse"), 64},
   };
 }
 
@@ -227,30 +233,39 @@ TEST(MseObserver, VectorSearchEqualsTheReferenceBitForBitAtEveryLevel) {
 
 // At AVX-512 the search takes BF16 |x|^norm from tables in registers; the
 // path is used only after it gave pow_table's value for every finite BF16
-// magnitude it does not flag (pow_reg_check_at). For the usual norms it is
-// used, and it flags few magnitudes besides those whose power is not a
-// normal float.
+// magnitude it does not flag (pow_reg_check_at). It is used for every norm
+// whose BF16 value has at most 5 fraction bits (2.4 rounds to 77/32), and
+// it flags few magnitudes (under 128 of 32,640) besides those it leaves to
+// the table by range: x below max(2^-126, 2^ceil(-124/e)) or above
+// 2^floor(125/e), at most three binades (384 magnitudes) on each side
+// beyond those whose power is not a normal float.
 TEST(MseObserver, RegisterPowEqualsTheTableOnEveryBf16Magnitude) {
   std::size_t levels = 0;
   for (const detail::SimdLevel& level : detail::simd_levels()) {
     if (std::string(level.name) != "avx512" || !level.supported) continue;
     ++levels;
-    for (const double norm : {2.4, 2.2, 1.7, 1.5, 0.5, 4.0}) {
+    for (const double norm : {2.4, 2.5, 1.5, 0.5, 4.0, 3.03125}) {
       const detail::PowRegCheck c = detail::pow_reg_check_at(level, norm);
       EXPECT_TRUE(c.used) << norm;
-      // Normal results: |x| in [2^-126/e, 2^128/e); the flags beyond those
-      // are the near-midpoint ones.
-      const float e = round_to_dtype(DType::kBF16, static_cast<float>(norm));
-      std::uint32_t out_of_range = 0;
-      for (std::uint32_t b = 0; b < 0x7F80u; ++b) {
+      const double e = round_to_dtype(DType::kBF16, static_cast<float>(norm));
+      const double lo = std::max(0x1p-126, std::exp2(std::ceil(-124.0 / e)));
+      const double hi = std::min(0x1p127, std::exp2(std::floor(125.0 / e)));
+      std::uint32_t by_range = 0;
+      std::uint32_t not_normal = 0;
+      for (std::uint32_t b = 1; b < 0x7F80u; ++b) {
         const double x = bf16_to_float(static_cast<std::uint16_t>(b));
-        const double y = std::pow(x, static_cast<double>(e));
-        if (x != 0.0 && (x < 0x1p-126 || y < 0x1p-126 || y >= 0x1p127)) ++out_of_range;
+        const double y = std::pow(x, e);
+        if (x < lo || x > hi) ++by_range;
+        if (x < 0x1p-126 || y < 0x1p-126 || y >= 0x1p127) ++not_normal;
       }
-      EXPECT_LE(c.flagged, out_of_range + 64) << norm;
+      EXPECT_LE(by_range, not_normal + 2 * 384) << norm;
+      EXPECT_LE(c.flagged, by_range + 128) << norm;
     }
-    // A denominator of the exponent over 128 has no register tables.
-    EXPECT_FALSE(detail::pow_reg_check_at(level, 0.003).used);
+    // More fraction bits (2.2 rounds to 141/64): no register tables, the
+    // search gathers from pow_table.
+    for (const double norm : {2.2, 1.7, 0.003}) {
+      EXPECT_FALSE(detail::pow_reg_check_at(level, norm).used) << norm;
+    }
   }
   if (levels == 0) GTEST_SKIP() << "no AVX-512 on this CPU";
 }

@@ -11,7 +11,8 @@
 // FP8_TENSOR), W8A8 and the microscale rows (NVFP4A16, MXFP4A16, MXFP8A16),
 // each as reference and fast path for every dtype and, for BF16, at every
 // level; and the input side: the FP8 E4M3 decode of FP8 inputs and the
-// max |w| pre-pass of NVFP4, at every level.
+// max |w| pre-pass of NVFP4, at every level. Last, the MSE observer's
+// search (MseSearch/DTYPE/PATH) at W4A16's args.
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -39,12 +40,14 @@
 #include "ctquant/scheme/fp8.hpp"
 #include "ctquant/scheme/int8.hpp"
 #include "ctquant/scheme/kernel.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/fp8.hpp"
 #include "scheme/byte_code_simd.hpp"
 #include "scheme/kernel_simd.hpp"
 #include "scheme/microscale_simd.hpp"
+#include "scheme/observer_steps.hpp"
 #include "simd/simd.hpp"
 #include "source/fp8_simd.hpp"
 
@@ -448,12 +451,64 @@ void register_input_side() {
   }
 }
 
+// The MSE observer's search (observe_ranges) over a block of BF16 or F16
+// weights at W4A16's args (int4, symmetric, groups of 128) with
+// memoryless_mse's defaults (20 candidates): the scalar reference, or the
+// vector search at one level. bytes_per_second counts the input once.
+void run_mse_search(benchmark::State& state, DType dtype,
+                    const ctquant::detail::SimdLevel* level) {
+  if (skipped(state, level)) return;
+  ctquant::QuantArgs args;
+  args.type = ctquant::QuantArgs::Type::kInt;
+  args.num_bits = 4;
+  args.symmetric = true;
+  args.strategy = ctquant::QuantArgs::Strategy::kGroup;
+  args.group_size = 128;
+  args.observer = "memoryless_mse";
+  const ctquant::ObserverParams params =
+      ctquant::observer_params("memoryless_mse", nlohmann::json::object(), "bench");
+  // The reference is about 30 times slower: a sixteenth of the block.
+  const std::uint64_t rows = level == nullptr ? kRows / 16 : kRows;
+  const std::vector<std::byte> weights = thread_weights(state, dtype);
+  std::vector<float> ranges(2 * ctquant::observed_groups(args, rows, kCols));
+  ctquant::ObserveIo io;
+  io.dtype = dtype;
+  io.n_rows = rows;
+  io.n_cols = kCols;
+  io.weight = weights.data();
+  io.ranges = ranges.data();
+  for (auto _ : state) {
+    if (level == nullptr) {
+      ctquant::observe_ranges_ref(args, params, params.steps() - 1, io, nullptr);
+    } else if (!ctquant::detail::observe_ranges_at(*level, args, params, params.steps() - 1, io,
+                                                   nullptr)) {
+      state.SkipWithError("the vector search does not cover these args");
+      return;
+    }
+    benchmark::DoNotOptimize(ranges.data());
+  }
+  set_rates(state, rows * kCols * 2);
+}
+
+void register_mse_search() {
+  for (const DType dtype : {DType::kBF16, DType::kF16}) {
+    const std::string prefix = "MseSearch/" + std::string(ctquant::dtype_tag(dtype)) + "/";
+    benchmark::RegisterBenchmark((prefix + "reference").c_str(), run_mse_search, dtype, nullptr)
+        ->UseRealTime();
+    for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
+      benchmark::RegisterBenchmark((prefix + level.name).c_str(), run_mse_search, dtype, &level)
+          ->UseRealTime();
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   register_all();
   register_rows();
   register_input_side();
+  register_mse_search();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

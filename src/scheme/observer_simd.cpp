@@ -21,18 +21,20 @@
 //   the E4M3 normal range by rounding the float's bits to 3 mantissa bits;
 // - |Q - W| of every element of the set is stored first, then raised to the
 //   norm in a loop of its own (pow_terms): from the same table as the
-//   reference (a gather); for BF16 at AVX-512 from two tables of at most 128
-//   floats held in registers (pow_reg: a few permutes, about a sixth of a
+//   reference (a gather); for BF16 at AVX-512 from two tables of 128 and 32
+//   floats held in registers (pow_reg: five permutes, about a sixth of a
 //   gather's time), the rare lanes it flags from the table; for norms 2 and
 //   (BF16) 3 by the products PyTorch computes. The separate loop lets the
-//   CPU overlap the lookups, whose iterations are independent (about 20%
-//   less CPU time than one loop);
-// - the group's sum by the same additions in the same order as the reference
-//   (torch_sum_program), as vector additions of whole slots.
+//   CPU overlap the lookups, whose iterations are independent;
+// - the group's sum by the same additions in the same order as the reference:
+//   for groups of 16 to 1008 elements (multiples of 16) in registers, in
+//   the order torch_sum_order gives for such rows (ordered_sum), otherwise
+//   by the steps of torch_sum_program as vector additions of whole slots.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "scheme/observer_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+
 
 #include "simd/simd_dispatch.hpp"
 #include "simd/simd_steps-inl.h"
@@ -47,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -81,21 +84,25 @@ struct MseSearch {
 };
 
 // x^e for BF16 magnitudes x = 2^E m (m = 1 + j / 128) and e = round_BF16(norm)
-// = num / 2^log2p: x^e = 2^I 2^(r / 2^log2p) m^e with num E = I 2^log2p + r,
-// 0 <= r < 2^log2p. pow_reg computes z = mant[j] * frac[r] (each correctly
-// rounded, so z is within 2 float ulps of 2^(r/P) m^e), adds I to z's
-// exponent and rounds to BF16: the value PyTorch gives (the correctly rounded
-// float, rounded to BF16) unless z lies within 8 float ulps of a BF16
-// rounding midpoint, or the result or x is not a normal float; those lanes
-// are flagged and take pow_table. Both tables (at most 128 floats each) sit
-// in vector registers, so a lookup is a few permutes instead of a gather.
-// Used only when pow_reg_check found, for every BF16 magnitude it does not
-// flag, the value of pow_table.
+// = num / 32 (e with at most 5 fraction bits, as 2.4 rounds to 77/32):
+// x^e = 2^I 2^(r / 32) m^e with num (E - 127) = 32 I + r, 0 <= r < 32.
+// pow_reg computes z = mant[j] * frac[r] (each correctly rounded, so z is
+// within 2 float ulps of 2^(r/32) m^e), adds I to z's exponent and rounds to
+// BF16: the value PyTorch gives (the correctly rounded float, rounded to
+// BF16) unless z lies within 8 float ulps of a BF16 rounding midpoint (then
+// the rounding is ambiguous), or x lies outside [lo, lo + span] (float bits),
+// the magnitudes whose power and x are normal floats; those lanes are
+// flagged and take pow_table, zero gives zero. Away from a midpoint the
+// rounding is half up, one addition. Both tables (160 floats) sit in vector
+// registers, so a lookup is a few permutes instead of a gather. Used only
+// when pow_reg_check found, for every BF16 magnitude it does not flag, the
+// value of pow_table.
 struct PowRegTables {
   alignas(64) float mant[128] = {};
-  alignas(64) float frac[128] = {};
+  alignas(64) float frac[32] = {};
   std::int32_t num = 0;
-  int log2p = 0;
+  std::uint32_t lo = 0;    // float bits of the least magnitude computed in registers
+  std::uint32_t span = 0;  // and of the greatest, minus lo
   std::uint32_t flagged = 0;  // magnitudes pow_reg leaves to the table (of 32,640)
   bool exact = false;         // every other magnitude gives pow_table's value
 };
@@ -126,66 +133,67 @@ namespace ctquant::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 namespace ss = ctquant::simd_steps::HWY_NAMESPACE;
 
+// The register tables of pow_reg, loaded once per search (AVX-512, BF16);
+// elsewhere an empty stand-in.
 #if HWY_TARGET == HWY_AVX3
-// The 128-entry lookup of t (eight registers) at the low 7 bits of j.
-HWY_INLINE __m512 lookup128(const __m512* t, __m512i j) {
-  const __m512 a0 = _mm512_permutex2var_ps(t[0], j, t[1]);
-  const __m512 a1 = _mm512_permutex2var_ps(t[2], j, t[3]);
-  const __m512 a2 = _mm512_permutex2var_ps(t[4], j, t[5]);
-  const __m512 a3 = _mm512_permutex2var_ps(t[6], j, t[7]);
-  const __mmask16 b5 = _mm512_test_epi32_mask(j, _mm512_set1_epi32(32));
-  const __mmask16 b6 = _mm512_test_epi32_mask(j, _mm512_set1_epi32(64));
-  return _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, a0, a1),
-                              _mm512_mask_blend_ps(b5, a2, a3));
+struct PowRegs {
+  __m512 mant[8];
+  __m512 frac[2];
+  __m512i num, bias, lo, span;
+};
+
+HWY_INLINE void load_reg_tables(const PowRegTables& t, PowRegs& r) {
+  for (int k = 0; k < 8; ++k) r.mant[k] = _mm512_load_ps(t.mant + 16 * k);
+  for (int k = 0; k < 2; ++k) r.frac[k] = _mm512_load_ps(t.frac + 16 * k);
+  r.num = _mm512_set1_epi32(t.num);
+  r.bias = _mm512_set1_epi32(127 * t.num);
+  r.lo = _mm512_set1_epi32(static_cast<int>(t.lo));
+  r.span = _mm512_set1_epi32(static_cast<int>(t.span));
 }
 
 // pow_reg (PowRegTables) for 16 magnitudes ad; bad gets the lanes that take
-// the table. mant and frac: the tables loaded into registers.
-HWY_INLINE __m512 pow_reg(const PowRegTables& t, const __m512* mant, const __m512* frac, __m512 ad,
-                          __mmask16& bad) {
+// the table.
+HWY_INLINE __m512 pow_reg(const PowRegs& t, __m512 ad, __mmask16& bad) {
   const __m512i bits = _mm512_castps_si512(ad);
-  const __m512i ef = _mm512_srli_epi32(bits, 23);
-  const __m512i j = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(127));
-  const __m512i ne = _mm512_mullo_epi32(_mm512_sub_epi32(ef, _mm512_set1_epi32(127)),
-                                        _mm512_set1_epi32(t.num));
-  const __m512i i = _mm512_srai_epi32(ne, static_cast<unsigned>(t.log2p));
-  const __m512i r = _mm512_and_si512(ne, _mm512_set1_epi32((1 << t.log2p) - 1));
-  const __m512 b = t.log2p <= 5 ? _mm512_permutex2var_ps(frac[0], r, frac[1]) : lookup128(frac, r);
-  const __m512i z = _mm512_castps_si512(_mm512_mul_ps(lookup128(mant, j), b));
-  const __m512i exp_out = _mm512_add_epi32(_mm512_srli_epi32(z, 23), i);
-  const __m512i y = _mm512_add_epi32(z, _mm512_slli_epi32(i, 23));
-  // Within 8 float ulps of a BF16 midpoint (low half 0x8000).
-  const __m512i low = _mm512_sub_epi32(_mm512_and_si512(y, _mm512_set1_epi32(0xFFFF)),
-                                       _mm512_set1_epi32(0x8000 - 8));
-  const __mmask16 zero = _mm512_cmpeq_epi32_mask(bits, _mm512_setzero_si512());
-  bad = _mm512_cmple_epu32_mask(low, _mm512_set1_epi32(16)) |
-        _mm512_cmplt_epi32_mask(exp_out, _mm512_set1_epi32(1)) |
-        _mm512_cmpgt_epi32_mask(exp_out, _mm512_set1_epi32(254)) |
-        _mm512_cmpeq_epi32_mask(ef, _mm512_setzero_si512());
-  bad &= static_cast<__mmask16>(~zero);
-  // Round to BF16, nearest even.
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(y, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_and_si512(
-      _mm512_add_epi32(y, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
-      _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(static_cast<__mmask16>(~zero), rounded));
+  // num (E - 127): r in its low 5 bits (the index bits of a 32-entry
+  // permute), I above them.
+  const __m512i ne = _mm512_sub_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(bits, 23), t.num),
+                                      t.bias);
+  // mant[j], j = bits 16-22: the permutes read index bits 0-4, bits 21 and
+  // 22 choose among the four.
+  const __m512i j = _mm512_srli_epi32(bits, 16);
+  const __m512 a0 = _mm512_permutex2var_ps(t.mant[0], j, t.mant[1]);
+  const __m512 a1 = _mm512_permutex2var_ps(t.mant[2], j, t.mant[3]);
+  const __m512 a2 = _mm512_permutex2var_ps(t.mant[4], j, t.mant[5]);
+  const __m512 a3 = _mm512_permutex2var_ps(t.mant[6], j, t.mant[7]);
+  const __mmask16 b5 = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(1 << 21));
+  const __mmask16 b6 = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(1 << 22));
+  const __m512 m = _mm512_mask_blend_ps(b6, _mm512_mask_blend_ps(b5, a0, a1),
+                                        _mm512_mask_blend_ps(b5, a2, a3));
+  const __m512 f = _mm512_permutex2var_ps(t.frac[0], ne, t.frac[1]);
+  const __m512i y = _mm512_add_epi32(_mm512_castps_si512(_mm512_mul_ps(m, f)),
+                                     _mm512_slli_epi32(_mm512_srai_epi32(ne, 5), 23));
+  // Rounded half up to BF16 with 8 added: lanes whose low half ends up in
+  // 0 .. 15 were within 8 ulps of the midpoint and are flagged.
+  const __m512i up = _mm512_add_epi32(y, _mm512_set1_epi32(0x8008));
+  const __mmask16 in_range = _mm512_cmple_epu32_mask(_mm512_sub_epi32(bits, t.lo), t.span);
+  const __mmask16 nonzero = _mm512_test_epi32_mask(bits, bits);
+  bad = static_cast<__mmask16>(
+      (nonzero & ~in_range) |
+      _mm512_mask_testn_epi32_mask(in_range, up, _mm512_set1_epi32(0xFFF0)));
+  return _mm512_castsi512_ps(
+      _mm512_maskz_and_epi32(in_range, up, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
-
-HWY_INLINE void load_reg_tables(const PowRegTables& t, __m512* mant, __m512* frac) {
-  for (int k = 0; k < 8; ++k) {
-    mant[k] = _mm512_load_ps(t.mant + 16 * k);
-    frac[k] = _mm512_load_ps(t.frac + 16 * k);
-  }
-}
+#else
+struct PowRegs {};
 #endif
 
 // Sets t.exact and t.flagged: pow_reg against pow_table on every finite
 // BF16 magnitude (AVX-512 only; elsewhere t.exact stays false).
 void pow_reg_check(PowRegTables& t, const PowTable& table) {
 #if HWY_TARGET == HWY_AVX3
-  __m512 mant[8];
-  __m512 frac[8];
-  load_reg_tables(t, mant, frac);
+  PowRegs regs;
+  load_reg_tables(t, regs);
   alignas(64) float in[16];
   alignas(64) float out[16];
   t.exact = true;
@@ -193,7 +201,7 @@ void pow_reg_check(PowRegTables& t, const PowTable& table) {
   for (std::uint32_t b0 = 0; b0 < 0x7F80u; b0 += 16) {
     for (std::uint32_t l = 0; l < 16; ++l) in[l] = bf16_to_float(static_cast<std::uint16_t>(b0 + l));
     __mmask16 bad = 0;
-    _mm512_store_ps(out, pow_reg(t, mant, frac, _mm512_load_ps(in), bad));
+    _mm512_store_ps(out, pow_reg(regs, _mm512_load_ps(in), bad));
     for (std::uint32_t l = 0; l < 16; ++l) {
       if (((bad >> l) & 1u) != 0) {
         ++t.flagged;
@@ -209,73 +217,199 @@ void pow_reg_check(PowRegTables& t, const PowTable& table) {
 #endif
 }
 
-// terms[j] = |d_j|^norm for the n vectors of |d| at terms, in place (the
-// value pow_table gives).
+// pow_table's value of |d| for one vector of magnitudes ad (a gather).
 template <DType T, class DF>
-HWY_INLINE void pow_terms(DF df, const MseSearch& m, float* terms, std::size_t n) {
-  using V = hn::Vec<DF>;
+HWY_INLINE hn::Vec<DF> pow_gather(DF df, const MseSearch& m, hn::Vec<DF> ad) {
   const hn::RebindToSigned<DF> di;
   const hn::RebindToUnsigned<DF> du;
-  const std::size_t n_lanes = hn::Lanes(df);
-  const auto from_table = [&](V ad) {  // pow_table's value of |d|
-    hn::Vec<decltype(du)> index;
-    if constexpr (T == DType::kBF16) {
-      index = hn::ShiftRight<16>(hn::BitCast(du, ad));
-    } else {
-      const hn::Rebind<hwy::float16_t, DF> df16;
-      const hn::Rebind<std::uint16_t, DF> du16;
-      index = hn::PromoteTo(du, hn::BitCast(du16, hn::DemoteTo(df16, ad)));
+  hn::Vec<decltype(du)> index;
+  if constexpr (T == DType::kBF16) {
+    index = hn::ShiftRight<16>(hn::BitCast(du, ad));
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    const hn::Rebind<std::uint16_t, DF> du16;
+    index = hn::PromoteTo(du, hn::BitCast(du16, hn::DemoteTo(df16, ad)));
+  }
+  return hn::GatherIndex(df, m.table->value.data(), hn::BitCast(di, index));
+}
+
+struct NoPowRegs {};
+
+// |d|^norm of one vector of magnitudes ad, as pow_table gives it: by
+// pow_reg from the registers R (PowRegs, lanes it flags from the table),
+// or (NoPowRegs) as m.pow says.
+template <DType T, class R, class DF>
+HWY_INLINE hn::Vec<DF> pow_one(DF df, const MseSearch& m, hn::Vec<DF> ad, const R& regs) {
+  using V = hn::Vec<DF>;
+#if HWY_TARGET == HWY_AVX3
+  if constexpr (std::is_same_v<R, PowRegs>) {
+    __mmask16 bad = 0;
+    __m512 pw = pow_reg(regs, ad.raw, bad);
+    if (HWY_UNLIKELY(!_kortestz_mask16_u8(bad, bad))) {
+      pw = _mm512_mask_mov_ps(pw, bad, pow_gather<T>(df, m, ad).raw);
     }
-    return hn::GatherIndex(df, m.table->value.data(), hn::BitCast(di, index));
-  };
+    return V{pw};
+  }
+#endif
+  (void)regs;
   switch (m.pow) {
     case MseSearch::Pow::kSquare:
-      for (std::size_t j = 0; j < n; ++j) {
-        const V ad = hn::Load(df, terms + j * n_lanes);
-        hn::Store(ss::round_to_t<T>(df, hn::Mul(ad, ad)), df, terms + j * n_lanes);
-      }
-      return;
+      return ss::round_to_t<T>(df, hn::Mul(ad, ad));
     case MseSearch::Pow::kCube:
-      for (std::size_t j = 0; j < n; ++j) {
-        const V ad = hn::Load(df, terms + j * n_lanes);
-        hn::Store(ss::round_to_t<T>(df, hn::Mul(ss::round_to_t<T>(df, hn::Mul(ad, ad)), ad)), df,
-                  terms + j * n_lanes);
-      }
-      return;
-    case MseSearch::Pow::kTable:
-      for (std::size_t j = 0; j < n; ++j) {
-        hn::Store(from_table(hn::Load(df, terms + j * n_lanes)), df, terms + j * n_lanes);
-      }
-      return;
-    case MseSearch::Pow::kRegister:
-#if HWY_TARGET == HWY_AVX3
-      if constexpr (T == DType::kBF16) {
-        __m512 mant[8];
-        __m512 frac[8];
-        load_reg_tables(*m.reg, mant, frac);
-        for (std::size_t j = 0; j < n; ++j) {
-          const __m512 ad = _mm512_load_ps(terms + j * n_lanes);
-          __mmask16 bad = 0;
-          __m512 pw = pow_reg(*m.reg, mant, frac, ad, bad);
-          if (HWY_UNLIKELY(bad != 0)) {
-            pw = _mm512_mask_mov_ps(pw, bad, from_table(V{ad}).raw);
-          }
-          _mm512_store_ps(terms + j * n_lanes, pw);
-        }
-        return;
-      }
-#endif
-      for (std::size_t j = 0; j < n; ++j) {
-        hn::Store(from_table(hn::Load(df, terms + j * n_lanes)), df, terms + j * n_lanes);
-      }
-      return;
+      return ss::round_to_t<T>(df, hn::Mul(ss::round_to_t<T>(df, hn::Mul(ad, ad)), ad));
+    default:
+      return pow_gather<T>(df, m, ad);
   }
 }
 
-template <DType T>
-void search_t(const MseSearch& m) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
+// terms[j] = |d_j|^norm for the n vectors of |d| at terms, in place (the
+// value pow_table gives), by pow_one.
+template <DType T, class R, class DF>
+HWY_INLINE void pow_terms(DF df, const MseSearch& m, float* terms, std::size_t n, const R& regs) {
+  const std::size_t n_lanes = hn::Lanes(df);
+  for (std::size_t j = 0; j < n; ++j) {
+    hn::Store(pow_one<T>(df, m, hn::Load(df, terms + j * n_lanes), regs), df,
+              terms + j * n_lanes);
+  }
+}
+
+// |Q - W| of one vector of elements x (one per lane, each lane its own
+// candidate: scale s, its reciprocal inv, zero point z): the steps of
+// fake_quantize() in observer_steps.hpp with the same IEEE operations.
+template <DType T, Candidate::Kind K, bool kAsym, class DF>
+HWY_INLINE hn::Vec<DF> abs_error(DF df, hn::Vec<DF> xv, hn::Vec<DF> s, hn::Vec<DF> inv,
+                                 hn::Vec<DF> z, hn::Vec<DF> qmin, hn::Vec<DF> qmax,
+                                 bool divide) {
+  using V = hn::Vec<DF>;
+  const hn::RebindToUnsigned<DF> du;
+  V v = ss::round_to_t<T>(df, divide ? hn::Div(xv, s) : hn::Mul(xv, inv));
+  if constexpr (kAsym) v = ss::round_to_t<T>(df, hn::Add(v, z));
+  v = hn::Min(hn::Max(v, qmin), qmax);
+  V q;
+  if constexpr (K == Candidate::Kind::kInt) {
+    q = hn::Round(v);
+  } else if constexpr (K == Candidate::Kind::kFp8) {
+    const V a = hn::Abs(v);
+    const auto u = hn::BitCast(du, a);
+    const auto lsb = hn::And(hn::ShiftRight<20>(u), hn::Set(du, 1u));
+    const V normal = hn::BitCast(
+        df, hn::And(hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFFu))), hn::Set(du, 0xFFF00000u)));
+    const V c = hn::Set(df, 0x1p14f);
+    const V sub = hn::Sub(hn::Add(a, c), c);
+    q = hn::CopySign(hn::IfThenElse(hn::Lt(a, hn::Set(df, 0x1p-6f)), sub, normal), v);
+  } else {
+    const V a = hn::Abs(v);
+    const V c = hn::IfThenElse(
+        hn::Lt(a, hn::Set(df, 2.0f)), hn::Set(df, 0x1p22f),
+        hn::IfThenElse(hn::Lt(a, hn::Set(df, 4.0f)), hn::Set(df, 0x1p23f), hn::Set(df, 0x1p24f)));
+    q = hn::CopySign(hn::Sub(hn::Add(a, c), c), v);
+  }
+  V dq;
+  if constexpr (kAsym) {
+    dq = ss::round_to_t<T>(df, hn::Mul(ss::round_to_t<T>(df, hn::Sub(q, z)), s));
+  } else {
+    dq = ss::round_to_t<T>(df, hn::Mul(q, s));
+  }
+  return hn::Abs(ss::round_to_t<T>(df, hn::Sub(dq, xv)));
+}
+
+// The candidate of every lane of a set, and what computing its error needs.
+template <class DF>
+struct LaneCandidates {
+  hn::Vec<DF> s, inv, z, qmin, qmax;
+  bool divide = false;
+};
+
+// The sum of the terms in a set's n = 16 vec_size vectors of
+// slots (vec_size < 64; slot j: element j of every group), not yet rounded
+// to W, with the additions of torch_sum_order (observer_steps.hpp) in its
+// order, which for such rows is: item i (i < vec_size) of lane l (l < 8) is
+// element 16 i + l plus element 16 i + 8 + l; four accumulators a_k take
+// items k, 4 + k, 8 + k, ... of the first 4 (vec_size / 4) items, a_0 then
+// the rest; lane l's sum is ((a_0 + a_1) + a_2) + a_3; the row's is the
+// lanes' sums added in order (multi_row_sum's level loop does not run
+// below 16 items per accumulator). Adding a zero first is exact: every term
+// is +0 or positive. The same sums as the steps of torch_sum_program, with
+// the partial sums in registers.
+template <class DF>
+HWY_INLINE hn::Vec<DF> ordered_sum(DF df, const float* slots, std::size_t vec_size) {
+  using V = hn::Vec<DF>;
+  const std::size_t n_lanes = hn::Lanes(df);
+  const auto item = [&](std::size_t i, std::size_t l) HWY_ATTR {
+    return hn::Add(hn::Load(df, slots + (16 * i + l) * n_lanes),
+                   hn::Load(df, slots + (16 * i + 8 + l) * n_lanes));
+  };
+  const std::size_t ilp = vec_size / 4;
+  V acc = hn::Zero(df);
+  for (std::size_t l = 0; l < kSumLanes; ++l) {
+    V a0 = hn::Zero(df);
+    V a1 = hn::Zero(df);
+    V a2 = hn::Zero(df);
+    V a3 = hn::Zero(df);
+    for (std::size_t i = 0; i < ilp; ++i) {
+      a0 = hn::Add(a0, item(4 * i, l));
+      a1 = hn::Add(a1, item(4 * i + 1, l));
+      a2 = hn::Add(a2, item(4 * i + 2, l));
+      a3 = hn::Add(a3, item(4 * i + 3, l));
+    }
+    for (std::size_t i = 4 * ilp; i < vec_size; ++i) a0 = hn::Add(a0, item(i, l));
+    acc = hn::Add(acc, hn::Add(hn::Add(hn::Add(a0, a1), a2), a3));
+  }
+  return acc;
+}
+
+// The errors of one set's candidates, not yet rounded to W: |Q - W| of
+// every element into slots, raised to the norm in a loop of its own
+// (pow_terms), then summed: by ordered_sum where the group is a multiple of
+// 16 below 1024 elements, otherwise by the steps of torch_sum_program as
+// vector additions of whole slots. Separate loops of independent
+// iterations let the CPU overlap the lookups (about 25% less time than one
+// loop that sums each term as it is computed).
+template <DType T, Candidate::Kind K, bool kAsym, class R, class DF>
+HWY_NOINLINE hn::Vec<DF> set_error(DF df, const MseSearch& m, const float* xt, float* slots,
+                                   const LaneCandidates<DF>& c, const R& regs) {
+  const std::size_t n_lanes = hn::Lanes(df);
+  const std::size_t g = m.layout->group;
+  for (std::size_t j = 0; j < g; ++j) {
+    hn::Store(abs_error<T, K, kAsym>(df, hn::Load(df, xt + j * n_lanes), c.s, c.inv, c.z, c.qmin,
+                                     c.qmax, c.divide),
+              df, slots + j * n_lanes);
+  }
+  pow_terms<T>(df, m, slots, g, regs);
+  if (g % 16 == 0 && g / 16 < 64) return ordered_sum(df, slots, g / 16);
+  const SumProgram& program = *m.program;
+  for (const SumStep& step : program.steps) {
+    hn::Store(hn::Add(hn::Load(df, slots + std::size_t{step.a} * n_lanes),
+                      hn::Load(df, slots + std::size_t{step.b} * n_lanes)),
+              df, slots + std::size_t{step.dst} * n_lanes);
+  }
+  return program.result < 0
+             ? hn::Zero(df)
+             : hn::Load(df, slots + static_cast<std::size_t>(program.result) * n_lanes);
+}
+
+// set_error for the candidate kind of the search (and, with pow_reg, its
+// registers).
+template <DType T, class R, class DF>
+HWY_INLINE hn::Vec<DF> set_error_of(DF df, const MseSearch& m, Candidate::Kind kind, bool asym,
+                                    const float* xt, float* slots, const LaneCandidates<DF>& c,
+                                    const R& regs) {
+  switch (kind) {
+    case Candidate::Kind::kInt:
+      return asym ? set_error<T, Candidate::Kind::kInt, true>(df, m, xt, slots, c, regs)
+                  : set_error<T, Candidate::Kind::kInt, false>(df, m, xt, slots, c, regs);
+    case Candidate::Kind::kFp8:
+      return set_error<T, Candidate::Kind::kFp8, false>(df, m, xt, slots, c, regs);
+    case Candidate::Kind::kFp4:
+      break;
+  }
+  return set_error<T, Candidate::Kind::kFp4, false>(df, m, xt, slots, c, regs);
+}
+
+template <DType T, class R>
+void search_t(const MseSearch& m, const R& regs) {
+  using DF = hn::ScalableTag<float>;
+  const DF df;
   using V = hn::Vec<decltype(df)>;
   const std::size_t n_lanes = hn::Lanes(df);
   const GroupLayout& layout = *m.layout;
@@ -365,59 +499,15 @@ void search_t(const MseSearch& m) {
           s = hn::IfThenElse(hn::Eq(s, zero), eps, s);
         }
       }
-      const bool divide = !hn::AllTrue(df, hn::Ge(s, hn::Set(df, 0x1p-100f)));
-      const V inv = hn::Div(hn::Set(df, 1.0f), s);
-
-      for (std::size_t j = 0; j < g; ++j) {
-        const V xv = hn::Load(df, xt.get() + j * n_lanes);
-        V v = ss::round_to_t<T>(df, divide ? hn::Div(xv, s) : hn::Mul(xv, inv));
-        if (asym) v = ss::round_to_t<T>(df, hn::Add(v, z));
-        v = hn::Min(hn::Max(v, qmin), qmax);
-        V q;
-        switch (proto.kind) {
-          case Candidate::Kind::kInt:
-            q = hn::Round(v);
-            break;
-          case Candidate::Kind::kFp8: {
-            const V a = hn::Abs(v);
-            const auto u = hn::BitCast(du, a);
-            const auto lsb = hn::And(hn::ShiftRight<20>(u), hn::Set(du, 1u));
-            const V normal = hn::BitCast(
-                df, hn::And(hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFFu))),
-                            hn::Set(du, 0xFFF00000u)));
-            const V c = hn::Set(df, 0x1p14f);
-            const V sub = hn::Sub(hn::Add(a, c), c);
-            q = hn::CopySign(hn::IfThenElse(hn::Lt(a, hn::Set(df, 0x1p-6f)), sub, normal), v);
-            break;
-          }
-          case Candidate::Kind::kFp4: {
-            const V a = hn::Abs(v);
-            const V c = hn::IfThenElse(
-                hn::Lt(a, hn::Set(df, 2.0f)), hn::Set(df, 0x1p22f),
-                hn::IfThenElse(hn::Lt(a, hn::Set(df, 4.0f)), hn::Set(df, 0x1p23f),
-                               hn::Set(df, 0x1p24f)));
-            q = hn::CopySign(hn::Sub(hn::Add(a, c), c), v);
-            break;
-          }
-        }
-        const V dq = asym ? ss::round_to_t<T>(
-                                df, hn::Mul(ss::round_to_t<T>(df, hn::Sub(q, z)), s))
-                          : ss::round_to_t<T>(df, hn::Mul(q, s));
-        const V d = ss::round_to_t<T>(df, hn::Sub(dq, xv));
-        hn::Store(hn::Abs(d), df, slots.get() + j * n_lanes);
-      }
-      pow_terms<T>(df, m, slots.get(), g);
-      for (const SumStep& step : program.steps) {
-        hn::Store(hn::Add(hn::Load(df, slots.get() + std::size_t{step.a} * n_lanes),
-                          hn::Load(df, slots.get() + std::size_t{step.b} * n_lanes)),
-                  df, slots.get() + std::size_t{step.dst} * n_lanes);
-      }
-      const V err = program.result < 0
-                        ? zero
-                        : ss::round_to_t<T>(
-                              df, hn::Load(df, slots.get() +
-                                                   static_cast<std::size_t>(program.result) *
-                                                       n_lanes));
+      LaneCandidates<DF> c;
+      c.s = s;
+      c.inv = hn::Div(hn::Set(df, 1.0f), s);
+      c.z = z;
+      c.qmin = qmin;
+      c.qmax = qmax;
+      c.divide = !hn::AllTrue(df, hn::Ge(s, hn::Set(df, 0x1p-100f)));
+      const V err = ss::round_to_t<T>(
+          df, set_error_of<T>(df, m, proto.kind, asym, xt.get(), slots.get(), c, regs));
       const auto improved = hn::And(hn::Lt(err, best), valid_mask);
       if (!hn::AllFalse(df, improved)) {
         best = hn::IfThenElse(improved, err, best);
@@ -491,9 +581,17 @@ void int_codes(const IntCodes& k) {
 
 void mse_search(const MseSearch& m) {
   if (m.w == DType::kBF16) {
-    search_t<DType::kBF16>(m);
+#if HWY_TARGET == HWY_AVX3
+    if (m.pow == MseSearch::Pow::kRegister) {
+      PowRegs regs;
+      load_reg_tables(*m.reg, regs);
+      search_t<DType::kBF16>(m, regs);
+      return;
+    }
+#endif
+    search_t<DType::kBF16>(m, NoPowRegs{});
   } else {
-    search_t<DType::kF16>(m);
+    search_t<DType::kF16>(m, NoPowRegs{});
   }
 }
 
@@ -524,15 +622,17 @@ const PowRegTables* pow_reg_tables(const SimdLevel& level, double norm) {
     slot = std::make_unique<PowRegTables>();
     PowRegTables& t = *slot;
     const double e = round_to_dtype(DType::kBF16, static_cast<float>(norm));
-    int log2p = 0;
-    while (log2p <= 7 && std::ldexp(e, log2p) != std::floor(std::ldexp(e, log2p))) ++log2p;
-    if (log2p <= 7 && e > 0.0 && std::ldexp(e, log2p) < 65536.0) {
-      t.log2p = log2p;
-      t.num = static_cast<std::int32_t>(std::ldexp(e, log2p));
-      for (int k = 0; k < 128; ++k) {
-        t.mant[k] = static_cast<float>(std::pow(1.0 + k / 128.0, e));
-        t.frac[k] = static_cast<float>(std::exp2(static_cast<double>(k) / std::ldexp(1.0, log2p)));
-      }
+    if (e > 0.0 && std::ldexp(e, 5) == std::floor(std::ldexp(e, 5)) && e < 64.0) {
+      t.num = static_cast<std::int32_t>(std::ldexp(e, 5));
+      for (int k = 0; k < 128; ++k) t.mant[k] = static_cast<float>(std::pow(1.0 + k / 128.0, e));
+      for (int k = 0; k < 32; ++k) t.frac[k] = static_cast<float>(std::exp2(k / 32.0));
+      // The normal magnitudes x whose power is a normal float below 2^127
+      // (so that rounding it up stays finite): 2^-126 <= x, x^e >= 2^-125
+      // and x^e < 2^126, with a power of two of margin on each side.
+      const double lo = std::max(std::ldexp(1.0, -126), std::exp2(std::ceil(-124.0 / e)));
+      const double hi = std::min(std::ldexp(1.0, 127), std::exp2(std::floor(125.0 / e)));
+      t.lo = std::bit_cast<std::uint32_t>(static_cast<float>(lo));
+      t.span = std::bit_cast<std::uint32_t>(static_cast<float>(hi)) - t.lo;
       check(t, pow_table(DType::kBF16, norm));
     }
   }
