@@ -267,6 +267,7 @@ HWY_INLINE hn::Vec<DF> pow_one(DF df, const MseSearch& m, hn::Vec<DF> ad, const 
 template <DType T, class R, class DF>
 HWY_INLINE void pow_terms(DF df, const MseSearch& m, float* terms, std::size_t n, const R& regs) {
   const std::size_t n_lanes = hn::Lanes(df);
+#pragma GCC unroll 4
   for (std::size_t j = 0; j < n; ++j) {
     hn::Store(pow_one<T>(df, m, hn::Load(df, terms + j * n_lanes), regs), df,
               terms + j * n_lanes);
@@ -370,6 +371,7 @@ HWY_NOINLINE hn::Vec<DF> set_error(DF df, const MseSearch& m, const float* xt, f
                                    const LaneCandidates<DF>& c, const R& regs) {
   const std::size_t n_lanes = hn::Lanes(df);
   const std::size_t g = m.layout->group;
+#pragma GCC unroll 4
   for (std::size_t j = 0; j < g; ++j) {
     hn::Store(abs_error<T, K, kAsym>(df, hn::Load(df, xt + j * n_lanes), c.s, c.inv, c.z, c.qmin,
                                      c.qmax, c.divide),
