@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -102,6 +103,12 @@ struct ModuleRun {
   ImprovedSteps improved;
   std::atomic<bool> cutoff_settled{false};
   std::uint32_t cutoff = 0;
+  // The ranges the cutoff pre-pass chose for the chunks it searched, by the
+  // chunk's first row (under improved_mutex): when the module's search runs
+  // to the last candidate they are the ranges its amax and quantize jobs
+  // would choose, which take them instead of searching again; the quantize
+  // job frees them.
+  std::map<std::uint64_t, std::vector<float>> searched_ranges;
   // kQuantize: the kWhole outputs' bytes (dequantize's `whole`), and the
   // weight error of the rows quantized so far (quant_error.hpp).
   std::vector<std::vector<std::byte>> whole;
@@ -157,12 +164,17 @@ class Executor {
       run_jobs(observe_jobs_);
       for (const auto& m : modules_) {
         if (m->observer.mse && !m->cutoff_settled) m->cutoff = mse_cutoff(m->observer, m->improved);
+        if (!searches_every_candidate(*m)) m->searched_ranges.clear();
       }
     }
     if (!amax_jobs_.empty()) {
       run_jobs(amax_jobs_);
       reduce_amax_sets();
       collect_amax_warnings();
+      // Modules of another part's files: no quantize job takes their ranges.
+      for (const auto& m : modules_) {
+        if (!shard_selected(m->shard)) m->searched_ranges.clear();
+      }
     }
     write_whole_tensors();
     run_jobs(jobs_);
@@ -186,6 +198,12 @@ class Executor {
     stats.cpu.on_written = times_.seconds(Phase::kReport);
     stats.cpu.waiting = times_.waiting_seconds();
     stats.module_errors = module_errors();
+    stats.mse_rows.cutoff = mse_rows_.cutoff.load();
+    stats.mse_rows.amax = mse_rows_.amax.load();
+    stats.mse_rows.quantize = mse_rows_.quantize.load();
+    stats.mse_rows.reused_amax = mse_rows_.reused_amax.load();
+    stats.mse_rows.reused_quantize = mse_rows_.reused_quantize.load();
+    stats.mse_rows.kept_bytes = searched_bytes_.load();
     for (const ShardPlan& shard : plan_.shards) {
       if (selected(shard.file_name)) stats.bytes_written += shard.file_size;
     }
@@ -498,7 +516,13 @@ class Executor {
     if (m.observer.mse) {
       // The global scale comes from the chosen ranges (llm-compressor
       // Observer.get_global_scale over the observers' min/max values).
-      const float* ranges = observe(m, buf, buf.input.data(), n);
+      const float* ranges = searched_ranges(m, job.begin, n);
+      if (ranges != nullptr) {
+        mse_rows_.reused_amax += n;
+      } else {
+        ranges = observe(m, buf, buf.input.data(), n);
+        mse_rows_.amax += n;
+      }
       amax = 0.0f;
       const std::uint64_t groups = observed_groups(*m.args, n, m.rows.cols());
       for (std::uint64_t g = 0; g < groups; ++g) amax = std::max(amax, range_amax(ranges, g));
@@ -527,7 +551,8 @@ class Executor {
   }
 
   // The cutoff pre-pass: the candidates that improve some group of this
-  // chunk, until they settle the module's cutoff.
+  // chunk, until they settle the module's cutoff. The chunk's chosen ranges
+  // are kept for its amax and quantize jobs while the budget allows.
   void run_observe_job(const Job& job, Buffers& buf) {
     ModuleRun& m = *modules_[job.module];
     if (m.cutoff_settled) return;
@@ -539,10 +564,58 @@ class Executor {
     }
     ImprovedSteps improved;
     observe(m, buf, buf.input.data(), n, &improved);
+    mse_rows_.cutoff += n;
+    std::vector<float> ranges;
+    if (options_.reuse_searched_ranges && reserve_searched_bytes(buf.ranges.size() * sizeof(float))) {
+      ranges = buf.ranges;
+    }
     const std::lock_guard lock(m.improved_mutex);
     m.improved.resize(std::max(m.improved.size(), improved.size()), 0);
     for (std::size_t i = 0; i < improved.size(); ++i) m.improved[i] |= improved[i];
     if (mse_cutoff_settled(m.observer, m.improved)) m.cutoff_settled = true;
+    if (!ranges.empty()) m.searched_ranges.emplace(job.begin, std::move(ranges));
+  }
+
+  // Whether a module's search runs to its last candidate (mse_cutoff), so
+  // that the ranges the cutoff pre-pass chose over every candidate are the
+  // ones its amax and quantize jobs would choose.
+  static bool searches_every_candidate(const ModuleRun& m) {
+    return m.cutoff + 1 >= m.observer.steps();
+  }
+
+  // Takes `bytes` of the budget for the ranges kept between the passes: at
+  // most chunk_bytes in all, so memory stays flat however many modules the
+  // pre-pass searches.
+  bool reserve_searched_bytes(std::uint64_t bytes) {
+    std::uint64_t used = searched_bytes_.load();
+    do {
+      if (used + bytes > options_.chunk_bytes) return false;
+    } while (!searched_bytes_.compare_exchange_weak(used, used + bytes));
+    return true;
+  }
+
+  // The ranges the cutoff pre-pass kept for the chunk of n rows from row
+  // `begin`, or null; valid until the chunk's quantize job takes them.
+  static const float* searched_ranges(ModuleRun& m, std::uint64_t begin, std::uint64_t n) {
+    const std::lock_guard lock(m.improved_mutex);
+    const auto it = m.searched_ranges.find(begin);
+    if (it == m.searched_ranges.end() ||
+        it->second.size() != 2 * observed_groups(*m.args, n, m.rows.cols())) {
+      return nullptr;
+    }
+    return it->second.data();
+  }
+
+  // Takes the ranges the cutoff pre-pass kept for the chunk of n rows from
+  // row `begin` (empty if none), for its quantize job to free.
+  static std::vector<float> take_searched_ranges(ModuleRun& m, std::uint64_t begin,
+                                                 std::uint64_t n) {
+    const std::lock_guard lock(m.improved_mutex);
+    auto node = m.searched_ranges.extract(begin);
+    if (node.empty() || node.mapped().size() != 2 * observed_groups(*m.args, n, m.rows.cols())) {
+      return {};
+    }
+    return std::move(node.mapped());
   }
 
   // Loads a job's rows; an FP8 value that is not finite once dequantized is
@@ -577,6 +650,10 @@ class Executor {
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
     const ModuleRun& m = *modules_[job.module];
     const std::uint64_t n_rows = job.end - job.begin;
+    // Ranges the cutoff pre-pass chose for this chunk, freed with the job.
+    const std::vector<float> searched =
+        m.observer.mse ? take_searched_ranges(*modules_[job.module], job.begin, n_rows)
+                       : std::vector<float>{};
     // A BF16, F16 or F32 chunk is quantized where it is read. An FP8 chunk's
     // codes are read whole and dequantized band by band into a buffer that
     // stays in cache, each band quantized as soon as it is decoded: the
@@ -619,7 +696,15 @@ class Executor {
           throw_not_finite(m, band, *bad, weight);
         }
         io.tensor_amax = m.set_amax;
-        io.ranges = observe(m, buf, weight, io.n_rows);
+        if (!searched.empty()) {
+          // A band's groups follow those of the rows before it in the
+          // chunk (bands are whole multiples of the row alignment).
+          io.ranges = searched.data() + 2 * observed_groups(*m.args, band - job.begin, io.n_cols);
+          mse_rows_.reused_quantize += io.n_rows;
+        } else {
+          io.ranges = observe(m, buf, weight, io.n_rows);
+          mse_rows_.quantize += io.n_rows;
+        }
       }
       for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
         const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
@@ -991,6 +1076,13 @@ class Executor {
   std::array<std::uint64_t, 4> max_out_bytes_{};
   std::uint64_t bytes_total_ = 0;
   std::uint64_t tensors_total_ = 0;
+  // Bytes of ranges the cutoff pre-pass kept (reserve_searched_bytes), and
+  // the rows each pass searched or reused (ExecuteStats::mse_rows).
+  std::atomic<std::uint64_t> searched_bytes_{0};
+  struct {
+    std::atomic<std::uint64_t> cutoff{0}, amax{0}, quantize{0}, reused_amax{0},
+        reused_quantize{0};
+  } mse_rows_;
 
   std::atomic<std::size_t> next_job_{0};
   std::size_t read_ahead_job_ = 0;  // jobs before this one were read ahead (calling thread only)

@@ -747,6 +747,13 @@ class PartRun {
     summary_.execute.seconds_flush += stats.seconds_flush;
     summary_.execute.bytes_read += stats.bytes_read;
     summary_.execute.bytes_written += stats.bytes_written;
+    ExecuteStats::MseRows& mse = summary_.execute.mse_rows;
+    mse.cutoff += stats.mse_rows.cutoff;
+    mse.amax += stats.mse_rows.amax;
+    mse.quantize += stats.mse_rows.quantize;
+    mse.reused_amax += stats.mse_rows.reused_amax;
+    mse.reused_quantize += stats.mse_rows.reused_quantize;
+    mse.kept_bytes = std::max(mse.kept_bytes, stats.mse_rows.kept_bytes);
     summary_.execute.module_errors.insert(summary_.execute.module_errors.end(),
                                           stats.module_errors.begin(), stats.module_errors.end());
     for (const std::string& w : stats.warnings) {

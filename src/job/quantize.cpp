@@ -374,6 +374,15 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         "blocked {:.3f} s",
         st.cpu.read, st.cpu.decode, st.cpu.amax, st.cpu.quantize, st.cpu.error, st.cpu.write,
         st.cpu.on_written, st.cpu.waiting);
+    const ExecuteStats::MseRows& mse = st.mse_rows;
+    if (mse.cutoff + mse.amax + mse.quantize + mse.reused_amax + mse.reused_quantize > 0) {
+      log->debug(
+          "MSE search, weight rows: {} by the cutoff pre-pass, {} by the amax pre-pass, {} by "
+          "the quantize jobs; {} amax and {} quantize rows took the cutoff pre-pass's ranges "
+          "({} bytes kept)",
+          mse.cutoff, mse.amax, mse.quantize, mse.reused_amax, mse.reused_quantize,
+          mse.kept_bytes);
+    }
   }
   summary.bytes_out = directory_bytes(staged.dir());
   // The last moment a signal can stop the run: after the rename OUTPUT is

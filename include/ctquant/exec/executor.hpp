@@ -15,8 +15,13 @@
 // queue and are made by one worker at a time, so that workers do not wait on
 // each other in the kernel's per-file lock; each worker has two output
 // buffers and quantizes its next chunk while the last one waits to be
-// written. Memory is about threads * 1.5 * chunk_bytes whatever the model
-// size.
+// written. A module searched by an MSE observer whose patience can stop
+// the search early is first searched chunk by chunk until its cutoff is
+// known (mse_cutoff); when the search turns out to run to the last
+// candidate, the ranges that pre-pass chose for a chunk are the chunk's
+// ranges, and its amax and quantize jobs take them instead of searching
+// again (kept up to chunk_bytes in all, each freed by its quantize job).
+// Memory is about threads * 1.5 * chunk_bytes whatever the model size.
 #pragma once
 
 #include <atomic>
@@ -60,6 +65,11 @@ struct ExecuteOptions {
   // When it becomes true the run stops and throws Error{kInterrupted}.
   const std::atomic<bool>* cancel = nullptr;
   bool fsync = true;  // flush every file and the directory before returning
+  // Let amax and quantize jobs take the ranges the MSE cutoff pre-pass
+  // chose for their chunk when the search runs to the last candidate (the
+  // same ranges). Off: every job searches again. The bytes are the same
+  // either way.
+  bool reuse_searched_ranges = true;
   // The output files to write, by name (shards, the index, config.json,
   // copied files); unset: every file of the plan. A part of a run split
   // across processes writes its own files only (parts.hpp).
@@ -116,6 +126,19 @@ struct ExecuteStats {
   // The weight error of every module quantized into the files written, in
   // plan order.
   std::vector<ModuleError> module_errors;
+  // Rows of weights an MSE observer searched, by pass (an FP8 chunk's
+  // bands count once each), and the rows whose amax or quantize job took
+  // the ranges the cutoff pre-pass chose instead of searching again.
+  struct MseRows {
+    std::uint64_t cutoff = 0;    // the cutoff pre-pass
+    std::uint64_t amax = 0;      // the amax pre-pass (NVFP4 global scales)
+    std::uint64_t quantize = 0;  // the quantize jobs
+    std::uint64_t reused_amax = 0;
+    std::uint64_t reused_quantize = 0;
+    // Bytes of ranges the cutoff pre-pass kept for the later passes (at
+    // most chunk_bytes).
+    std::uint64_t kept_bytes = 0;
+  } mse_rows;
 };
 
 // Writes every file of the plan (or the ones options.files names) into

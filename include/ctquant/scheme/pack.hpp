@@ -9,6 +9,7 @@
 // tests/test_pack.cpp). This is compressed-tensors' pack_to_int32.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -20,6 +21,18 @@ namespace ctquant {
 // clamp first, as section 3 does); num_bits is 1 to 8 (the schemes use 4
 // and 8). Throws nothing.
 void pack_codes(std::span<const std::int8_t> codes, int num_bits, std::span<std::uint32_t> out);
+
+// The two paths of pack_codes, exposed for tests (the same words):
+namespace pack_detail {
+// For b = 2, 4 or 8: packs the first min(codes.size() / (32/b), out.size())
+// words, each from 32/b codes, without a loop over bits (g++ vectorizes
+// it), and returns how many; 0 for another b.
+std::size_t pack_codes_whole_words(std::span<const std::int8_t> codes, int num_bits,
+                                   std::span<std::uint32_t> out);
+// Any b: code by code into the bit stream (every word of out zeroed first).
+void pack_codes_bitwise(std::span<const std::int8_t> codes, int num_bits,
+                        std::span<std::uint32_t> out);
+}  // namespace pack_detail
 
 // Inverse of pack_codes: fills codes (codes.size() elements, each in
 // [-2^(b-1), 2^(b-1))) from words, which must hold ceil(codes.size()*b/32)
