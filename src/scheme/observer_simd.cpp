@@ -417,16 +417,15 @@ HWY_INLINE hn::Vec<DF> set_error_of(DF df, const MseSearch& m, Candidate::Kind k
 }
 
 #if HWY_TARGET == HWY_AVX3
-// xt[j * 16 + lane] = element j of the BF16 group at group_at(lane), as a
+// xt[j * 16 + lane] = element j of the BF16 group at groups[lane], as a
 // float, for 16 groups of g elements (g a multiple of 16): 16 x 16 blocks
 // widened (BF16 bits shifted into a float's high half) and transposed by
 // the four unpack and shuffle stages.
-template <class GroupAt>
-HWY_INLINE void transpose_bf16_16(const GroupAt& group_at, std::size_t g, float* xt) {
+HWY_INLINE void transpose_bf16_16(const std::byte* const* groups, std::size_t g, float* xt) {
   for (std::size_t j0 = 0; j0 < g; j0 += 16) {
     __m512 r[16];
     for (int lane = 0; lane < 16; ++lane) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group_at(lane) + 2 * j0));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[lane] + 2 * j0));
       r[lane] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
     }
     __m512 t[16];
@@ -504,7 +503,9 @@ void search_t(const MseSearch& m, const R& regs) {
     };
 #if HWY_TARGET == HWY_AVX3
     if (T == DType::kBF16 && valid == 16 && g % 16 == 0) {
-      transpose_bf16_16(group_at, g, xt.get());
+      const std::byte* groups[16];
+      for (std::size_t lane = 0; lane < 16; ++lane) groups[lane] = group_at(lane);
+      transpose_bf16_16(groups, g, xt.get());
     } else
 #endif
     for (std::size_t lane = 0; lane < n_lanes; ++lane) {
