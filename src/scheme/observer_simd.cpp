@@ -267,10 +267,10 @@ HWY_INLINE hn::Vec<DF> pow_one(DF df, const MseSearch& m, hn::Vec<DF> ad, const 
 template <DType T, class R, class DF>
 HWY_INLINE void pow_terms(DF df, const MseSearch& m, float* terms, std::size_t n, const R& regs) {
   const std::size_t n_lanes = hn::Lanes(df);
+  const R r = regs;  // in registers: the stores cannot alias a local copy
 #pragma GCC unroll 4
   for (std::size_t j = 0; j < n; ++j) {
-    hn::Store(pow_one<T>(df, m, hn::Load(df, terms + j * n_lanes), regs), df,
-              terms + j * n_lanes);
+    hn::Store(pow_one<T>(df, m, hn::Load(df, terms + j * n_lanes), r), df, terms + j * n_lanes);
   }
 }
 
@@ -379,11 +379,25 @@ HWY_NOINLINE hn::Vec<DF> set_error(DF df, const MseSearch& m, const float* xt, f
                                    const LaneCandidates<DF>& c, const R& regs) {
   const std::size_t n_lanes = hn::Lanes(df);
   const std::size_t g = m.layout->group;
+  // The candidate in locals, the division test outside the loop: the
+  // stores to slots cannot alias them.
+  const auto abs_errors = [&](auto divide) HWY_ATTR {
+    const hn::Vec<DF> s = c.s;
+    const hn::Vec<DF> inv = c.inv;
+    const hn::Vec<DF> z = c.z;
+    const hn::Vec<DF> qmin = c.qmin;
+    const hn::Vec<DF> qmax = c.qmax;
 #pragma GCC unroll 4
-  for (std::size_t j = 0; j < g; ++j) {
-    hn::Store(abs_error<T, K, kAsym>(df, hn::Load(df, xt + j * n_lanes), c.s, c.inv, c.z, c.qmin,
-                                     c.qmax, c.divide),
-              df, slots + j * n_lanes);
+    for (std::size_t j = 0; j < g; ++j) {
+      hn::Store(abs_error<T, K, kAsym>(df, hn::Load(df, xt + j * n_lanes), s, inv, z, qmin, qmax,
+                                       decltype(divide)::value),
+                df, slots + j * n_lanes);
+    }
+  };
+  if (c.divide) {
+    abs_errors(std::true_type{});
+  } else {
+    abs_errors(std::false_type{});
   }
   pow_terms<T>(df, m, slots, g, regs);
   if (g % 16 == 0 && g / 16 < 64) return ordered_sum(df, slots, g / 16);
