@@ -189,6 +189,8 @@ std::vector<SearchCase> search_cases() {
       {"int4_g1024", args_for(T::kInt, 4, true, S::kGroup, 1024), mse("memoryless_mse"), 2048},
       {"int4_g1008", args_for(T::kInt, 4, true, S::kGroup, 1008), mse("memoryless_mse"), 2016},
       {"int4_asym_g16", args_for(T::kInt, 4, false, S::kGroup, 16), mse("memoryless_mse"), 64},
+      {"int2_g64", args_for(T::kInt, 2, true, S::kGroup, 64), mse("memoryless_mse"), 192},
+      {"int3_asym_g32", args_for(T::kInt, 3, false, S::kGroup, 32), mse("memoryless_mse"), 96},
   };
 }
 

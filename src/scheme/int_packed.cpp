@@ -155,23 +155,28 @@ std::optional<std::uint64_t> quantize_ref(const QuantArgs& args, const KernelIo&
   return run<quantize_block_ref>(args, io);
 }
 
-// With observer ranges: the codes by the vector kernel of observer_simd.cpp
-// (unpacked, in scratch after the zero points), then packed row by row.
+// With observer ranges: the codes by the vector kernel of observer_simd.cpp,
+// packed by it for 4 and 8 bits; other widths unpacked (in scratch after the
+// zero points), then packed row by row.
 std::optional<std::uint64_t> quantize_ranges_fast(const QuantArgs& args, const KernelIo& io) {
   const std::uint64_t groups = n_groups(args, io.n_cols);
   std::int8_t* zero_points = reinterpret_cast<std::int8_t*>(io.scratch.data());
-  std::int8_t* codes = zero_points + io.n_rows * groups;
-  if (io.scratch.size() < io.n_rows * groups + io.n_rows * io.n_cols ||
+  auto* packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
+  const bool packs = args.num_bits == 4 || args.num_bits == 8;
+  std::int8_t* codes = packs ? nullptr : zero_points + io.n_rows * groups;
+  if (io.scratch.size() < io.n_rows * groups + (packs ? 0 : io.n_rows * io.n_cols) ||
       !detail::int_codes_from_ranges_at(detail::simd_best_level(), args, io.dtype, io.n_rows,
                                         io.n_cols, args.scale_cols(io.n_cols), io.weight,
-                                        io.ranges, codes, io.out[1], zero_points)) {
+                                        io.ranges, codes, packs ? packed : nullptr, io.out[1],
+                                        zero_points)) {
     return run<quantize_block_ref>(args, io);
   }
-  const std::uint64_t words = packed_words_per_row(io.n_cols, args.num_bits);
-  auto* packed = reinterpret_cast<std::uint32_t*>(io.out[0]);
-  for (std::uint64_t r = 0; r < io.n_rows; ++r) {
-    pack_codes(std::span<const std::int8_t>(codes + r * io.n_cols, io.n_cols), args.num_bits,
-               std::span<std::uint32_t>(packed + r * words, words));
+  if (!packs) {
+    const std::uint64_t words = packed_words_per_row(io.n_cols, args.num_bits);
+    for (std::uint64_t r = 0; r < io.n_rows; ++r) {
+      pack_codes(std::span<const std::int8_t>(codes + r * io.n_cols, io.n_cols), args.num_bits,
+                 std::span<std::uint32_t>(packed + r * words, words));
+    }
   }
   if (!args.symmetric) {
     pack_zero_points(std::span(zero_points, io.n_rows * groups), io.n_rows, groups, args.num_bits,

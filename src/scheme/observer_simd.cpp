@@ -116,7 +116,8 @@ struct IntCodes {
   std::uint64_t group = 0;
   const std::byte* weight = nullptr;
   const float* ranges = nullptr;
-  std::int8_t* codes = nullptr;   // n_rows * n_cols
+  std::int8_t* codes = nullptr;   // n_rows * n_cols, or:
+  std::uint8_t* packed = nullptr;  // 4 or 8 bits: the packed rows (section 4)
   std::byte* scale = nullptr;     // per group, W
   std::int8_t* zero_point = nullptr;  // per group (asymmetric)
 };
@@ -622,6 +623,12 @@ void int_codes_t(const IntCodes& k) {
   const V qmin = hn::Set(df, proto.qmin);
   const V qmax = hn::Set(df, proto.qmax);
   const std::uint64_t groups = k.n_cols / k.group;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<std::uint8_t, decltype(du)> du8;
+  const hn::Repartition<std::uint64_t, decltype(du)> d64;
+  const hn::Rebind<std::uint8_t, decltype(d64)> d64_8;
+  const int bits = k.args->num_bits;
+  const V round_bias = hn::Set(df, 12582912.0f + static_cast<float>(1 << (bits - 1)));
   for (std::uint64_t r = 0; r < k.n_rows; ++r) {
     for (std::uint64_t gi = 0; gi < groups; ++gi) {
       const std::uint64_t idx = r * groups + gi;
@@ -634,12 +641,28 @@ void int_codes_t(const IntCodes& k) {
       const bool divide = T == DType::kF32 || !(c.s >= 0x1p-100f);
       const V inv = hn::Set(df, 1.0f / c.s);
       const std::byte* row = k.weight + (r * k.n_cols + gi * k.group) * esize;
-      std::int8_t* out = k.codes + r * k.n_cols + gi * k.group;
+      std::int8_t* out = k.codes == nullptr ? nullptr : k.codes + r * k.n_cols + gi * k.group;
+      std::uint8_t* packed =
+          k.packed == nullptr ? nullptr : k.packed + (r * k.n_cols + gi * k.group) * bits / 8;
       for (std::uint64_t j = 0; j < k.group; j += n_lanes) {
         const V x = ss::load_as_float<T>(df, row + j * esize);
         V v = ss::round_to_t<T>(df, divide ? hn::Div(x, s) : hn::Mul(x, inv));
         if (c.asymmetric) v = ss::round_to_t<T>(df, hn::Add(v, z));
-        const auto q = hn::ConvertTo(di, hn::Round(hn::Min(hn::Max(v, qmin), qmax)));
+        v = hn::Min(hn::Max(v, qmin), qmax);
+        if (packed != nullptr) {
+          // As quantize_vector (kernel_simd.cpp): v + 1.5 * 2^23 + 2^(b-1)
+          // rounds half to even and leaves the offset code in the low bits.
+          const auto biased = hn::BitCast(du, hn::Add(v, round_bias));
+          if (bits == 8) {
+            hn::StoreU(hn::TruncateTo(du8, biased), du8, packed + j);
+          } else {
+            const auto pairs = hn::BitCast(d64, hn::And(biased, hn::Set(du, 0xFu)));
+            const auto bytes = hn::Or(pairs, hn::ShiftRight<28>(pairs));
+            hn::StoreU(hn::TruncateTo(d64_8, bytes), d64_8, packed + j / 2);
+          }
+          continue;
+        }
+        const auto q = hn::ConvertTo(di, hn::Round(v));
         hn::StoreU(hn::DemoteTo(d8, q), d8, out + j);
       }
     }
@@ -771,13 +794,16 @@ constexpr SimdEntry<IntCodesFn> kIntCodes[] = CTQUANT_SIMD_TABLE(int_codes);
 bool int_codes_from_ranges_at(const SimdLevel& level, const QuantArgs& args, DType w,
                               std::uint64_t n_rows, std::uint64_t n_cols, std::uint64_t group,
                               const std::byte* weight, const float* ranges, std::int8_t* codes,
-                              std::byte* scale, std::int8_t* zero_point) {
+                              std::uint32_t* packed, std::byte* scale, std::int8_t* zero_point) {
   IntCodesFn* fn = simd_entry(kIntCodes, level);
   if (fn == nullptr || args.type != QuantArgs::Type::kInt || group == 0 ||
-      group % 16 != 0 || n_cols % group != 0) {
+      group % 16 != 0 || n_cols % group != 0 ||
+      (packed != nullptr && args.num_bits != 4 && args.num_bits != 8) ||
+      (packed == nullptr) == (codes == nullptr)) {
     return false;
   }
-  fn(IntCodes{&args, w, n_rows, n_cols, group, weight, ranges, codes, scale, zero_point});
+  fn(IntCodes{&args, w, n_rows, n_cols, group, weight, ranges, codes,
+              reinterpret_cast<std::uint8_t*>(packed), scale, zero_point});
   return true;
 }
 

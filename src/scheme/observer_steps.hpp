@@ -321,15 +321,17 @@ bool observe_ranges_at(const SimdLevel& level, const QuantArgs& args,
                        const ObserverParams& params, std::uint32_t cutoff, const ObserveIo& io,
                        ImprovedSteps* improved);
 
-// The int codes (one int8 per weight, not packed), scales and zero points
-// of n_rows rows of integer weights whose groups of `group` columns (the
-// whole row for channel) take the observer's ranges, by vector code at
-// `level`: the bytes quantize_block_ref gives with KernelBlock::ranges.
-// False when the level or the args are not covered (group a multiple of
-// 16 and dividing n_cols).
+// The int codes, scales and zero points of n_rows rows of integer weights
+// whose groups of `group` columns (the whole row for channel) take the
+// observer's ranges, by vector code at `level`: the bytes quantize_block_ref
+// gives with KernelBlock::ranges. Exactly one of codes (one int8 per
+// weight, not packed) and packed (4- or 8-bit codes packed into int32 words,
+// section 4, packed_words_per_row words per row) is given. False when the
+// level or the args are not covered (group a multiple of 16 and dividing
+// n_cols; packed: 4 or 8 bits).
 bool int_codes_from_ranges_at(const SimdLevel& level, const QuantArgs& args, DType w,
                               std::uint64_t n_rows, std::uint64_t n_cols, std::uint64_t group,
                               const std::byte* weight, const float* ranges, std::int8_t* codes,
-                              std::byte* scale, std::int8_t* zero_point);
+                              std::uint32_t* packed, std::byte* scale, std::int8_t* zero_point);
 
 }  // namespace ctquant::detail
