@@ -403,6 +403,22 @@ TEST(ObserverKwargs, BadKwargsAreRefusedNamingTheKey) {
   EXPECT_EQ(p.expand, 1.8);
 }
 
+// A search with no candidates (int(maxshrink * grid) <= 0) keeps the
+// min-max ranges, as the library's loop does; ctquant says so.
+TEST(ObserverKwargs, NoCandidatesSaysEveryGroupKeepsItsMinMaxRange) {
+  take_observer_notes();
+  for (const json& kwargs : {json{{"grid", -5}}, json{{"maxshrink", 0}}, json{{"grid", 2.5}}}) {
+    const ObserverParams p = observer_params("memoryless_mse", kwargs, "test");
+    EXPECT_EQ(p.steps(), 0u) << kwargs.dump();
+    const std::vector<std::string> notes = take_observer_notes();
+    ASSERT_EQ(notes.size(), 1u) << kwargs.dump();
+    EXPECT_NE(notes[0].find("no candidates"), std::string::npos) << notes[0];
+    EXPECT_NE(notes[0].find("keeps its min-max range"), std::string::npos) << notes[0];
+  }
+  observer_params("memoryless_mse", json{{"grid", 40}}, "test");
+  EXPECT_TRUE(take_observer_notes().empty());
+}
+
 TEST(ObserverRows, PerTensorScalesRefuseMseObservers) {
   json w = {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"},
             {"observer", "memoryless_mse"}};

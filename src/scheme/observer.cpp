@@ -171,6 +171,13 @@ ObserverParams observer_params(const std::string& observer, const json& kwargs,
           where, key, observer));
     }
   }
+  if (p.steps() == 0) {
+    add_observer_note(fmt::format(
+        "{}: observer_kwargs give {} no candidates (int(maxshrink * grid) = int({} * {}) <= 0): "
+        "every group keeps its min-max range, as llm-compressor does, and config.json records "
+        "the observer as given",
+        where, observer, p.maxshrink, p.grid));
+  }
   if (p.steps() > kMaxMseSteps) {
     throw usage_error(fmt::format(
         "{}: observer_kwargs: maxshrink * grid = {} candidates; ctquant searches at most {}",

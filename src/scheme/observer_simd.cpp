@@ -241,9 +241,9 @@ struct NoPowRegs {};
 // or (NoPowRegs) as m.pow says.
 template <DType T, class R, class DF>
 HWY_INLINE hn::Vec<DF> pow_one(DF df, const MseSearch& m, hn::Vec<DF> ad, const R& regs) {
-  using V = hn::Vec<DF>;
 #if HWY_TARGET == HWY_AVX3
   if constexpr (std::is_same_v<R, PowRegs>) {
+    using V = hn::Vec<DF>;
     __mmask16 bad = 0;
     __m512 pw = pow_reg(regs, ad.raw, bad);
     if (HWY_UNLIKELY(!_kortestz_mask16_u8(bad, bad))) {
@@ -323,12 +323,6 @@ HWY_INLINE hn::Vec<DF> abs_error(DF df, hn::Vec<DF> xv, hn::Vec<DF> s, hn::Vec<D
   }
 }
 
-// The candidate of every lane of a set, and what computing its error needs.
-template <class DF>
-struct LaneCandidates {
-  hn::Vec<DF> s, inv, z, qmin, qmax;
-  bool divide = false;
-};
 
 // The sum of the terms in a set's n = 16 vec_size vectors of
 // slots (vec_size < 64; slot j: element j of every group), not yet rounded
@@ -377,25 +371,22 @@ HWY_INLINE hn::Vec<DF> ordered_sum(DF df, const float* slots, std::size_t vec_si
 // loop that sums each term as it is computed).
 template <DType T, Candidate::Kind K, bool kAsym, class R, class DF>
 HWY_NOINLINE hn::Vec<DF> set_error(DF df, const MseSearch& m, const float* xt, float* slots,
-                                   const LaneCandidates<DF>& c, const R& regs) {
+                                   hn::Vec<DF> s, hn::Vec<DF> inv, hn::Vec<DF> z,
+                                   hn::Vec<DF> qmin, hn::Vec<DF> qmax, bool divide,
+                                   const R& regs) {
   const std::size_t n_lanes = hn::Lanes(df);
   const std::size_t g = m.layout->group;
-  // The candidate in locals, the division test outside the loop: the
-  // stores to slots cannot alias them.
-  const auto abs_errors = [&](auto divide) HWY_ATTR {
-    const hn::Vec<DF> s = c.s;
-    const hn::Vec<DF> inv = c.inv;
-    const hn::Vec<DF> z = c.z;
-    const hn::Vec<DF> qmin = c.qmin;
-    const hn::Vec<DF> qmax = c.qmax;
+  // The candidate by value, the division test outside the loop: the stores
+  // to slots cannot alias them.
+  const auto abs_errors = [&](auto divide_by_s) HWY_ATTR {
 #pragma GCC unroll 4
     for (std::size_t j = 0; j < g; ++j) {
       hn::Store(abs_error<T, K, kAsym>(df, hn::Load(df, xt + j * n_lanes), s, inv, z, qmin, qmax,
-                                       decltype(divide)::value),
+                                       decltype(divide_by_s)::value),
                 df, slots + j * n_lanes);
     }
   };
-  if (c.divide) {
+  if (divide) {
     abs_errors(std::true_type{});
   } else {
     abs_errors(std::false_type{});
@@ -417,18 +408,19 @@ HWY_NOINLINE hn::Vec<DF> set_error(DF df, const MseSearch& m, const float* xt, f
 // registers).
 template <DType T, class R, class DF>
 HWY_INLINE hn::Vec<DF> set_error_of(DF df, const MseSearch& m, Candidate::Kind kind, bool asym,
-                                    const float* xt, float* slots, const LaneCandidates<DF>& c,
-                                    const R& regs) {
+                                    const float* xt, float* slots, hn::Vec<DF> s,
+                                    hn::Vec<DF> inv, hn::Vec<DF> z, hn::Vec<DF> qmin,
+                                    hn::Vec<DF> qmax, bool divide, const R& regs) {
   switch (kind) {
     case Candidate::Kind::kInt:
-      return asym ? set_error<T, Candidate::Kind::kInt, true>(df, m, xt, slots, c, regs)
-                  : set_error<T, Candidate::Kind::kInt, false>(df, m, xt, slots, c, regs);
+      return asym ? set_error<T, Candidate::Kind::kInt, true>(df, m, xt, slots, s, inv, z, qmin, qmax, divide, regs)
+                  : set_error<T, Candidate::Kind::kInt, false>(df, m, xt, slots, s, inv, z, qmin, qmax, divide, regs);
     case Candidate::Kind::kFp8:
-      return set_error<T, Candidate::Kind::kFp8, false>(df, m, xt, slots, c, regs);
+      return set_error<T, Candidate::Kind::kFp8, false>(df, m, xt, slots, s, inv, z, qmin, qmax, divide, regs);
     case Candidate::Kind::kFp4:
       break;
   }
-  return set_error<T, Candidate::Kind::kFp4, false>(df, m, xt, slots, c, regs);
+  return set_error<T, Candidate::Kind::kFp4, false>(df, m, xt, slots, s, inv, z, qmin, qmax, divide, regs);
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -580,15 +572,11 @@ void search_t(const MseSearch& m, const R& regs) {
           s = hn::IfThenElse(hn::Eq(s, zero), eps, s);
         }
       }
-      LaneCandidates<DF> c;
-      c.s = s;
-      c.inv = hn::Div(hn::Set(df, 1.0f), s);
-      c.z = z;
-      c.qmin = qmin;
-      c.qmax = qmax;
-      c.divide = !hn::AllTrue(df, hn::Ge(s, hn::Set(df, 0x1p-100f)));
+      const V inv = hn::Div(hn::Set(df, 1.0f), s);
+      const bool divide = !hn::AllTrue(df, hn::Ge(s, hn::Set(df, 0x1p-100f)));
       const V err = ss::round_to_t<T>(
-          df, set_error_of<T>(df, m, proto.kind, asym, xt.get(), slots.get(), c, regs));
+          df, set_error_of<T>(df, m, proto.kind, asym, xt.get(), slots.get(), s, inv, z,
+                                          qmin, qmax, divide, regs));
       const auto improved = hn::And(hn::Lt(err, best), valid_mask);
       if (!hn::AllFalse(df, improved)) {
         best = hn::IfThenElse(improved, err, best);
