@@ -134,8 +134,7 @@ namespace ctquant::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 namespace ss = ctquant::simd_steps::HWY_NAMESPACE;
 
-// The register tables of pow_reg, loaded once per search (AVX-512, BF16);
-// elsewhere an empty stand-in.
+// The register tables of pow_reg, loaded once per search (AVX-512, BF16).
 #if HWY_TARGET == HWY_AVX3
 struct PowRegs {
   __m512 mant[8];
@@ -185,8 +184,6 @@ HWY_INLINE __m512 pow_reg(const PowRegs& t, __m512 ad, __mmask16& bad) {
   return _mm512_castsi512_ps(
       _mm512_maskz_and_epi32(in_range, up, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
-#else
-struct PowRegs {};
 #endif
 
 // Sets t.exact and t.flagged: pow_reg against pow_table on every finite
@@ -234,6 +231,7 @@ HWY_INLINE hn::Vec<DF> pow_gather(DF df, const MseSearch& m, hn::Vec<DF> ad) {
   return hn::GatherIndex(df, m.table->value.data(), hn::BitCast(di, index));
 }
 
+// Where the search has no register tables (other levels, F16, other norms).
 struct NoPowRegs {};
 
 // |d|^norm of one vector of magnitudes ad, as pow_table gives it: by
@@ -312,15 +310,7 @@ HWY_INLINE hn::Vec<DF> abs_error(DF df, hn::Vec<DF> xv, hn::Vec<DF> s, hn::Vec<D
   } else {
     dq = ss::round_to_t<T>(df, hn::Mul(q, s));
   }
-  if constexpr (T == DType::kBF16) {
-    // round_to_t and Abs in one: the rounded bits with the sign cleared.
-    const auto u = hn::BitCast(du, hn::Sub(dq, xv));
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    return hn::BitCast(
-        df, hn::And(hn::Add(u, hn::Add(lsb, hn::Set(du, 0x7FFFu))), hn::Set(du, 0x7FFF0000u)));
-  } else {
-    return hn::Abs(ss::round_to_t<T>(df, hn::Sub(dq, xv)));
-  }
+  return hn::Abs(ss::round_to_t<T>(df, hn::Sub(dq, xv)));
 }
 
 
