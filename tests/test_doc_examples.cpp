@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -172,6 +174,60 @@ std::string test_name(const std::string& document) {
 
 INSTANTIATE_TEST_SUITE_P(Documents, DocExamples, ::testing::ValuesIn(marked_documents()),
                          [](const auto& param) { return test_name(param.param); });
+
+// ---- tables ----
+
+// The first line (1-based) of each run of table rows (lines outside fences
+// that start and end with '|') whose second line is not the delimiter row ("|---|...");
+// such rows render as the text of a paragraph, not as a table (a paragraph
+// placed between two rows of one table leaves the rows after it so).
+std::vector<int> rows_outside_a_table(const std::string& text) {
+  static const std::regex delimiter(R"(^\|( *:?-+:? *\|)+ *$)");
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+  }
+  // A row starts and ends with '|' (a wrapped "|w|) ..." in prose does not).
+  const auto is_row = [&](std::size_t i) {
+    const std::string& l = lines[i];
+    const auto end = l.find_last_not_of(' ');
+    return l.rfind("|", 0) == 0 && end != std::string::npos && end > 0 && l[end] == '|';
+  };
+  std::vector<int> out;
+  bool in_fence = false;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].rfind("```", 0) == 0) in_fence = !in_fence;
+    if (in_fence || !is_row(i)) continue;
+    if (i + 1 >= lines.size() || !std::regex_match(lines[i + 1], delimiter)) {
+      out.push_back(static_cast<int>(i + 1));
+    }
+    while (i + 1 < lines.size() && is_row(i + 1)) ++i;
+  }
+  return out;
+}
+
+TEST(DocMarkdown, EveryTableRowIsInATable) {
+  const std::string split =
+      "| option | meaning |\n|---|---|\n| `--a` | a |\n\nA paragraph.\n| `--b` | b |\n";
+  EXPECT_EQ(rows_outside_a_table(split), std::vector<int>{6});
+  EXPECT_EQ(rows_outside_a_table("text\n\n| `--b` | b |\n| `--c` | c |\n"), std::vector<int>{3});
+  EXPECT_TRUE(rows_outside_a_table("| a | b |\n| :-- | --: |\n| 1 | 2 |\n").empty());
+  EXPECT_TRUE(rows_outside_a_table("the max\n|w|, wrapped.\n").empty());
+  std::vector<std::string> documents{"README.md"};
+  for (const auto& entry : fs::directory_iterator(CTQUANT_DOCS_DIR)) {
+    if (entry.path().extension() == ".md") {
+      documents.push_back("docs/" + entry.path().filename().string());
+    }
+  }
+  for (const std::string& document : documents) {
+    for (int line : rows_outside_a_table(read_file(repo_root() / document))) {
+      ADD_FAILURE() << document << ":" << line
+                    << ": table rows without a header and delimiter row above them (a paragraph "
+                       "between two rows of a table?)";
+    }
+  }
+}
 
 // ---- the format on small texts ----
 
