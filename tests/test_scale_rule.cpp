@@ -357,5 +357,25 @@ TEST(VerifyAgainstSource, InfScalesTheSourceGivesAreStillAFailure) {
   EXPECT_EQ(c.exit_code, 3) << c.err;
 }
 
+// An OUTPUT whose config.json records an expand beyond float32 (as
+// model_free_ptq writes it, with infinite scales) is refused, the kwarg
+// named, rather than planned and found SAME.
+TEST(VerifyAgainstSource, OutputConfigWithExpand1e300IsRefusedNamingTheKwarg) {
+  GoldenCopy out("llama-bf16-mse");
+  json config = read_json(out.path / "config.json");
+  config["quantization_config"]["config_groups"]["config_group_0"]["weights"]["observer_kwargs"] = {
+      {"expand", 1e300}};
+  write_file(out.path / "config.json", config.dump(2));
+  try {
+    verify_against_source(out.path, golden("llama-bf16-mse") / "input", {});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    expect_message(e.what(), {"OUTPUT config.json",
+                              "observer_kwargs.expand 1e+300 is not finite "
+                              "as a float32"});
+  }
+}
+
 }  // namespace
 }  // namespace ctquant::test
