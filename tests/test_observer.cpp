@@ -9,6 +9,7 @@
 
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -419,6 +420,109 @@ TEST(ObserverKwargs, NoCandidatesSaysEveryGroupKeepsItsMinMaxRange) {
   EXPECT_TRUE(take_observer_notes().empty());
 }
 
+// The search multiplies ranges by the kwargs in float32: a kwarg beyond
+// float32 (1e39, 1e300) would be an infinity there, and an infinite
+// expand makes every scale inf (and NVFP4's global scale 0).
+TEST(ObserverKwargs, NonFiniteAsFloat32IsRefusedNamingTheKwarg) {
+  for (const char* key :
+       {"maxshrink", "grid", "norm", "expand", "chunk_size", "averaging_constant"}) {
+    for (const double v : {1e39, -1e39, 1e300, 3.5e38}) {
+      SCOPED_TRACE(std::string(key) + " " + std::to_string(v));
+      expect_message(
+          usage_message([&] {
+            observer_params("memoryless_mse", {{key, v}}, "g");
+          }),
+          {"g: observer_kwargs." + std::string(key), "not finite as a float32", "3.40282"});
+    }
+  }
+  // A whole number beyond long long never stops the search early (it once
+  // wrapped to a negative patience, which stops it at once).
+  EXPECT_EQ(
+      observer_params("memoryless_mse", json::parse(R"({"patience": 18446744073709551615})"), "g")
+          .patience,
+      std::numeric_limits<long long>::max());
+  // float32's largest is finite: accepted (it is within the type; an
+  // overflow it causes in a range is the run's to refuse, per group).
+  EXPECT_EQ(observer_params("memoryless_mse", {{"expand", 3.4028234663852886e38}}, "g").expand,
+            3.4028234663852886e38);
+}
+
+TEST(ObserverCli, InfNanAnd1e39KwargsAreRefusedNamingTheKwarg) {
+  TempDir tmp;
+  const std::string in = (test::golden_dir() / "llama-bf16" / "input").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"expand=inf", "observer_kwargs.expand inf is not finite"},
+      {"norm=nan", "observer_kwargs.norm nan is not finite"},
+      {"grid=-Infinity", "observer_kwargs.grid -Infinity is not finite"},
+      {"maxshrink=1e39", "observer_kwargs.maxshrink 1e+39 is not finite as a float32"},
+  };
+  for (const auto& [kwarg, message] : cases) {
+    SCOPED_TRACE(kwarg);
+    const test::CommandResult r =
+        test::run_ctquant({"quantize", in, (tmp / "out").string(), "--observer", "memoryless_mse",
+                           "--observer-kwarg", kwarg});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    expect_message(r.err, {message});
+    EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
+  }
+  // patience takes whole numbers only.
+  const test::CommandResult r =
+      test::run_ctquant({"quantize", in, (tmp / "out").string(), "--observer", "memoryless_mse",
+                         "--observer-kwarg", "patience=1e39"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {"observer_kwargs.patience 1e+39 is not a whole number"});
+}
+
+// int(maxshrink * grid) is counted in double before any conversion: 1e23 *
+// 0.2 once overflowed the conversion to 32 bits, passed the 1,024-candidate
+// cap and printed "no candidates".
+TEST(ObserverKwargs, CandidateCapCannotBeBypassedByAConversionOverflow) {
+  take_observer_notes();
+  expect_message(usage_message([] {
+                   observer_params("memoryless_mse", {{"grid", 1e23}}, "g");
+                 }),
+                 {"int(maxshrink * grid) = int(0.2 * 1e+23) = 2e+22 candidates", "at most 1024"},
+                 {"no candidates"});
+  expect_message(usage_message([] {
+                   observer_params("memoryless_mse", {{"grid", 2e10}}, "g");
+                 }),
+                 {"int(0.2 * 20000000000) = 4000000000 candidates", "at most 1024"});
+  expect_message(usage_message([] {
+                   observer_params("memoryless_mse", {{"maxshrink", 1e308}}, "g");
+                 }),
+                 {"observer_kwargs.maxshrink 1e+308 is not finite as a float32"});
+  expect_message(
+      usage_message([] {
+        observer_params("nvfp4_expanded_mse", {{"maxshrink", 3e38}, {"grid", 3e38}}, "g");
+      }),
+      {"int(maxshrink * grid) = int(3e+38 * 3e+38)", "at most 1024"});
+  EXPECT_TRUE(take_observer_notes().empty());
+  EXPECT_EQ(observer_params("memoryless_mse", {{"grid", 5120}}, "g").steps(), 1024u);
+  // steps() saturates rather than converting out of range.
+  ObserverParams p;
+  p.grid = 1e23;
+  EXPECT_EQ(p.steps(), std::numeric_limits<std::uint32_t>::max());
+  p.grid = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(p.steps(), 0u);
+}
+
+TEST(ObserverKwargs, SearchOverTenTimesTheDefaultCostIsWarnedWithTheEstimate) {
+  EXPECT_EQ(observer_params("memoryless_mse", json::object(), "g").steps(), kMemorylessMseSteps);
+  EXPECT_EQ(observer_params("nvfp4_expanded_mse", json::object(), "g").steps(), kExpandedMseSteps);
+  take_observer_warnings();
+  observer_params("memoryless_mse", {{"grid", 1000}}, "g");  // 200 = 10x: no warning
+  EXPECT_TRUE(take_observer_warnings().empty());
+  observer_params("memoryless_mse", {{"grid", 1000}, {"maxshrink", 0.5}}, "g");
+  std::vector<std::string> w = take_observer_warnings();
+  ASSERT_EQ(w.size(), 1u);
+  expect_message(w[0], {"g: observer_kwargs make memoryless_mse search up to 500 candidates",
+                        "int(0.5 * 1000)), 25.0x the 20 of its default kwargs",
+                        "expect the search to take about 25.0x as long"});
+  // nvfp4_expanded_mse's default is 111: 1024, the cap, is 9.2x.
+  observer_params("nvfp4_expanded_mse", {{"grid", 1024}, {"maxshrink", 1}}, "g");
+  EXPECT_TRUE(take_observer_warnings().empty());
+}
+
 TEST(ObserverRows, PerTensorScalesRefuseMseObservers) {
   json w = {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"},
             {"observer", "memoryless_mse"}};
@@ -570,6 +674,44 @@ TEST(ObserverCli, RecipeWeightObserverAppliesToEveryGroup) {
   cli.observer = "memoryless_minmax";
   EXPECT_EQ(plan_options_for(resolve_recipe(&spec, cli)).groups[0].weights.observer,
             "memoryless_minmax");
+}
+
+TEST(ObserverCli, ExpandOf1e300IsRefusedBeforeAnythingIsWritten) {
+  TempDir tmp;
+  std::vector<std::string> args = {"quantize",
+                                   (test::golden_dir() / "llama-bf16" / "input").string(),
+                                   (tmp / "out").string(),
+                                   "--observer",
+                                   "memoryless_mse",
+                                   "--observer-kwarg",
+                                   "expand=1e300"};
+  for (const std::string& a : llama_ignores()) args.push_back(a);
+  const test::CommandResult r = test::run_ctquant(args);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {"observer_kwargs.expand 1e+300 is not finite as a float32"});
+  EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
+  EXPECT_TRUE(test::temp_leftovers(tmp.path()).empty());
+}
+
+TEST(ObserverCli, CostlySearchIsAWarningOnStderr) {
+  TempDir tmp;
+  std::vector<std::string> args = {"quantize",
+                                   (test::golden_dir() / "llama-bf16" / "input").string(),
+                                   (tmp / "out").string(),
+                                   "--observer",
+                                   "memoryless_mse",
+                                   "--observer-kwarg",
+                                   "grid=1000",
+                                   "--observer-kwarg",
+                                   "maxshrink=0.25",
+                                   "--dry-run"};
+  for (const std::string& a : llama_ignores()) args.push_back(a);
+  const test::CommandResult r = test::run_ctquant(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"warning",
+                         "--observer-kwarg: observer_kwargs make memoryless_mse "
+                         "search up to 250 candidates",
+                         "12.5x"});
 }
 
 }  // namespace

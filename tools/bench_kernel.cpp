@@ -12,7 +12,8 @@
 // each as reference and fast path for every dtype and, for BF16, at every
 // level; and the input side: the FP8 E4M3 decode of FP8 inputs and the
 // max |w| pre-pass of NVFP4, at every level. Last, the MSE observer's
-// search (MseSearch/DTYPE/PATH) at W4A16's args.
+// search (MseSearch/DTYPE/PATH) at W4A16's args, and the executor's scale
+// check after the fast kernels (ScaleCheck/PRESET/BF16/fast+scale_check).
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -30,6 +31,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +44,7 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/scheme/scale_check.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/fp8.hpp"
 #include "scheme/byte_code_simd.hpp"
@@ -230,6 +233,8 @@ void run_row(benchmark::State& state, const ctquant::SchemeFamily* family,
     outputs.emplace_back(spec.bytes_before(kRows));
     io.out[outputs.size() - 1] = outputs.back().data();
   }
+  std::vector<std::byte> scratch(family->scratch_bytes(args, kRows, kCols));
+  io.scratch = scratch;
   for (auto _ : state) {
     const auto bad = kernel(args, io);
     benchmark::DoNotOptimize(bad);
@@ -273,6 +278,38 @@ void register_row_paths(
   if (!per_level) return;
   for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
     register_row(prefix + level.name, family, args, dtype, at_level(level), &level);
+  }
+}
+
+// ScaleCheck/PRESET/BF16/fast and .../fast+scale_check: the row's fast
+// kernel alone, and followed by the check the executor runs on every chunk's
+// scales (scheme/scale_check.hpp, first_bad_scale over each scale tensor's
+// bytes of the chunk): the pair gives the check's cost in one run.
+void register_scale_check() {
+  for (const char* name : {"W4A16", "W4A16_ASYM", "NVFP4A16", "MXFP4A16", "FP8_DYNAMIC"}) {
+    const ctquant::Preset* preset = ctquant::find_preset(name);
+    const ctquant::QuantArgs args = preset->weights;
+    const ctquant::SchemeFamily* family =
+        ctquant::family_for(args, !preset->input_activations.empty());
+    std::vector<ctquant::OutputTensorSpec> rows;
+    for (const ctquant::OutputTensorSpec& spec :
+         family->outputs(args, DType::kBF16, kRows, kCols)) {
+      if (spec.fill == ctquant::OutputTensorSpec::Fill::kRows) rows.push_back(spec);
+    }
+    const RowKernel checked = [family, rows](const ctquant::QuantArgs& a,
+                                             const ctquant::KernelIo& io) {
+      const auto bad = family->quantize(a, io);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (!ctquant::holds_scales(rows[i])) continue;
+        const auto found = ctquant::first_bad_scale(
+            rows[i].dtype, std::span<const std::byte>(io.out[i], rows[i].bytes_before(io.n_rows)));
+        benchmark::DoNotOptimize(found);
+      }
+      return bad;
+    };
+    const std::string prefix = std::string("ScaleCheck/") + name + "/BF16/";
+    register_row(prefix + "fast", family, args, DType::kBF16, family->quantize, nullptr);
+    register_row(prefix + "fast+scale_check", family, args, DType::kBF16, checked, nullptr);
   }
 }
 
@@ -330,6 +367,7 @@ void register_rows() {
                          });
     }
   }
+  register_scale_check();
 }
 
 // ---- the input side: FP8 E4M3 decode and the amax pre-pass ----

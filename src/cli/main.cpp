@@ -406,6 +406,7 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   };
   options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
   for (const std::string& note : ctquant::take_observer_notes()) options.logger->info("{}", note);
+  for (const std::string& w : ctquant::take_observer_warnings()) options.logger->warn("{}", w);
 
   using Clock = std::chrono::steady_clock;
   const auto clock_start = Clock::now();

@@ -1,7 +1,6 @@
 #include "ctquant/exec/executor.hpp"
 
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +32,7 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/fs.hpp"
 #include "exec/phase_times.hpp"
+#include "exec/value_checks.hpp"
 #include "exec/write_queue.hpp"
 #include "util/input_file.hpp"
 
@@ -53,32 +53,6 @@ constexpr std::uint64_t kCopyJobBytes = 64u << 20;
 // kernel's own read-ahead does not recognise as sequential.
 constexpr std::uint64_t kReadAheadBytes = 128u << 20;
 constexpr std::chrono::milliseconds kReadAheadInterval{20};
-
-// Whether every page of [offset, offset + length) of fd is in the page
-// cache, by cachestat(2) (Linux 6.5; the same number on every
-// architecture); false when the kernel cannot tell. Telling costs about a
-// quarter of what posix_fadvise(WILLNEED) costs on cached pages, which
-// walks them all too.
-bool all_cached(int fd, std::uint64_t offset, std::uint64_t length) {
-  constexpr long kCachestat = 451;
-  struct Range {
-    std::uint64_t offset, length;
-  };
-  struct Stat {
-    std::uint64_t cache, dirty, writeback, evicted, recently_evicted;
-  };
-  static std::atomic<bool> unsupported{false};
-  if (length == 0 || unsupported.load(std::memory_order_relaxed)) return false;
-  Range range{offset, length};
-  Stat stat{};
-  if (::syscall(kCachestat, fd, &range, &stat, 0) != 0) {
-    if (errno == ENOSYS) unsupported.store(true, std::memory_order_relaxed);
-    return false;
-  }
-  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  const std::uint64_t pages = (offset + length - 1) / page - offset / page + 1;
-  return stat.cache >= pages;
-}
 
 // What the executor needs of one planned module while it runs.
 struct ModuleRun {
@@ -117,6 +91,15 @@ struct ModuleRun {
 
   ModuleRun(const Checkpoint& checkpoint, const PlannedModule& m)
       : module(&m), shard(m.shard), rows(checkpoint, m.source) {}
+
+  // kQuantize: the module as the scale checks name it (value_checks.hpp).
+  detail::ScaleSubject subject() const {
+    const OutputTensorSpec* scale = nullptr;
+    for (const std::size_t o : row_outputs) {
+      if (specs[o].kind == OutputTensorSpec::Kind::kScale) scale = &specs[o];
+    }
+    return {rows, module->name, *args, observer, scale};
+  }
 };
 
 struct Job {
@@ -468,6 +451,9 @@ class Executor {
         const std::vector<std::byte> bytes =
             m->family->whole_tensor(*m->args, m->module->dtype, m->rows.rows(), m->rows.cols(),
                                     m->set_amax, whole_index++);
+        detail::check_whole_scale(
+            m->subject(), m->specs[o], bytes, m->set_amax,
+            m->module->amax_set && plan_.amax_sets[*m->module->amax_set].size() > 1);
         const PlannedTensor& t = *m->tensors[o];
         const std::uint64_t at = plan_.shards[m->shard].data_start + t.offset;
         const OutputFile* out = shard_file(m->shard);
@@ -511,7 +497,7 @@ class Executor {
     lap.lap(m.rows.is_fp8() ? Phase::kDecode : Phase::kRead);
     float amax = 0.0f;
     if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
-      throw_not_finite(m, job.begin, *bad, buf.input.data());
+      detail::throw_weight_not_finite(m.rows, job.begin, *bad, buf.input.data());
     }
     if (m.observer.mse) {
       // The global scale comes from the chosen ranges (llm-compressor
@@ -520,7 +506,7 @@ class Executor {
       if (ranges != nullptr) {
         mse_rows_.reused_amax += n;
       } else {
-        ranges = observe(m, buf, buf.input.data(), n);
+        ranges = observe(m, buf, buf.input.data(), job.begin, n);
         mse_rows_.amax += n;
       }
       amax = 0.0f;
@@ -534,10 +520,12 @@ class Executor {
     }
   }
 
-  // The observer's ranges of n rows of a module (its MSE search up to the
-  // module's cutoff), in the worker's buffer.
+  // The observer's ranges of n rows of a module from row `begin` (its MSE
+  // search up to the module's cutoff), in the worker's buffer; a range that
+  // is not finite stops the run (value_checks.hpp).
   const float* observe(const ModuleRun& m, Buffers& buf, const std::byte* weight,
-                       std::uint64_t n, ImprovedSteps* improved = nullptr) const {
+                       std::uint64_t begin, std::uint64_t n,
+                       ImprovedSteps* improved = nullptr) const {
     buf.ranges.resize(2 * observed_groups(*m.args, n, m.rows.cols()));
     ObserveIo io;
     io.dtype = m.rows.dtype();
@@ -547,6 +535,7 @@ class Executor {
     io.ranges = buf.ranges.data();
     observe_ranges(*m.args, m.observer, improved != nullptr ? m.observer.steps() : m.cutoff, io,
                    improved);
+    detail::check_observer_ranges(m.subject(), begin, n, weight, buf.ranges.data());
     return buf.ranges.data();
   }
 
@@ -560,10 +549,10 @@ class Executor {
     load_rows(m, job, buf);
     float amax = 0.0f;
     if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
-      throw_not_finite(m, job.begin, *bad, buf.input.data());
+      detail::throw_weight_not_finite(m.rows, job.begin, *bad, buf.input.data());
     }
     ImprovedSteps improved;
-    observe(m, buf, buf.input.data(), n, &improved);
+    observe(m, buf, buf.input.data(), job.begin, n, &improved);
     mse_rows_.cutoff += n;
     std::vector<float> ranges;
     if (options_.reuse_searched_ranges && reserve_searched_bytes(buf.ranges.size() * sizeof(float))) {
@@ -622,29 +611,8 @@ class Executor {
   // bad input, named by shard, tensor, row and column (section 6).
   void load_rows(const ModuleRun& m, const Job& job, Buffers& buf) const {
     if (const auto bad = m.rows.load(job.begin, job.end, buf.input, buf.fp8_scale)) {
-      throw_fp8_not_finite(m, job.begin, *bad);
+      detail::throw_fp8_not_finite(m.rows, job.begin, *bad);
     }
-  }
-
-  [[noreturn]] void throw_fp8_not_finite(const ModuleRun& m, std::uint64_t row_begin,
-                                         std::uint64_t bad) const {
-    const std::uint64_t row = row_begin + bad / m.rows.cols();
-    const std::uint64_t col = bad % m.rows.cols();
-    throw bad_input(fmt::format(
-        "{} {} (a dequantized weight must be finite; section 6 of the format spec, docs/format.md)",
-        m.rows.element(row, col), m.rows.describe_fp8(row, col)));
-  }
-
-  // rows holds the loaded rows from row_begin on (a job's or a band's).
-  [[noreturn]] void throw_not_finite(const ModuleRun& m, std::uint64_t row_begin,
-                                     std::uint64_t bad, const std::byte* rows) const {
-    const std::uint64_t cols = m.rows.cols();
-    const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(m.rows.dtype()) / 8);
-    const float value = load_as_float(m.rows.dtype(), rows + bad * esize);
-    throw bad_input(
-        fmt::format("{} is {} (a weight to be quantized must be finite; section 3 of the format "
-                    "spec, docs/format.md)",
-                    m.rows.element(row_begin + bad / cols, bad % cols), value));
   }
 
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
@@ -679,7 +647,7 @@ class Executor {
         if (const auto bad = m.rows.dequantize_fp8_band(job.begin, band, band_end,
                                                         buf.input.data(), buf.fp8_scale.data(),
                                                         buf.band)) {
-          throw_fp8_not_finite(m, band, *bad);
+          detail::throw_fp8_not_finite(m.rows, band, *bad);
         }
         weight = buf.band.data();
         lap.lap(Phase::kDecode);
@@ -693,7 +661,7 @@ class Executor {
       io.tensor_amax = m.set_amax;
       if (m.observer.mse) {
         if (const auto bad = max_abs(io.dtype, weight, io.n_rows * io.n_cols, io.tensor_amax)) {
-          throw_not_finite(m, band, *bad, weight);
+          detail::throw_weight_not_finite(m.rows, band, *bad, weight);
         }
         io.tensor_amax = m.set_amax;
         if (!searched.empty()) {
@@ -702,7 +670,7 @@ class Executor {
           io.ranges = searched.data() + 2 * observed_groups(*m.args, band - job.begin, io.n_cols);
           mse_rows_.reused_quantize += io.n_rows;
         } else {
-          io.ranges = observe(m, buf, weight, io.n_rows);
+          io.ranges = observe(m, buf, weight, band, io.n_rows);
           mse_rows_.quantize += io.n_rows;
         }
       }
@@ -712,7 +680,13 @@ class Executor {
       }
       io.scratch = std::span<std::byte>(buf.scratch);
       if (const auto bad = m.family->quantize(*m.args, io)) {
-        throw_not_finite(m, band, *bad, weight);
+        detail::throw_weight_not_finite(m.rows, band, *bad, weight);
+      }
+      // Every scale finite and non-zero (scheme/scale_check.hpp), checked
+      // while the kernel's bytes are in cache.
+      for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
+        detail::check_row_scales(m.subject(), m.specs[m.row_outputs[i]], band, io.n_rows, io.out[i],
+                                 weight, io.ranges);
       }
       lap.lap(Phase::kQuantize);
       error_rows(m, io, band - job.begin, buf);
@@ -896,7 +870,7 @@ class Executor {
       const WeightRows::FileRange r = input_range(jobs[read_ahead_job_]);
       try {
         const FdLease fd = r.file->descriptor();
-        if (!all_cached(fd->get(), r.offset, r.length)) {
+        if (!detail::all_cached(fd->get(), r.offset, r.length)) {
           ::posix_fadvise(fd->get(), static_cast<off_t>(r.offset), static_cast<off_t>(r.length),
                           POSIX_FADV_WILLNEED);
         }

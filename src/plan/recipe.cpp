@@ -675,8 +675,18 @@ void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
     if (eq == std::string::npos || eq == 0) {
       throw usage_error(fmt::format("--observer-kwarg '{}': expected KEY=VALUE, e.g. norm=2.4", kv));
     }
-    const json value = json::parse(kv.substr(eq + 1), nullptr, false);
+    const std::string text = kv.substr(eq + 1);
+    const json value = json::parse(text, nullptr, false);
     if (value.is_discarded() || !value.is_number()) {
+      // inf, nan, Infinity: numbers to strtod, not to JSON, and not finite.
+      char* end = nullptr;
+      const double d = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+      if (!text.empty() && end == text.c_str() + text.size() && !std::isfinite(d)) {
+        throw usage_error(fmt::format(
+            "--observer-kwarg '{}': observer_kwargs.{} {} is not finite (every observer kwarg "
+            "must be a finite number)",
+            kv, kv.substr(0, eq), text));
+      }
       throw usage_error(fmt::format("--observer-kwarg '{}': VALUE must be a number", kv));
     }
     r.observer_kwargs[kv.substr(0, eq)] = value;

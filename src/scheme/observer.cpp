@@ -69,16 +69,28 @@ std::vector<std::string>& notes() {
   static std::vector<std::string> n;
   return n;
 }
+std::vector<std::string>& warnings() {
+  static std::vector<std::string> w;
+  return w;
+}
+void add_once(std::vector<std::string>& list, const std::string& text) {
+  const std::lock_guard lock(notes_mutex());
+  if (std::find(list.begin(), list.end(), text) == list.end()) list.push_back(text);
+}
 }  // namespace
 
-void add_observer_note(const std::string& note) {
-  const std::lock_guard lock(notes_mutex());
-  if (std::find(notes().begin(), notes().end(), note) == notes().end()) notes().push_back(note);
-}
+void add_observer_note(const std::string& note) { add_once(notes(), note); }
 
 std::vector<std::string> take_observer_notes() {
   const std::lock_guard lock(notes_mutex());
   return std::exchange(notes(), {});
+}
+
+void add_observer_warning(const std::string& warning) { add_once(warnings(), warning); }
+
+std::vector<std::string> take_observer_warnings() {
+  const std::lock_guard lock(notes_mutex());
+  return std::exchange(warnings(), {});
 }
 
 bool is_mse_observer(const std::string& observer) {
@@ -87,7 +99,13 @@ bool is_mse_observer(const std::string& observer) {
 
 std::uint32_t ObserverParams::steps() const {
   const double n = maxshrink * grid;  // Python int(): truncation toward zero
-  return n <= 0.0 ? 0u : static_cast<std::uint32_t>(n);
+  if (!(n >= 1.0)) return 0;          // also NaN
+  // Saturated rather than converted out of range (observer_params refuses
+  // more than kMaxMseSteps anyway).
+  if (n >= static_cast<double>(std::numeric_limits<std::uint32_t>::max())) {
+    return std::numeric_limits<std::uint32_t>::max();
+  }
+  return static_cast<std::uint32_t>(n);
 }
 
 namespace {
@@ -97,8 +115,13 @@ double number_kwarg(const json& v, const std::string& key, const std::string& wh
     throw usage_error(fmt::format("{}: observer_kwargs.{} {} is not a number", where, key, v.dump()));
   }
   const double d = v.get<double>();
-  if (!std::isfinite(d)) {
-    throw usage_error(fmt::format("{}: observer_kwargs.{} {} is not finite", where, key, v.dump()));
+  // The search multiplies ranges by the kwargs in float32 (a Python float
+  // times a float32 tensor): a value beyond float32 is an infinity there.
+  if (!std::isfinite(d) || std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max())) {
+    throw usage_error(fmt::format(
+        "{}: observer_kwargs.{} {} is not finite as a float32 (every observer kwarg must be a "
+        "finite number of magnitude at most {}: the search computes with it in float32)",
+        where, key, v.dump(), std::numeric_limits<float>::max()));
   }
   return d;
 }
@@ -148,7 +171,13 @@ ObserverParams observer_params(const std::string& observer, const json& kwargs,
         throw usage_error(fmt::format("{}: observer_kwargs.patience {} is not a whole number",
                                       where, value.dump()));
       }
-      p.patience = value.get<long long>();
+      // Beyond long long: never stops early, as any patience above the
+      // candidate count.
+      p.patience = value.is_number_unsigned() &&
+                           value.get<std::uint64_t>() >
+                               static_cast<std::uint64_t>(std::numeric_limits<long long>::max())
+                       ? std::numeric_limits<long long>::max()
+                       : value.get<long long>();
     } else if (key == "expand") {
       p.expand = number_kwarg(value, key, where);
       if (p.expand < 1.0) {
@@ -171,6 +200,15 @@ ObserverParams observer_params(const std::string& observer, const json& kwargs,
           where, key, observer));
     }
   }
+  // The count in double, before any conversion: int(1e23 * 0.2) is no
+  // small number.
+  const double candidates = std::trunc(p.maxshrink * p.grid);
+  if (candidates > static_cast<double>(kMaxMseSteps)) {
+    throw usage_error(fmt::format(
+        "{}: observer_kwargs: int(maxshrink * grid) = int({} * {}) = {} candidates; ctquant "
+        "searches at most {}",
+        where, p.maxshrink, p.grid, candidates, kMaxMseSteps));
+  }
   if (p.steps() == 0) {
     add_observer_note(fmt::format(
         "{}: observer_kwargs give {} no candidates (int(maxshrink * grid) = int({} * {}) <= 0): "
@@ -178,10 +216,15 @@ ObserverParams observer_params(const std::string& observer, const json& kwargs,
         "the observer as given",
         where, observer, p.maxshrink, p.grid));
   }
-  if (p.steps() > kMaxMseSteps) {
-    throw usage_error(fmt::format(
-        "{}: observer_kwargs: maxshrink * grid = {} candidates; ctquant searches at most {}",
-        where, p.steps(), kMaxMseSteps));
+  const std::uint32_t default_steps = expanded ? kExpandedMseSteps : kMemorylessMseSteps;
+  if (p.steps() > kMseCostWarningFactor * default_steps) {
+    add_observer_warning(fmt::format(
+        "{}: observer_kwargs make {} search up to {} candidates per group (int(maxshrink * "
+        "grid) = int({} * {})), {:.1f}x the {} of its default kwargs: expect the search to take "
+        "about {:.1f}x as long (docs/observers.md)",
+        where, observer, p.steps(), p.maxshrink, p.grid,
+        static_cast<double>(p.steps()) / default_steps, default_steps,
+        static_cast<double>(p.steps()) / default_steps));
   }
   return p;
 }

@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
@@ -102,6 +104,27 @@ std::string read_input_file(const std::filesystem::path& path, const std::string
     done += static_cast<std::size_t>(n);
   }
   return text;
+}
+
+bool all_cached(int fd, std::uint64_t offset, std::uint64_t length) {
+  constexpr long kCachestat = 451;
+  struct Range {
+    std::uint64_t offset, length;
+  };
+  struct Stat {
+    std::uint64_t cache, dirty, writeback, evicted, recently_evicted;
+  };
+  static std::atomic<bool> unsupported{false};
+  if (length == 0 || unsupported.load(std::memory_order_relaxed)) return false;
+  Range range{offset, length};
+  Stat stat{};
+  if (::syscall(kCachestat, fd, &range, &stat, 0) != 0) {
+    if (errno == ENOSYS) unsupported.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t pages = (offset + length - 1) / page - offset / page + 1;
+  return stat.cache >= pages;
 }
 
 bool path_is_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {

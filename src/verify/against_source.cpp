@@ -27,10 +27,12 @@
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/quant_error.hpp"
+#include "ctquant/scheme/scale_check.hpp"
 #include "ctquant/source/weight_rows.hpp"
-#include "ctquant/verify/loadability.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/verify/loadability.hpp"
 #include "util/ordered_parallel.hpp"
+#include "verify/output_diff.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant {
@@ -40,32 +42,6 @@ using nlohmann::json;
 using namespace detail;
 
 namespace {
-
-// Bits [bit, bit + width) of a little-endian byte stream (width <= 8).
-unsigned bits_at(const std::byte* data, std::uint64_t bit, int width) {
-  const std::uint64_t byte = bit / 8;
-  unsigned v = std::to_integer<unsigned>(data[byte]);
-  if ((bit % 8) + static_cast<std::uint64_t>(width) > 8) {
-    v |= std::to_integer<unsigned>(data[byte + 1]) << 8;
-  }
-  return (v >> (bit % 8)) & ((1u << width) - 1u);
-}
-
-// A zero point of b bits of (row, column j) in columns packed along dim 0:
-// column j's bit stream runs down the rows, one int32 word per word row.
-unsigned zero_point_at(const std::byte* data, std::uint64_t row, std::uint64_t j,
-                       std::uint64_t columns, int b) {
-  const std::uint64_t bit = row * static_cast<std::uint64_t>(b);
-  std::uint64_t value = 0;
-  for (int k = 0; k < b; ++k) {
-    const std::uint64_t at = bit + static_cast<std::uint64_t>(k);
-    const std::uint64_t word = (at / 32) * columns + j;
-    std::uint32_t w = 0;
-    std::memcpy(&w, data + word * 4, 4);
-    value |= static_cast<std::uint64_t>((w >> (at % 32)) & 1u) << k;
-  }
-  return static_cast<unsigned>(value);
-}
 
 class AgainstSource {
  public:
@@ -304,20 +280,11 @@ class AgainstSource {
                        source.describe_fp8(row, col), what);
   }
 
-  // A group whose codes, scale or zero point differ from what quantize
-  // writes: its row, its column of groups and, for codes, the first
-  // differing column (mark() in recompute_rows).
-  struct Mismatch {
-    std::uint64_t row = 0;
-    std::uint64_t group_col = 0;
-    std::optional<std::uint64_t> col;
-  };
   // What one chunk of rows of a quantized module gives.
   struct ChunkFindings {
     std::string source_problem;  // a source value that cannot have been quantized
-    std::vector<Mismatch> mismatches;
-    std::uint64_t accepted_scales = 0;  // within --scale-ulp
-    std::uint64_t max_scale_ulp = 0;
+    BadScales bad_scales;
+    OutputDiff diff;
     std::vector<RowError> row_errors;  // one per row
   };
   // What check_chunk needs of the module being checked.
@@ -384,6 +351,7 @@ class AgainstSource {
       buf.ref[i].assign(bytes, std::byte{0});
       buf.stored[i].resize(bytes);
       read_part(mc.refs[mc.row_outputs[i]], first, buf.stored[i]);
+      count_bad_scales(s, first, buf.stored[i], found.bad_scales);
       io.out[i] = buf.ref[i].data();
       e.outputs[i] = buf.stored[i].data();
     }
@@ -404,66 +372,9 @@ class AgainstSource {
           r0 + *bad / cols, *bad % cols);
       return found;
     }
-    const std::uint64_t scale_rows = mc.scale_rows;
-    const std::uint64_t scale_cols = mc.scale_cols;
     for (std::size_t i = 0; i < mc.row_outputs.size(); ++i) {
-      const OutputTensorSpec& s = mc.specs[mc.row_outputs[i]];
-      const std::vector<std::byte>& ref = buf.ref[i];
-      const std::vector<std::byte>& stored = buf.stored[i];
-      if (std::memcmp(ref.data(), stored.data(), ref.size()) == 0) continue;
-      switch (s.kind) {
-        case OutputTensorSpec::Kind::kCodes:
-          for (std::uint64_t r = 0; r < n; ++r) {
-            const std::byte* a = stored.data() + r * s.bytes_per_unit;
-            const std::byte* b = ref.data() + r * s.bytes_per_unit;
-            if (std::memcmp(a, b, s.bytes_per_unit) == 0) continue;
-            // The first differing column of each group that differs.
-            for (std::uint64_t col = 0; col < cols; ++col) {
-              const std::uint64_t bit = col * static_cast<std::uint64_t>(s.element_bits);
-              if (bits_at(a, bit, s.element_bits) == bits_at(b, bit, s.element_bits)) continue;
-              found.mismatches.push_back({r0 + r, col / scale_cols, col});
-              col = (col / scale_cols + 1) * scale_cols - 1;  // on to the next group
-            }
-          }
-          break;
-        case OutputTensorSpec::Kind::kScale: {
-          const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(s.dtype) / 8);
-          const std::uint64_t first_unit = s.bytes_before(r0) / s.bytes_per_unit;
-          const std::uint64_t n_elements = ref.size() / esize;
-          for (std::uint64_t k = 0; k < n_elements; ++k) {
-            const std::byte* a = stored.data() + k * esize;
-            const std::byte* b = ref.data() + k * esize;
-            if (std::memcmp(a, b, esize) == 0) continue;
-            const std::uint64_t unit = first_unit + k / s.elements_per_unit;
-            const std::uint64_t j = k % s.elements_per_unit;
-            if (is_quantizable_float(s.dtype)) {
-              const std::uint64_t d =
-                  ulp_distance(s.dtype, load_bits(s.dtype, a), load_bits(s.dtype, b));
-              found.max_scale_ulp = std::max(found.max_scale_ulp, d);
-              if (d <= options_.scale_ulp) {
-                ++found.accepted_scales;
-                continue;
-              }
-            }
-            found.mismatches.push_back({unit * scale_rows, j, std::nullopt});
-          }
-          break;
-        }
-        case OutputTensorSpec::Kind::kZeroPoint: {
-          const std::uint64_t columns = s.bytes_per_unit / 4;
-          for (std::uint64_t r = 0; r < n; ++r) {
-            for (std::uint64_t j = 0; j < columns; ++j) {
-              if (zero_point_at(stored.data(), r, j, columns, s.element_bits) !=
-                  zero_point_at(ref.data(), r, j, columns, s.element_bits)) {
-                found.mismatches.push_back({r0 + r, j, std::nullopt});
-              }
-            }
-          }
-          break;
-        }
-        default:
-          break;
-      }
+      diff_rows_output(mc.specs[mc.row_outputs[i]], buf.stored[i], buf.ref[i], r0, n, cols,
+                       mc.scale_rows, mc.scale_cols, options_.scale_ulp, found.diff);
     }
     // The error of the stored values against the source rows, as quantize
     // reports it (quant_error.hpp).
@@ -487,6 +398,7 @@ class AgainstSource {
   // What the chunks of a quantized module found, taken in row order.
   struct ModuleFindings {
     ModuleCheck check;
+    BadScales bad_scales;
     std::uint64_t accepted_scales = 0;  // within --scale-ulp
     std::uint64_t max_scale_ulp = 0;
   };
@@ -556,6 +468,17 @@ class AgainstSource {
       if (spec.fill != OutputTensorSpec::Fill::kWhole) continue;
       const Ref& ref = q.refs[o];
       std::vector<std::byte> stored = read_whole(ref);
+      BadScales bad;
+      count_bad_scales(spec, 0, stored, bad);
+      if (bad.count > 0) {
+        c_.diff("scale", ref.file->label(), ref.entry->name,
+                fmt::format("'{}' is {}: {}", ref.entry->name, bad.value,
+                            spec.kind == OutputTensorSpec::Kind::kGlobalScale
+                                ? "a global scale must be finite and non-zero (the group "
+                                  "scales are divided by it)"
+                                : "a scale must be finite and non-zero (the codes are "
+                                  "multiplied by it)"));
+      }
       const std::vector<std::byte> want =
           q.family.whole_tensor(q.args, m.dtype, rows, cols, amax, whole_index++);
       if (stored != want) {
@@ -649,9 +572,14 @@ class AgainstSource {
             stopped = true;
             return;
           }
-          for (const Mismatch& x : found.mismatches) mark(x.row, x.group_col, x.col);
-          f.accepted_scales += found.accepted_scales;
-          f.max_scale_ulp = std::max(f.max_scale_ulp, found.max_scale_ulp);
+          if (found.bad_scales.count > 0 && f.bad_scales.count == 0) {
+            f.bad_scales = std::move(found.bad_scales);
+          } else {
+            f.bad_scales.count += found.bad_scales.count;
+          }
+          for (const Mismatch& x : found.diff.mismatches) mark(x.row, x.group_col, x.col);
+          f.accepted_scales += found.diff.accepted_scales;
+          f.max_scale_ulp = std::max(f.max_scale_ulp, found.diff.max_scale_ulp);
           for (const RowError& r : found.row_errors) error.add(r);
         });
     if (stopped) return std::nullopt;
@@ -665,6 +593,20 @@ class AgainstSource {
   // accepted (a note), and the module's check in the report.
   void report_module(const QuantizedOutputs& q, const WeightRows& source, ModuleFindings&& f) {
     const ModuleCheck& check = f.check;
+    if (f.bad_scales.count > 0) {
+      const BadScales& b = f.bad_scales;
+      const ScaleGroup g = scale_group(q.args, *b.spec, check.rows, check.cols, b.element);
+      c_.diff("scale", q.file, q.module.name + "." + b.spec->suffix,
+              fmt::format("{} of the scales of '{}.{}' are not finite and non-zero, first {} "
+                          "[{}, {}], for {}: every scale must be finite and non-zero (codes "
+                          "times it are not the weights)",
+                          b.count, q.module.name, b.spec->suffix, b.value, g.unit, g.group,
+                          describe_scale_group(q.args, g)),
+              json{{"scales_bad", b.count},
+                   {"first_row", g.row_begin},
+                   {"first_group", g.group},
+                   {"first_value", b.value}});
+    }
     if (check.groups_mismatched > 0) {
       json details = {{"groups_mismatched", check.groups_mismatched},
                       {"groups", check.groups},

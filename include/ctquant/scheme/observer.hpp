@@ -46,7 +46,8 @@ struct ObserverParams {
   long long patience = 5;   // nvfp4_expanded_mse 1000
   double expand = 1.0;      // nvfp4_expanded_mse 1.8
 
-  // int(maxshrink * grid): the number of candidates.
+  // int(maxshrink * grid): the number of candidates (0 when not positive,
+  // saturated at the largest uint32).
   std::uint32_t steps() const;
 };
 
@@ -66,12 +67,27 @@ struct ObserverChoice {
 ObserverChoice resolve_observer(const std::string& name, const std::string& where);
 
 // The observer's parameters from its (resolved) name and observer_kwargs.
-// Throws usage_error naming `where` for an unknown key, a value of the
-// wrong type or out of range (chunk_size <= 0, expand < 1, norm <= 0, more
-// than kMaxMseSteps candidates).
+// Throws usage_error naming `where` and the kwarg for an unknown key, a
+// value of the wrong type, a number that is not finite as a float32
+// (magnitude above 3.4028235e38: the search computes with the kwargs in
+// float32, where it would be an infinity), or out of range (chunk_size <=
+// 0, grid 0, expand < 1 and norm <= 0, as llm-compressor refuses them; more
+// than kMaxMseSteps candidates, counted in double before any conversion).
+// Adds an info line (add_observer_note) when the kwargs leave no candidates,
+// and a warning (add_observer_warning) when they make the search cost more
+// than kMseCostWarningFactor times the observer's default candidates, with
+// the estimate.
 ObserverParams observer_params(const std::string& observer, const nlohmann::json& kwargs,
                                const std::string& where);
 inline constexpr std::uint32_t kMaxMseSteps = 1024;
+// Candidates of the default kwargs: memoryless_mse int(0.2 * 100);
+// nvfp4_expanded_mse int((1 - 0.8 / 1.8) * 200).
+inline constexpr std::uint32_t kMemorylessMseSteps = 20;
+inline constexpr std::uint32_t kExpandedMseSteps = 111;
+// A search of more candidates than this many times the default's is
+// announced with a warning (the cost of a group's search is proportional to
+// its candidates).
+inline constexpr std::uint32_t kMseCostWarningFactor = 10;
 
 bool is_mse_observer(const std::string& observer);
 
@@ -80,6 +96,9 @@ bool is_mse_observer(const std::string& observer);
 // take_observer_notes() returns them and starts a new list. Thread-safe.
 void add_observer_note(const std::string& note);
 std::vector<std::string> take_observer_notes();
+// The same for warnings (observer_kwargs that make the search much slower).
+void add_observer_warning(const std::string& warning);
+std::vector<std::string> take_observer_warnings();
 
 // Why a family cannot search scales for these args with an MSE observer,
 // or "" when it can. Per-tensor scales are refused: the library sums the
