@@ -1,10 +1,9 @@
 // A run split into parts (`quantize --part I/N`, `finalize`) and resumed
 // runs (`--resume`): parts run as separate processes through `xargs -P 3`
 // give output byte-identical to one process, on the sharded golden case and
-// a 20-shard synthetic checkpoint; finalize refuses missing, incomplete,
-// duplicated and foreign parts without creating OUTPUT or touching the
-// stage; kill -9 of a part, then --resume, writes only the files it had not
-// finished, with identical output; a changed plan is not resumed.
+// a 20-shard synthetic checkpoint; kill -9 of a part, then --resume, writes
+// only the files it had not finished, with identical output; a changed plan
+// is not resumed. Finalize's refusals are tests/test_finalize.cpp.
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <fcntl.h>
@@ -218,7 +217,7 @@ TEST(PartSpecs, AssignmentIsBalancedAndDeterministic) {
   EXPECT_TRUE(std::all_of(one.begin(), one.end(), [](unsigned p) { return p == 0; }));
 }
 
-// ---- finalize refuses what is not one complete run ----
+// ---- helpers of the resume tests ----
 
 fs::path stage_of(const fs::path& out) { return default_stage_dir(out); }
 
@@ -226,201 +225,10 @@ json read_record(const fs::path& out, unsigned i, unsigned n) {
   return test::read_json(stage_of(out) / fmt::format("part-{:05d}-of-{:05d}.json", i, n));
 }
 
-void write_record(const fs::path& out, unsigned i, unsigned n, const json& record) {
-  test::write_file(stage_of(out) / fmt::format("part-{:05d}-of-{:05d}.json", i, n),
-                   record.dump(1));
-}
-
 CommandResult run_part(const fs::path& in, const fs::path& out, const std::string& part,
                        std::vector<std::string> extra = kGoldenIgnore) {
   return test::run_ctquant(
       with({"quantize", in.string(), out.string(), "--part", part, "-q"}, extra));
-}
-
-// Finalize fails with exit 1 naming each problem, creates no OUTPUT and
-// leaves the stage byte for byte as it was.
-void expect_finalize_refuses(const fs::path& out, const std::vector<std::string>& problems,
-                             const std::vector<std::string>& absent = {}) {
-  const auto before = test::snapshot_files(stage_of(out));
-  const CommandResult r = test::run_ctquant({"finalize", out.string()});
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  test::expect_message(r.err, with({"OUTPUT was not created and the staging directory is left as "
-                                    "it is"},
-                                   problems),
-                       absent);
-  EXPECT_FALSE(fs::exists(out));
-  EXPECT_EQ(test::temp_leftovers(out.parent_path()), std::vector<std::string>{});
-  EXPECT_EQ(test::snapshot_files(stage_of(out)), before);
-}
-
-TEST(Finalize, RefusesAMissingPart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
-  ASSERT_EQ(run_part(kGoldenInput, out, "3/3").exit_code, 0);
-  expect_finalize_refuses(out, {"part 2/3: no record in", "--part 2/3"});
-}
-
-TEST(Finalize, RefusesAnIncompletePart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  json record = read_record(out, 2, 3);
-  record["complete"] = false;
-  record["files"] = json::array();
-  write_record(out, 2, 3, record);
-  expect_finalize_refuses(out, {"part 2/3: not complete: 0 of", "--resume"});
-}
-
-TEST(Finalize, RefusesADuplicatedPart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  write_record(out, 3, 3, read_record(out, 1, 3));  // part 1's record copied as part 3's
-  expect_finalize_refuses(out, {"part-00003-of-00003.json: holds the record of part 1/3",
-                                "duplicated part", "part 3/3: no record"});
-}
-
-// A file recorded by two parts (records edited by hand, or from different
-// assignments) is named, and so is each tensor it holds twice.
-TEST(Finalize, RefusesAFileRecordedTwice) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  json one = read_record(out, 1, 2);
-  json two = read_record(out, 2, 2);
-  json shard;
-  for (const json& f : one["files"]) {
-    if (f["name"].get<std::string>().ends_with(".safetensors")) shard = f;
-  }
-  for (const json& f : two["files"]) {
-    if (f["name"].get<std::string>().ends_with(".safetensors")) shard = f;
-  }
-  ASSERT_TRUE(shard.is_object());
-  const std::string name = shard["name"];
-  // Whichever part does not hold it claims it too.
-  json& other = one["assigned"].dump().find(name) == std::string::npos ? one : two;
-  other["files"].push_back(shard);
-  write_record(out, 1, 2, one);
-  write_record(out, 2, 2, two);
-  expect_finalize_refuses(out, {name + ": recorded by part"});
-}
-
-TEST(Finalize, RefusesAForeignPart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  // An older run in 2 parts with other options left its record behind.
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/2",
-                     with(kGoldenIgnore, {"--ignore", "re:^(model\\.)?fc$"}))
-                .exit_code,
-            0);
-  expect_finalize_refuses(out, {"part-00001-of-00002.json: part 1/2 of another run",
-                                "split in 2 parts, not 3",
-                                "options: quantization_config.ignore"});
-}
-
-// The same split, another plan: part 2's record was overwritten by a run
-// with other options. It is named as foreign, and its slot as to be rerun.
-TEST(Finalize, RefusesAPartOfAnotherPlan) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  ASSERT_EQ(run_part(kGoldenInput, out, "2/3",
-                     with(kGoldenIgnore, {"--ignore", "re:.*o_proj$"}))
-                .exit_code,
-            0);
-  expect_finalize_refuses(out, {"part-00002-of-00003.json: part 2/3 of another run",
-                                "options: quantization_config.ignore",
-                                "part 2/3: its record is of another run (above)"},
-                          {"part 2/3: no record"});
-}
-
-TEST(Finalize, StageWithoutPartOrResumeIsAUsageError) {
-  TempDir tmp;
-  const CommandResult r = test::run_ctquant(
-      {"quantize", kGoldenInput.string(), (tmp / "out").string(), "--stage", (tmp / "s").string()});
-  EXPECT_EQ(r.exit_code, 2);
-  test::expect_message(r.err, {"--stage names the staging directory of --part or --resume"});
-}
-
-TEST(Finalize, RefusesAStagedFileOfAnotherSize) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  const fs::path shard = stage_of(out) / "model-00001-of-00002.safetensors";
-  const auto size = fs::file_size(shard);
-  fs::resize_file(shard, size - 8);
-  expect_finalize_refuses(out, {fmt::format("model-00001-of-00002.safetensors (part {}): {} bytes "
-                                            "in",
-                                            read_record(out, 1, 2)["assigned"].dump().find(
-                                                "model-00001") != std::string::npos
-                                                ? "1/2"
-                                                : "2/2",
-                                            size - 8)});
-}
-
-TEST(Finalize, RefusesWithoutAStage) {
-  TempDir tmp;
-  const CommandResult r = test::run_ctquant({"finalize", (tmp / "out").string()});
-  EXPECT_EQ(r.exit_code, 1);
-  test::expect_message(r.err, {"no staging directory", "--part I/N"});
-  EXPECT_FALSE(fs::exists(tmp / "out"));
-}
-
-TEST(Finalize, ExistingOutputNeedsForce) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  test::copy_dir(kGoldenExpected, out);
-  const CommandResult r = test::run_ctquant({"finalize", out.string()});
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_TRUE(fs::exists(stage_of(out)));
-  const CommandResult forced = test::run_ctquant({"finalize", out.string(), "--force"});
-  EXPECT_EQ(forced.exit_code, 0) << forced.err;
-  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
-}
-
-TEST(Finalize, ExplicitStageDirectory) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  const fs::path stage = tmp / "shared" / "stage";
-  fs::create_directories(tmp / "shared");
-  for (const char* p : {"1/2", "2/2"}) {
-    ASSERT_EQ(run_part(kGoldenInput, out, p, with(kGoldenIgnore, {"--stage", stage.string()}))
-                  .exit_code,
-              0);
-  }
-  EXPECT_FALSE(fs::exists(stage_of(out)));
-  const CommandResult r =
-      test::run_ctquant({"finalize", out.string(), "--stage", stage.string()});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
-  EXPECT_FALSE(fs::exists(stage));
-}
-
-TEST(Finalize, PartRefusesAnExistingOutput) {
-  TempDir tmp;
-  test::copy_dir(kGoldenExpected, tmp / "out");
-  const CommandResult r = run_part(kGoldenInput, tmp / "out", "1/2");
-  EXPECT_EQ(r.exit_code, 2);
-  test::expect_message(r.err, {"already exists"});
-}
-
-// A part whose lock another process holds is running: not started twice.
-TEST(Finalize, PartAlreadyRunningIsRefused) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  fs::create_directories(stage_of(out));
-  test::write_file(stage_of(out) / kStageMarkerName, "");  // a stage ctquant made
-  const fs::path lock = stage_of(out) / ".part-00001-of-00002.lock";
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  const CommandResult r = run_part(kGoldenInput, out, "1/2");
-  ::close(fd);
-  EXPECT_EQ(r.exit_code, 2);
-  test::expect_message(r.err, {"part 1/2 is already running in another process"});
 }
 
 // ---- resume ----

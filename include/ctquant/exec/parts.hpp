@@ -18,6 +18,7 @@
 //   STAGE/.part-00002-of-00003.work/ the file being written
 //   STAGE/<output file>              each finished file, under its own name
 //
+// The record and log formats are private (src/exec/part_record.hpp).
 // A file is written in the work directory, flushed, hashed, then renamed into
 // STAGE and logged, so a part that dies leaves every finished file usable and
 // nothing half-written under an output name. Rerun with `--resume`, a part
