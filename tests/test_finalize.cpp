@@ -35,6 +35,10 @@ const fs::path kGoldenInput = test::golden_dir() / "dflash-bf16-sharded" / "inpu
 const fs::path kGoldenExpected = test::golden_dir() / "dflash-bf16-sharded" / "expected";
 const std::vector<std::string> kGoldenIgnore = {"--ignore", "re:.*qkv_proj$", "--ignore",
                                                 "re:.*g_proj$"};
+// A golden input of 3 shards, quantized W4A16 here: for runs in 3 parts.
+const fs::path kThreeShards = test::golden_dir() / "sharded-bf16-nvfp4a16" / "input";
+const std::vector<std::string> kThreeShardsIgnore = {"--ignore", "lm_head", "--ignore",
+                                                     "model.embed_tokens"};
 
 std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
@@ -77,30 +81,28 @@ void expect_finalize_refuses(const fs::path& out, const std::vector<std::string>
 TEST(Finalize, RefusesAMissingPart) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
-  ASSERT_EQ(run_part(kGoldenInput, out, "3/3").exit_code, 0);
-  expect_finalize_refuses(out, {"part 2/3: no record in", "--part 2/3"});
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
+  expect_finalize_refuses(out, {"part 2/2: no record in", "--part 2/2"});
 }
 
 TEST(Finalize, RefusesAnIncompletePart) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3", "3/3"})
-    ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  json record = read_record(out, 2, 3);
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  json record = read_record(out, 2, 2);
   record["complete"] = false;
   record["files"] = json::array();
-  write_record(out, 2, 3, record);
-  expect_finalize_refuses(out, {"part 2/3: not complete: 0 of", "--resume"});
+  write_record(out, 2, 2, record);
+  expect_finalize_refuses(out, {"part 2/2: not complete: 0 of", "--resume"});
 }
 
 TEST(Finalize, RefusesADuplicatedPart) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  write_record(out, 3, 3, read_record(out, 1, 3));  // part 1's record copied as part 3's
-  expect_finalize_refuses(out, {"part-00003-of-00003.json: holds the record of part 1/3",
-                                "duplicated part", "part 3/3: no record"});
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
+  write_record(out, 2, 2, read_record(out, 1, 2));  // part 1's record copied as part 2's
+  expect_finalize_refuses(out, {"part-00002-of-00002.json: holds the record of part 1/2",
+                                "duplicated part", "part 2/2: no record"});
 }
 
 // A file recorded by two parts (records edited by hand, or from different
@@ -131,15 +133,14 @@ TEST(Finalize, RefusesAFileRecordedTwice) {
 TEST(Finalize, RefusesAForeignPart) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3", "3/3"})
-    ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  // An older run in 2 parts with other options left its record behind.
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  // An older run in 1 part with other options left its record behind.
   ASSERT_EQ(
-      run_part(kGoldenInput, out, "1/2", with(kGoldenIgnore, {"--ignore", "re:^(model\\.)?fc$"}))
+      run_part(kGoldenInput, out, "1/1", with(kGoldenIgnore, {"--ignore", "re:^(model\\.)?fc$"}))
           .exit_code,
       0);
-  expect_finalize_refuses(out, {"part-00001-of-00002.json: part 1/2 of another run",
-                                "split in 2 parts, not 3", "options: quantization_config.ignore"});
+  expect_finalize_refuses(out, {"part-00001-of-00001.json: part 1/1 of another run",
+                                "split in 1 parts, not 2", "options: quantization_config.ignore"});
 }
 
 // The same split, another plan: part 2's record was overwritten by a run
@@ -147,10 +148,13 @@ TEST(Finalize, RefusesAForeignPart) {
 TEST(Finalize, RefusesAPartOfAnotherPlan) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  ASSERT_EQ(run_part(kGoldenInput, out, "2/3", with(kGoldenIgnore, {"--ignore", "re:.*o_proj$"}))
-                .exit_code,
-            0);
+  for (const char* p : {"1/3", "3/3"}) {
+    ASSERT_EQ(run_part(kThreeShards, out, p, kThreeShardsIgnore).exit_code, 0);
+  }
+  ASSERT_EQ(
+      run_part(kThreeShards, out, "2/3", with(kThreeShardsIgnore, {"--ignore", "re:.*o_proj$"}))
+          .exit_code,
+      0);
   expect_finalize_refuses(
       out,
       {"part-00002-of-00003.json: part 2/3 of another run", "options: quantization_config.ignore",

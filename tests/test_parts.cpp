@@ -1,9 +1,11 @@
 // A run split into parts (`quantize --part I/N`, `finalize`) and resumed
-// runs (`--resume`): parts run as separate processes through `xargs -P 3`
-// give output byte-identical to one process, on the sharded golden case and
-// a 20-shard synthetic checkpoint; kill -9 of a part, then --resume, writes
+// runs (`--resume`): parts run as separate processes through `xargs -P`
+// give output byte-identical to one process, on the sharded golden cases
+// and a 20-shard synthetic checkpoint; a split with more parts than output
+// shards is refused by every part; kill -9 of a part, then --resume, writes
 // only the files it had not finished, with identical output; a changed plan
-// is not resumed. Finalize's refusals are tests/test_finalize.cpp.
+// (options, headers) is not resumed. Finalize's refusals are
+// tests/test_finalize.cpp.
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <fcntl.h>
@@ -114,14 +116,14 @@ TEST_F(Parts, SyntheticCheckpointHasTwentyShards) {
   EXPECT_EQ(count_shards(reference()), 20u);
 }
 
-TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTheGoldenCase) {
+TEST_F(Parts, TwoPartsThroughXargsEqualOneProcessOnTheGoldenCase) {
   const fs::path one = tmp_ / "one";
   ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
                                    kGoldenIgnore))
                 .exit_code,
             0);
   const fs::path out = tmp_ / "out";
-  run_parts_with_xargs(kGoldenInput, out, 3, kGoldenIgnore);
+  run_parts_with_xargs(kGoldenInput, out, 2, kGoldenIgnore);
   EXPECT_EQ(test::diff_bytes(out, one), "");
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
 }
@@ -150,19 +152,6 @@ TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTwentyShards) {
   const fs::path out = tmp_ / "out";
   run_parts_with_xargs(synthetic(), out, 3, {});
   EXPECT_EQ(test::diff_bytes(out, reference()), "");
-}
-
-// More parts than files: the extra parts have nothing to write and say so
-// in their records; the output is the same.
-TEST_F(Parts, MorePartsThanFiles) {
-  const fs::path one = tmp_ / "one";
-  ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
-                                   kGoldenIgnore))
-                .exit_code,
-            0);
-  const fs::path out = tmp_ / "out";
-  run_parts_with_xargs(kGoldenInput, out, 8, kGoldenIgnore);
-  EXPECT_EQ(test::diff_bytes(out, one), "");
 }
 
 TEST(PartSpecs, ParseAndRefuse) {
@@ -217,7 +206,7 @@ TEST(PartSpecs, AssignmentIsBalancedAndDeterministic) {
   EXPECT_TRUE(std::all_of(one.begin(), one.end(), [](unsigned p) { return p == 0; }));
 }
 
-// ---- helpers of the resume tests ----
+// ---- helpers of the finalize and resume tests ----
 
 fs::path stage_of(const fs::path& out) { return default_stage_dir(out); }
 
@@ -229,6 +218,69 @@ CommandResult run_part(const fs::path& in, const fs::path& out, const std::strin
                        std::vector<std::string> extra = kGoldenIgnore) {
   return test::run_ctquant(
       with({"quantize", in.string(), out.string(), "--part", part, "-q"}, extra));
+}
+
+// ---- splits with more parts than output shards ----
+
+// A single-file checkpoint has one output shard, which one part writes
+// whole: --part 2/2 once wrote only config.json and the copied files, said
+// nothing, and exited 0. Every part of such a split is refused before
+// anything is created; --part 1/1 is the whole run, staged and finalized.
+TEST(PartSpecs, SingleFileCheckpointIsNotSplit) {
+  const test::GoldenCase c = test::find_case("llama-bf16");
+  const std::vector<std::string> ignore = {"--ignore", "lm_head", "--ignore", "model.embed_tokens"};
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const fs::path& in : {test::input_of(c), test::input_of(c) / "model.safetensors"}) {
+    for (const char* part : {"1/2", "2/2", "3/5"}) {
+      SCOPED_TRACE(fmt::format("{} --part {}", in.string(), part));
+      const CommandResult r = run_part(in, out, part, ignore);
+      EXPECT_EQ(r.exit_code, 2) << r.err;
+      test::expect_message(
+          r.err, {fmt::format("--part {}: the output is one shard (model.safetensors: INPUT is a "
+                              "single-file checkpoint)",
+                              part),
+                  "one shard cannot be split between parts", "without --part", "--part 1/1"});
+      EXPECT_FALSE(fs::exists(stage_of(out)));
+      EXPECT_FALSE(fs::exists(out));
+    }
+  }
+  ASSERT_EQ(run_part(test::input_of(c), out, "1/1", ignore).exit_code, 0);
+  const CommandResult f = test::run_ctquant({"finalize", out.string(), "-q"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(test::diff_golden(out, test::expected_of(c), c.by_library), "");
+}
+
+// A checkpoint of 2 shards split in 3: the third part would have no shard to
+// write (it once wrote config.json alone, or nothing, and exited 0). Every
+// part refuses alike, naming the shards and the largest split that works.
+TEST(PartSpecs, MorePartsThanOutputShardsAreRefusedByEveryPart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* part : {"1/3", "2/3", "3/3", "8/8"}) {
+    SCOPED_TRACE(part);
+    const CommandResult r = run_part(kGoldenInput, out, part);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    const unsigned n = parse_part(part).count;
+    test::expect_message(
+        r.err, {fmt::format("--part {}: the output has 2 shards (model-00001-of-00002.safetensors, "
+                            "model-00002-of-00002.safetensors)",
+                            part),
+                fmt::format("with {} parts, {} of them would have no shard to write", n, n - 2),
+                "Split the run in at most 2 parts (--part I/2)"});
+    EXPECT_FALSE(fs::exists(stage_of(out)));
+  }
+  // Through the library: Error{kUsage}, before the stage is made.
+  QuantizeOptions options = test::test_options(kGoldenInput, out);
+  options.plan.ignore = {"re:.*qkv_proj$", "re:.*g_proj$"};
+  options.part = PartSpec{1, 3};
+  try {
+    quantize(options);
+    ADD_FAILURE() << "part 1/3 of a 2-shard checkpoint ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(stage_of(out)));
 }
 
 // ---- resume ----
@@ -388,20 +440,20 @@ TEST(Resume, CompletePartKeepsEverything) {
 }
 
 // Files another part split (other N) finished for the same plan are kept
-// too: a run re-split from 3 parts into 1 keeps what the 3 parts wrote.
+// too: a run re-split from 2 parts into 1 keeps what the 2 parts wrote.
 TEST(Resume, KeepsFilesOfTheSamePlanWrittenByAnotherSplit) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
-  const std::size_t by_part_one = read_record(out, 1, 3)["files"].size();
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
+  const std::size_t by_part_one = read_record(out, 1, 2)["files"].size();
   ASSERT_GT(by_part_one, 0u);
   const CommandResult r = test::run_ctquant(
       with({"quantize", kGoldenInput.string(), out.string(), "--resume"}, kGoldenIgnore));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   test::expect_message(r.err, {fmt::format("part 1/1: {} of", by_part_one)});
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
-  // The 3-part run's record was left in the stage, which is therefore kept.
-  EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00003.json"));
+  // The 2-part run's record was left in the stage, which is therefore kept.
+  EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00002.json"));
 }
 
 // SIGINT during a --resume run keeps the staged files and says how to go on.
@@ -425,11 +477,12 @@ TEST_F(Parts, InterruptedResumeRunKeepsTheStage) {
   EXPECT_GE(log_lines(log), 2u);
 }
 
-// Every golden case (every scheme of the registry), split in 2 and in 3
+// Every golden case (every scheme of the registry) split in 1, 2 and 3
 // parts run through the library, then finalized: the same bytes as one
 // process, manifest included, and the case's expected tensors. NVFP4's
 // fused partners in other shards (sharded-bf16-nvfp4a16) get the global
-// scale of their whole set, as in one process.
+// scale of their whole set, as in one process. A split in more parts than
+// the case has shards is refused (Error{kUsage}) before the stage is made.
 class PartsOfEveryCase : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
@@ -441,9 +494,23 @@ TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
   options.allow_unloadable = test::unloadable_in_vllm(c.name);
   quantize(options);
   ASSERT_EQ(test::diff_golden(tmp / "one", test::expected_of(c), c.by_library), "");
-  for (const unsigned n : {2u, 3u}) {
+  const std::size_t shards = count_shards(tmp / "one");
+  for (const unsigned n : {1u, 2u, 3u}) {
     SCOPED_TRACE(fmt::format("{} parts", n));
     const fs::path out = tmp / fmt::format("parts{}", n);
+    if (n > shards) {
+      QuantizeOptions part = options;
+      part.output = out;
+      part.part = PartSpec{n, n};
+      try {
+        quantize(part);
+        ADD_FAILURE() << "a split in " << n << " parts of " << shards << " shard(s) ran";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      }
+      EXPECT_FALSE(fs::exists(default_stage_dir(out)));
+      continue;
+    }
     for (unsigned i = 1; i <= n; ++i) {
       QuantizeOptions part = options;
       part.output = out;

@@ -1,6 +1,7 @@
 // run_part and the small pieces of a split (exec/parts.hpp): the part
 // specification, the staging directory's default, the assignment of files
-// to parts, and a part's run. finalize_parts is src/exec/finalize.cpp, the fingerprint
+// to parts, the refusal of a split with more parts than shards, and a part's
+// run. finalize_parts is src/exec/finalize.cpp, the fingerprint
 // src/exec/part_fingerprint.cpp, the record and log formats
 // src/exec/part_record.{hpp,cpp}.
 #include "ctquant/exec/parts.hpp"
@@ -98,6 +99,31 @@ std::vector<unsigned> assign_parts(const std::vector<PlannedFile>& files, unsign
   return owner;
 }
 
+void check_part_count(const QuantizePlan& plan, const PartSpec& part) {
+  const std::size_t shards = plan.shards.size();
+  if (part.count <= std::max<std::size_t>(shards, 1)) return;
+  std::string names;
+  for (std::size_t i = 0; i < shards && i < 3; ++i) {
+    names += (i == 0 ? "" : ", ") + plan.shards[i].file_name;
+  }
+  if (shards > 3) names += fmt::format(", ... ({} more)", shards - 3);
+  const std::string why =
+      "a part writes whole output files, which finalize links into OUTPUT unchanged, so one "
+      "shard cannot be split between parts";
+  if (shards == 1) {
+    throw usage_error(fmt::format(
+        "--part {}: the output is one shard ({}: INPUT is a single-file checkpoint) and {}: "
+        "{} would have no shard to write. Quantize it in one process: without --part (with "
+        "--resume to make the run resumable), or with --part 1/1",
+        part_name(part), names, why,
+        part.count == 2 ? std::string("part 2") : fmt::format("parts 2 to {}", part.count)));
+  }
+  throw usage_error(fmt::format(
+      "--part {}: the output has {} shards ({}) and {}: with {} parts, {} of them would have "
+      "no shard to write. Split the run in at most {} parts (--part I/{})",
+      part_name(part), shards, names, why, part.count, part.count - shards, shards, shards));
+}
+
 // ---------------------------------------------------------------------------
 // A part.
 
@@ -150,6 +176,10 @@ class PartRun {
         part_(options.part),
         who_(fmt::format("part {}", part_name(part_))),
         stage_(options.stage) {}
+
+  // A split with a part that has no shard to write is refused before
+  // anything is created (check_part_count).
+  void check_split() const { check_part_count(plan_, part_); }
 
   // quantize() checked the stage with the path policy before INPUT was read;
   // checked again here, where it is created or adopted. Takes the part's lock.
@@ -424,6 +454,7 @@ class PartRun {
 PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
                      const PartOptions& options, const ExecuteOptions& execute) {
   PartRun run(checkpoint, plan, options, execute);
+  run.check_split();
   run.adopt_stage();
   run.assign_files();
   run.keep_finished_files();

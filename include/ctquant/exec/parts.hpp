@@ -4,10 +4,11 @@
 // `ctquant quantize INPUT OUTPUT --part I/N` writes only the output files
 // assigned to part I (1-based) of N: a deterministic assignment balanced by
 // bytes and computed from the plan alone, so every part agrees on it without
-// talking to the others (assign_parts). Every part writes into one staging
-// directory on a filesystem they share, by default `.<OUTPUT name>.ctquant-parts`
-// beside OUTPUT (default_stage_dir), which every part and `finalize` derive
-// from the same OUTPUT argument:
+// talking to the others (assign_parts). A part writes whole files, so N may
+// not exceed the plan's output shards (check_part_count). Every part writes
+// into one staging directory on a filesystem they share, by default
+// `.<OUTPUT name>.ctquant-parts` beside OUTPUT (default_stage_dir), which
+// every part and `finalize` derive from the same OUTPUT argument:
 //
 //   STAGE/part-00002-of-00003.json   the part's record (PartRecord): the plan
 //                                    fingerprint, the files assigned, each
@@ -101,6 +102,14 @@ nlohmann::json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan
 std::vector<std::string> fingerprint_changes(const nlohmann::json& before,
                                              const nlohmann::json& now);
 
+// Refuses a split whose parts would not each have an output shard to write:
+// part.count larger than the plan's output shards (a single-file checkpoint:
+// any count but 1). A part writes whole output files and finalize links
+// them into OUTPUT unchanged, so one shard cannot be shared between parts.
+// Every part of such a split refuses alike. Throws Error{kUsage} naming the
+// shards and the largest count that works.
+void check_part_count(const QuantizePlan& plan, const PartSpec& part);
+
 struct PartOptions {
   PartSpec part;
   // The staging directory: created if missing (its parent must exist); an
@@ -121,7 +130,8 @@ struct PartSummary {
 };
 
 // Writes the files of options.part into options.stage and records them
-// (see the top of this file). Throws Error{kUsage} when the stage is not
+// (see the top of this file). Throws Error{kUsage} when the split is refused
+// (check_part_count: nothing is created), when the stage is not
 // one ctquant made (stage_refusal), when the part is already running in
 // another process, or when resuming against a changed plan
 // (options changed); Error{kBadInput} when resuming against a changed input;
