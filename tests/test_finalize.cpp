@@ -1,9 +1,9 @@
 // `ctquant finalize` refuses what is not one complete run of one plan (a
 // missing, incomplete, duplicated or foreign part; a staged file of another
-// size), with exit 1, every problem named, no OUTPUT created and the stage
-// left byte for byte as it was; and assembles the parts of a run from a
-// stage given with --stage. The parts themselves run as separate processes
-// (the CLI).
+// size, or edited after its part ran), with exit 1, every problem named,
+// no OUTPUT created and the stage left byte for byte as it was; and
+// assembles the parts of a run from a stage given with --stage. The parts
+// themselves run as separate processes (the CLI).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -220,6 +220,7 @@ TEST(Finalize, ExplicitStageDirectory) {
   EXPECT_FALSE(fs::exists(stage_of(out)));
   const CommandResult r = test::run_ctquant({"finalize", out.string(), "--stage", stage.string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_message(r.err, {"finalize: checking the sha256 of"});
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
   EXPECT_FALSE(fs::exists(stage));
 }
@@ -246,6 +247,38 @@ TEST(Finalize, PartAlreadyRunningIsRefused) {
   ::close(fd);
   EXPECT_EQ(r.exit_code, 2);
   test::expect_message(r.err, {"part 1/2 is already running in another process"});
+}
+
+// A staged shard edited (same size) after its part recorded it: finalize
+// once published it, and `verify --manifest` then disagreed with OUTPUT.
+TEST(Finalize, RefusesStagedShardEditedAfterItsPart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  const std::string name = "model-00002-of-00002.safetensors";
+  const std::string part =
+      read_record(out, 1, 2)["assigned"].dump().find(name) != std::string::npos ? "1/2" : "2/2";
+  const fs::path shard = stage_of(out) / name;
+  const auto size = fs::file_size(shard);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.put('\x55');
+  }
+  ASSERT_EQ(fs::file_size(shard), size);
+  expect_finalize_refuses(
+      out, {fmt::format("{} (part {}): the file in {} is not the one part {} wrote", name, part,
+                        stage_of(out).string(), part),
+            "it changed after the part ran", fmt::format("--part {} --resume", part)});
+  // Rewritten by its part, the file is published.
+  ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), out.string(), "--part", part,
+                                    "--resume", "-q"},
+                                   kGoldenIgnore))
+                .exit_code,
+            0);
+  const CommandResult r = test::run_ctquant({"finalize", out.string(), "-q"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "ctquant/util/sha256.hpp"
 #include "exec/part_record.hpp"
 #include "util/input_file.hpp"
+#include "util/ordered_parallel.hpp"
 
 namespace ctquant {
 
@@ -291,6 +292,60 @@ class Finalization {
     summary_.tensors = tensors.size();
   }
 
+  // Once nothing else is wrong: every staged file hashed again (threads
+  // files at a time) and compared with the sha256 its part recorded, so that
+  // OUTPUT holds the bytes the parts wrote and its manifest says so. The
+  // files this process hashed itself (FinalizeOptions::hashed) are not read
+  // again.
+  void check_staged_digests() {
+    if (!problems_.empty()) return;
+    std::map<std::string, const ManifestEntry*> known;
+    for (const ManifestEntry& e : options_.hashed) known[e.name] = &e;
+    struct Check {
+      const FileEntry* entry;
+      const Record* part;
+    };
+    std::vector<Check> checks;
+    std::uint64_t bytes = 0;
+    for (const std::string& name : plan_order_) {
+      const auto by = written_by_.find(name);
+      if (by == written_by_.end()) continue;
+      const auto e = std::find_if(by->second->files.begin(), by->second->files.end(),
+                                  [&](const FileEntry& f) { return f.name == name; });
+      const auto k = known.find(name);
+      if (k != known.end() && k->second->sha256 == e->sha256 && k->second->size == e->size) {
+        continue;
+      }
+      checks.push_back({&*e, by->second});
+      bytes += e->size;
+    }
+    if (checks.empty()) return;
+    const unsigned threads = std::max(1u, options_.threads);
+    if (log_) {
+      log_->info("finalize: checking the sha256 of {} staged file(s), {} bytes, {} at a time",
+                 checks.size(), bytes, threads);
+    }
+    detail::ordered_parallel<std::optional<std::string>>(
+        checks.size(), threads,
+        [&](std::size_t i, unsigned) -> std::optional<std::string> {
+          check_cancel(options_.cancel);
+          const FileEntry& e = *checks[i].entry;
+          const std::string part = part_name(checks[i].part->part);
+          const fs::path staged = stage_ / e.name;
+          const FileDigest got = sha256_file(staged, staged.string(), options_.cancel);
+          if (got.size == e.size && got.sha256 == e.sha256) return std::nullopt;
+          return fmt::format(
+              "{} (part {}): the file in {} is not the one part {} wrote: sha256 {} ({} bytes), "
+              "recorded {} ({} bytes); it changed after the part ran: rerun the part to write it "
+              "again (ctquant quantize INPUT {} --part {} --resume)",
+              e.name, part, stage_.string(), part, got.sha256, got.size, e.sha256, e.size,
+              options_.output.string(), part);
+        },
+        [&](std::size_t, std::optional<std::string> problem) {
+          if (problem) problems_.push_back(std::move(*problem));
+        });
+  }
+
   // Throws Error{kBadInput} listing the problems found (the first
   // kMaxProblemsListed of them).
   void throw_problems() const {
@@ -403,6 +458,7 @@ FinalizeSummary finalize_parts(const FinalizeOptions& options) {
   run.choose_run();
   run.lock_complete_parts();
   run.check_staged_files();
+  run.check_staged_digests();
   run.throw_problems();
   run.assemble();
   run.clean_stage();

@@ -361,6 +361,11 @@ class PartRun {
     for (const FileEntry& e : record_.files) by_name.emplace(e.name, e);
     record_.files.clear();
     for (const PlannedFile* f : assigned_) record_.files.push_back(by_name.at(f->name));
+    // Each of them hashed by this run from the staged file: written, or kept
+    // after its sha256 was checked.
+    for (const FileEntry& e : record_.files) {
+      summary_.hashed.push_back(ManifestEntry{e.name, e.size, e.sha256});
+    }
     record_.complete = true;
     record_.files_written = summary_.files_written;
     write_file_atomically(stage_ / record_.file_name, record_json(record_).dump(1) + "\n",

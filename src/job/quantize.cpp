@@ -309,6 +309,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
       finalize.force = options.force;
       finalize.fsync = options.fsync;
       finalize.parts = 1;
+      finalize.threads = options.threads;
+      finalize.hashed = summary.part->hashed;  // hashed by this run: not read again
       finalize.logger = log;
       finalize.cancel = options.cancel;
       if (options.before_commit) {

@@ -30,11 +30,12 @@
 //
 // `ctquant finalize OUTPUT` (finalize_parts) checks that the parts of one
 // plan are all there and complete, that every output file and tensor appears
-// exactly once and that the sizes add up to the plan's; then links the files
+// exactly once and that the sizes add up to the plan's, then that every
+// staged file still has the sha256 its part recorded; then links the files
 // into the temporary output directory and renames it into place as a
 // one-process run does (output_dir.hpp), with the manifest
-// (exec/manifest.hpp) built from the digests the parts recorded. The result
-// is byte-identical to a one-process run. On any problem it lists them all (Error{kBadInput}),
+// (exec/manifest.hpp) of those digests. The result is byte-identical to a
+// one-process run. On any problem it lists them all (Error{kBadInput}),
 // creates no OUTPUT and leaves STAGE as it is.
 #pragma once
 
@@ -127,6 +128,9 @@ struct PartSummary {
   std::uint64_t bytes_assigned = 0;
   ExecuteStats execute;           // summed over the files written
   std::filesystem::path record;   // the part's record
+  // Every assigned file with the size and sha256 this run computed from the
+  // file in the stage (written, or kept after its check), by name.
+  std::vector<ManifestEntry> hashed;
 };
 
 // Writes the files of options.part into options.stage and records them
@@ -151,6 +155,11 @@ struct FinalizeOptions {
   std::optional<std::filesystem::path> stage;  // default_stage_dir(output) when unset
   bool force = false;  // replace an existing OUTPUT, as quantize --force does
   bool fsync = true;   // flush OUTPUT's directory entries before and after the rename
+  unsigned threads = 1;  // staged files hashed at once
+  // Files whose sha256 this process computed from the staged file itself
+  // (quantize --resume: the part it just ran): not hashed again when the
+  // record holds that digest and the staged file that size.
+  std::vector<ManifestEntry> hashed;
   // Only consider the records of runs split in this many parts (the
   // one-process --resume run finalizes its own 1/1 record, whatever other
   // runs left in the stage). Unset: every record in the stage.
@@ -178,7 +187,8 @@ struct FinalizeSummary {
 // file), then removes the stage. Throws Error{kBadInput} listing every
 // problem (a missing, incomplete, duplicated or foreign part; a file or
 // tensor missing or recorded twice; a staged file of another size; sizes
-// that do not add up), with nothing created and the stage untouched;
+// that do not add up; once none of these, a staged file whose sha256 is not
+// the one its part recorded), with nothing created and the stage untouched;
 // Error{kUsage} for an OUTPUT that exists (without force), or an OUTPUT or
 // stage the path policy refuses (check_run_paths: misplaced against each
 // other, the working directory or the INPUT the records name; a stage
