@@ -1,7 +1,8 @@
-// `ctquant finalize` refuses what is not one complete run of one plan (a
-// missing, incomplete, duplicated or foreign part; a staged file of another
-// size, or edited after its part ran), with exit 1, every problem named,
-// no OUTPUT created and the stage left byte for byte as it was; and
+// `ctquant finalize` refuses what is not one complete run of one plan on
+// one input (a missing, incomplete, duplicated or foreign part; parts that
+// read checkpoints of the same layout with other weights; a staged file of
+// another size, or edited after its part ran), with exit 1, every problem
+// named, no OUTPUT created and the stage left byte for byte as it was; and
 // assembles the parts of a run from a stage given with --stage. The parts
 // themselves run as separate processes (the CLI).
 #include <fcntl.h>
@@ -139,7 +140,7 @@ TEST(Finalize, RefusesAForeignPart) {
       run_part(kGoldenInput, out, "1/1", with(kGoldenIgnore, {"--ignore", "re:^(model\\.)?fc$"}))
           .exit_code,
       0);
-  expect_finalize_refuses(out, {"part-00001-of-00001.json: part 1/1 of another run",
+  expect_finalize_refuses(out, {"part-00001-of-00001.json: part 1/1 of another run than part 1/2",
                                 "split in 1 parts, not 2", "options: quantization_config.ignore"});
 }
 
@@ -247,6 +248,54 @@ TEST(Finalize, PartAlreadyRunningIsRefused) {
   ::close(fd);
   EXPECT_EQ(r.exit_code, 2);
   test::expect_message(r.err, {"part 1/2 is already running in another process"});
+}
+
+// Two checkpoints of the same layout with other weights, part 1/2 run on
+// one and part 2/2 on the other: finalize once joined them into one mixed
+// model with exit 0. Each part samples every shard, so the parts disagree
+// even though they read no shard in common.
+TEST(Finalize, RefusesPartsOfDifferentInputs) {
+  TempDir tmp;
+  test::copy_dir(kGoldenInput, tmp / "a");
+  test::copy_dir(kGoldenInput, tmp / "b");
+  for (const char* shard :
+       {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    test::flip_tensor_data(tmp / "b" / shard);
+  }
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(tmp / "a", out, "1/2").exit_code, 0);
+  ASSERT_EQ(run_part(tmp / "b", out, "2/2").exit_code, 0);
+  expect_finalize_refuses(
+      out,
+      {"part-00002-of-00002.json: part 2/2 read other input data than part 1/2",
+       "input shard model-00001-of-00002.safetensors: same size and header, other tensor "
+       "data",
+       "input shard model-00002-of-00002.safetensors: same size and header, other tensor "
+       "data",
+       fmt::format("INPUT {} for part 2/2, {} for part 1/2", (tmp / "b").string(),
+                   (tmp / "a").string()),
+       "part 2/2: it read other input data than part 1/2 (above)", "--part 2/2"},
+      {"of another run"});
+}
+
+// The inputs differ only in the shard part 2/2 writes, which part 1/2 does
+// not read: still a mixed model, still refused (every part samples every
+// shard, not only those it reads).
+TEST(Finalize, RefusesPartsOfInputsThatDifferInOneShard) {
+  TempDir tmp;
+  test::copy_dir(kGoldenInput, tmp / "a");
+  test::copy_dir(kGoldenInput, tmp / "b");
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(tmp / "a", out, "1/2").exit_code, 0);
+  const bool one_writes_first =
+      read_record(out, 1, 2)["assigned"].dump().find("model-00001") != std::string::npos;
+  const std::string twos_shard =
+      one_writes_first ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+  test::flip_tensor_data(tmp / "b" / twos_shard);
+  ASSERT_EQ(run_part(tmp / "b", out, "2/2").exit_code, 0);
+  expect_finalize_refuses(
+      out, {"part 2/2 read other input data than part 1/2",
+            "input shard " + twos_shard + ": same size and header, other tensor data"});
 }
 
 // A staged shard edited (same size) after its part recorded it: finalize

@@ -4,7 +4,7 @@
 // and a 20-shard synthetic checkpoint; a split with more parts than output
 // shards is refused by every part; kill -9 of a part, then --resume, writes
 // only the files it had not finished, with identical output; a changed plan
-// (options, headers) is not resumed. Finalize's refusals are
+// (options, headers, weights) is not resumed. Finalize's refusals are
 // tests/test_finalize.cpp.
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -427,6 +427,23 @@ TEST(Resume, ChangedInputIsRefusedNamingIt) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
                                "input config.json: differs"});
+}
+
+// The input's weights changed since the part ran, its layout did not:
+// --resume once kept the files written from the old weights.
+TEST(Resume, ChangedWeightsAreRefusedNamingTheShard) {
+  TempDir tmp;
+  test::copy_dir(kGoldenInput, tmp / "in");
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(tmp / "in", out, "1/2").exit_code, 0);
+  test::flip_tensor_data(tmp / "in" / "model-00002-of-00002.safetensors");
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", (tmp / "in").string(), out.string(), "--part", "1/2", "--resume"},
+           kGoldenIgnore));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
+                               "input shard model-00002-of-00002.safetensors: same size and "
+                               "header, other tensor data"});
 }
 
 // A part that completed, resumed, keeps everything and writes nothing.

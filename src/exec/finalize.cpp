@@ -63,6 +63,12 @@ void place_file(const fs::path& from, const fs::path& to, bool fsync) {
   if (fsync) out.sync_and_close();
 }
 
+std::string join(const std::vector<std::string>& items, std::string_view separator) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : std::string(separator)) + item;
+  return text;
+}
+
 void check_cancel(const std::atomic<bool>* cancel) {
   if (cancel != nullptr && cancel->load()) {
     throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
@@ -145,38 +151,58 @@ class Finalization {
     }
   }
 
-  // The run: the plan and part count most records agree on; the records of
-  // other runs are problems.
+  // The run: the plan and part count most records agree on (on a tie, the
+  // one of the lowest part); the records of other runs are problems, named
+  // with what differs from the run's first part. Parts of the same split
+  // whose inputs differ only in their data (the same layout, other weights)
+  // are named as such.
   void choose_run() {
-    std::map<std::pair<unsigned, std::string>, std::size_t> votes;
-    for (const Record& r : records_) ++votes[{r.part.count, fingerprint_of(r.plan)}];
+    struct Votes {
+      std::size_t records = 0;
+      unsigned lowest_part = 0;
+    };
+    std::map<std::pair<unsigned, std::string>, Votes> votes;
+    for (const Record& r : records_) {
+      Votes& v = votes[{r.part.count, fingerprint_of(r.plan)}];
+      v.lowest_part = v.records++ == 0 ? r.part.index : std::min(v.lowest_part, r.part.index);
+    }
     const auto [count, fingerprint] =
         std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-          return a.second < b.second;
+          return a.second.records != b.second.records ? a.second.records < b.second.records
+                                                      : a.second.lowest_part > b.second.lowest_part;
         })->first;
     count_ = count;
     fingerprint_ = fingerprint;
     for (const Record& r : records_) {
       if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) {
         by_part_[r.part.index] = &r;
-        if (reference_ == nullptr) reference_ = &r;
       }
     }
+    reference_ = by_part_.begin()->second;
     for (const Record& r : records_) {
       if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) continue;
+      const std::vector<std::string> changes = fingerprint_changes(r.plan, reference_->plan);
+      if (r.part.count == count_ && detail::only_input_data_changed(changes)) {
+        other_input_.insert(r.part.index);
+        problems_.push_back(fmt::format(
+            "{}: part {} read other input data than part {}: {} (INPUT {} for part {}, {} for "
+            "part {}: two checkpoints of the same layout, or one changed while the parts ran); "
+            "rerun the parts that read the wrong one",
+            r.file_name, part_name(r.part), part_name(reference_->part), join(changes, "; "),
+            r.input_path, part_name(r.part), reference_->input_path, part_name(reference_->part)));
+        continue;
+      }
       std::vector<std::string> why;
       if (r.part.count != count_) {
         why.push_back(fmt::format("split in {} parts, not {}", r.part.count, count_));
       }
       if (fingerprint_of(r.plan) != fingerprint_) {
-        for (const std::string& c : fingerprint_changes(r.plan, reference_->plan)) why.push_back(c);
+        for (const std::string& c : changes) why.push_back(c);
       }
-      std::string list;
-      for (const std::string& w : why) list += (list.empty() ? "" : "; ") + w;
-      problems_.push_back(
-          fmt::format("{}: part {} of another run ({}); remove it, or the staging "
-                      "directory, if that run is abandoned",
-                      r.file_name, part_name(r.part), list));
+      problems_.push_back(fmt::format(
+          "{}: part {} of another run than part {} ({}); remove it, "
+          "or the staging directory, if that run is abandoned",
+          r.file_name, part_name(r.part), part_name(reference_->part), join(why, "; ")));
     }
   }
 
@@ -190,14 +216,22 @@ class Finalization {
         all_complete_ = false;
         const bool foreign = std::any_of(records_.begin(), records_.end(),
                                          [&](const Record& r) { return r.part == part; });
-        problems_.push_back(
-            foreign ? fmt::format("part {}: its record is of another run (above): run this part "
-                                  "again (ctquant quantize INPUT {} --part {})",
-                                  part_name(part), options_.output.string(), part_name(part))
-                    : fmt::format("part {}: no record in {}: it has not run (ctquant quantize "
-                                  "INPUT {} --part {})",
-                                  part_name(part), stage_.string(), options_.output.string(),
-                                  part_name(part)));
+        if (other_input_.count(i) > 0) {
+          problems_.push_back(fmt::format(
+              "part {}: it read other input data than part {} (above): run it again on the "
+              "INPUT the other parts read (ctquant quantize INPUT {} --part {})",
+              part_name(part), part_name(reference_->part), options_.output.string(),
+              part_name(part)));
+        } else if (foreign) {
+          problems_.push_back(fmt::format(
+              "part {}: its record is of another run (above): run this part again (ctquant "
+              "quantize INPUT {} --part {})",
+              part_name(part), options_.output.string(), part_name(part)));
+        } else {
+          problems_.push_back(fmt::format(
+              "part {}: no record in {}: it has not run (ctquant quantize INPUT {} --part {})",
+              part_name(part), stage_.string(), options_.output.string(), part_name(part)));
+        }
         continue;
       }
       locks_.emplace_back();
@@ -440,7 +474,8 @@ class Finalization {
   std::set<std::string> logs_;  // file names of the part logs in the stage
   unsigned count_ = 0;          // the run's part count and plan fingerprint
   std::string fingerprint_;
-  const Record* reference_ = nullptr;          // the run's first record
+  const Record* reference_ = nullptr;  // the run's record of its lowest part
+  std::set<unsigned> other_input_;     // parts whose record differs from the run's in input data
   std::map<unsigned, const Record*> by_part_;  // the run's records by part index
   std::vector<PartLock> locks_;                // held until the end
   bool all_complete_ = true;

@@ -99,7 +99,12 @@ Record parse_record(const json& j, const std::string& file_name) {
     return bad_input(fmt::format("{}: not a part record ctquant can read: {}", file_name, what));
   };
   if (!j.is_object() || j.value("ctquant_part_record", 0) != kRecordFormat) {
-    throw fail(fmt::format("no \"ctquant_part_record\": {}", kRecordFormat));
+    const json format = j.is_object() ? j.value("ctquant_part_record", json()) : json();
+    throw fail(format.is_number_integer()
+                   ? fmt::format("its format is {}, this ctquant reads format {} (a record of "
+                                 "another ctquant version: rerun the part)",
+                                 format.dump(), kRecordFormat)
+                   : fmt::format("no \"ctquant_part_record\": {}", kRecordFormat));
   }
   Record r;
   r.file_name = file_name;

@@ -23,8 +23,9 @@
 namespace ctquant::detail {
 
 // Version of the record and log formats; part of every plan fingerprint (a
-// record of another format is of another plan).
-inline constexpr int kRecordFormat = 1;
+// record of another format is of another plan). 2: the fingerprint holds a
+// sample digest of every input shard.
+inline constexpr int kRecordFormat = 2;
 
 // ---- names in the stage ----
 
@@ -115,6 +116,13 @@ std::string log_line(const nlohmann::json& j);
 // Reads a log; a torn last line (the process died while appending it) is
 // ignored. nullopt when the file cannot be read or has no valid header.
 std::optional<Log> read_log(const std::filesystem::path& path);
+
+// ---- plans ----
+
+// True when the changes fingerprint_changes() named are all of input files
+// of the same size and header whose sampled data differs: the same layout,
+// other weights.
+bool only_input_data_changed(const std::vector<std::string>& changes);
 
 // ---- messages ----
 

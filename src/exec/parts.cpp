@@ -218,13 +218,27 @@ class PartRun {
     }
   }
 
+  // What identifies the input and the plan: a sample of every shard, then
+  // the fingerprint the record holds and finalize compares between parts.
+  void identify_input() {
+    summary_.input_sample = sample_input(checkpoint_, execute_.threads, execute_.cancel);
+    const InputSample& sample = summary_.input_sample;
+    fingerprint_ = plan_fingerprint(checkpoint_, plan_, sample);
+    fp_ = fingerprint_of(fingerprint_);
+    if (log_) {
+      log_->info(
+          "{}: input identified by a sample (the first and last {} bytes of every "
+          "tensor): {} shard(s), {} read(s), {} bytes in {:.2f} s",
+          who_, kInputSampleBytes, checkpoint_.shards.size(), sample.reads, sample.bytes_read,
+          sample.seconds);
+    }
+  }
+
   // The files of the plan this part writes (assign_parts), and the record
   // that names them.
   void assign_files() {
     files_ = plan_output_files(checkpoint_, plan_);
     const std::vector<unsigned> owner = assign_parts(files_, part_.count);
-    fingerprint_ = plan_fingerprint(checkpoint_, plan_);
-    fp_ = fingerprint_of(fingerprint_);
     record_.file_name = record_name(part_);
     record_.part = part_;
     record_.input_path = fs::absolute(checkpoint_.root).lexically_normal().string();
@@ -461,6 +475,7 @@ PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
   PartRun run(checkpoint, plan, options, execute);
   run.check_split();
   run.adopt_stage();
+  run.identify_input();
   run.assign_files();
   run.keep_finished_files();
   run.start_record_and_log();
