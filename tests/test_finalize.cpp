@@ -163,6 +163,20 @@ TEST(Finalize, RefusesAPartOfAnotherPlan) {
       {"part 2/3: no record"});
 }
 
+// A record another version of ctquant wrote (another record format) is
+// named as such, and its part as not run.
+TEST(Finalize, RefusesARecordOfAnotherFormat) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
+  json record = read_record(out, 2, 2);
+  record["ctquant_part_record"] = 1;
+  write_record(out, 2, 2, record);
+  expect_finalize_refuses(out, {"part-00002-of-00002.json: not a part record ctquant can read: "
+                                "its format is 1, this ctquant reads format 2",
+                                "run the part again", "part 2/2: no record"});
+}
+
 TEST(Finalize, StageWithoutPartOrResumeIsAUsageError) {
   TempDir tmp;
   const CommandResult r = test::run_ctquant(

@@ -101,8 +101,9 @@ Record parse_record(const json& j, const std::string& file_name) {
   if (!j.is_object() || j.value("ctquant_part_record", 0) != kRecordFormat) {
     const json format = j.is_object() ? j.value("ctquant_part_record", json()) : json();
     throw fail(format.is_number_integer()
-                   ? fmt::format("its format is {}, this ctquant reads format {} (a record of "
-                                 "another ctquant version: rerun the part)",
+                   ? fmt::format("its format is {}, this ctquant reads format {} (written by "
+                                 "another version of ctquant: run the part again; --resume "
+                                 "cannot keep its files)",
                                  format.dump(), kRecordFormat)
                    : fmt::format("no \"ctquant_part_record\": {}", kRecordFormat));
   }
