@@ -598,7 +598,7 @@ TEST(OutputSafety, AbandonedStageIsNamedByTheNextRun) {
   TempDir tmp;
   write_small_checkpoint(tmp / "ckpt");
   const fs::path out = tmp / "out";
-  ASSERT_EQ(test::run_ctquant({"quantize", (tmp / "ckpt").string(), out.string(), "--part", "1/2"})
+  ASSERT_EQ(test::run_ctquant({"quantize", (tmp / "ckpt").string(), out.string(), "--part", "1/1"})
                 .exit_code,
             0);
   const CommandResult r = test::run_ctquant({"quantize", (tmp / "ckpt").string(), out.string()});

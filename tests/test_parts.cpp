@@ -1,10 +1,11 @@
 // A run split into parts (`quantize --part I/N`, `finalize`) and resumed
-// runs (`--resume`): parts run as separate processes through `xargs -P 3`
-// give output byte-identical to one process, on the sharded golden case and
-// a 20-shard synthetic checkpoint; finalize refuses missing, incomplete,
-// duplicated and foreign parts without creating OUTPUT or touching the
-// stage; kill -9 of a part, then --resume, writes only the files it had not
-// finished, with identical output; a changed plan is not resumed.
+// runs (`--resume`): parts run as separate processes through `xargs -P`
+// give output byte-identical to one process, on the sharded golden cases
+// and a 20-shard synthetic checkpoint; a split with more parts than output
+// shards is refused by every part; kill -9 of a part, then --resume, writes
+// only the files it had not finished, with identical output; a changed plan
+// (options, headers, weights) is not resumed. Finalize's refusals are
+// tests/test_finalize.cpp.
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <fcntl.h>
@@ -115,14 +116,14 @@ TEST_F(Parts, SyntheticCheckpointHasTwentyShards) {
   EXPECT_EQ(count_shards(reference()), 20u);
 }
 
-TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTheGoldenCase) {
+TEST_F(Parts, TwoPartsThroughXargsEqualOneProcessOnTheGoldenCase) {
   const fs::path one = tmp_ / "one";
   ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
                                    kGoldenIgnore))
                 .exit_code,
             0);
   const fs::path out = tmp_ / "out";
-  run_parts_with_xargs(kGoldenInput, out, 3, kGoldenIgnore);
+  run_parts_with_xargs(kGoldenInput, out, 2, kGoldenIgnore);
   EXPECT_EQ(test::diff_bytes(out, one), "");
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
 }
@@ -151,19 +152,6 @@ TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTwentyShards) {
   const fs::path out = tmp_ / "out";
   run_parts_with_xargs(synthetic(), out, 3, {});
   EXPECT_EQ(test::diff_bytes(out, reference()), "");
-}
-
-// More parts than files: the extra parts have nothing to write and say so
-// in their records; the output is the same.
-TEST_F(Parts, MorePartsThanFiles) {
-  const fs::path one = tmp_ / "one";
-  ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
-                                   kGoldenIgnore))
-                .exit_code,
-            0);
-  const fs::path out = tmp_ / "out";
-  run_parts_with_xargs(kGoldenInput, out, 8, kGoldenIgnore);
-  EXPECT_EQ(test::diff_bytes(out, one), "");
 }
 
 TEST(PartSpecs, ParseAndRefuse) {
@@ -218,17 +206,12 @@ TEST(PartSpecs, AssignmentIsBalancedAndDeterministic) {
   EXPECT_TRUE(std::all_of(one.begin(), one.end(), [](unsigned p) { return p == 0; }));
 }
 
-// ---- finalize refuses what is not one complete run ----
+// ---- helpers of the finalize and resume tests ----
 
 fs::path stage_of(const fs::path& out) { return default_stage_dir(out); }
 
 json read_record(const fs::path& out, unsigned i, unsigned n) {
   return test::read_json(stage_of(out) / fmt::format("part-{:05d}-of-{:05d}.json", i, n));
-}
-
-void write_record(const fs::path& out, unsigned i, unsigned n, const json& record) {
-  test::write_file(stage_of(out) / fmt::format("part-{:05d}-of-{:05d}.json", i, n),
-                   record.dump(1));
 }
 
 CommandResult run_part(const fs::path& in, const fs::path& out, const std::string& part,
@@ -237,190 +220,67 @@ CommandResult run_part(const fs::path& in, const fs::path& out, const std::strin
       with({"quantize", in.string(), out.string(), "--part", part, "-q"}, extra));
 }
 
-// Finalize fails with exit 1 naming each problem, creates no OUTPUT and
-// leaves the stage byte for byte as it was.
-void expect_finalize_refuses(const fs::path& out, const std::vector<std::string>& problems,
-                             const std::vector<std::string>& absent = {}) {
-  const auto before = test::snapshot_files(stage_of(out));
-  const CommandResult r = test::run_ctquant({"finalize", out.string()});
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  test::expect_message(r.err, with({"OUTPUT was not created and the staging directory is left as "
-                                    "it is"},
-                                   problems),
-                       absent);
-  EXPECT_FALSE(fs::exists(out));
-  EXPECT_EQ(test::temp_leftovers(out.parent_path()), std::vector<std::string>{});
-  EXPECT_EQ(test::snapshot_files(stage_of(out)), before);
-}
+// ---- splits with more parts than output shards ----
 
-TEST(Finalize, RefusesAMissingPart) {
+// A single-file checkpoint has one output shard, which one part writes
+// whole: --part 2/2 once wrote only config.json and the copied files, said
+// nothing, and exited 0. Every part of such a split is refused before
+// anything is created; --part 1/1 is the whole run, staged and finalized.
+TEST(PartSpecs, SingleFileCheckpointIsNotSplit) {
+  const test::GoldenCase c = test::find_case("llama-bf16");
+  const std::vector<std::string> ignore = {"--ignore", "lm_head", "--ignore", "model.embed_tokens"};
   TempDir tmp;
   const fs::path out = tmp / "out";
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
-  ASSERT_EQ(run_part(kGoldenInput, out, "3/3").exit_code, 0);
-  expect_finalize_refuses(out, {"part 2/3: no record in", "--part 2/3"});
-}
-
-TEST(Finalize, RefusesAnIncompletePart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  json record = read_record(out, 2, 3);
-  record["complete"] = false;
-  record["files"] = json::array();
-  write_record(out, 2, 3, record);
-  expect_finalize_refuses(out, {"part 2/3: not complete: 0 of", "--resume"});
-}
-
-TEST(Finalize, RefusesADuplicatedPart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  write_record(out, 3, 3, read_record(out, 1, 3));  // part 1's record copied as part 3's
-  expect_finalize_refuses(out, {"part-00003-of-00003.json: holds the record of part 1/3",
-                                "duplicated part", "part 3/3: no record"});
-}
-
-// A file recorded by two parts (records edited by hand, or from different
-// assignments) is named, and so is each tensor it holds twice.
-TEST(Finalize, RefusesAFileRecordedTwice) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  json one = read_record(out, 1, 2);
-  json two = read_record(out, 2, 2);
-  json shard;
-  for (const json& f : one["files"]) {
-    if (f["name"].get<std::string>().ends_with(".safetensors")) shard = f;
+  for (const fs::path& in : {test::input_of(c), test::input_of(c) / "model.safetensors"}) {
+    for (const char* part : {"1/2", "2/2", "3/5"}) {
+      SCOPED_TRACE(fmt::format("{} --part {}", in.string(), part));
+      const CommandResult r = run_part(in, out, part, ignore);
+      EXPECT_EQ(r.exit_code, 2) << r.err;
+      test::expect_message(
+          r.err, {fmt::format("--part {}: the output is one shard (model.safetensors: INPUT is a "
+                              "single-file checkpoint)",
+                              part),
+                  "one shard cannot be split between parts", "without --part", "--part 1/1"});
+      EXPECT_FALSE(fs::exists(stage_of(out)));
+      EXPECT_FALSE(fs::exists(out));
+    }
   }
-  for (const json& f : two["files"]) {
-    if (f["name"].get<std::string>().ends_with(".safetensors")) shard = f;
+  ASSERT_EQ(run_part(test::input_of(c), out, "1/1", ignore).exit_code, 0);
+  const CommandResult f = test::run_ctquant({"finalize", out.string(), "-q"});
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  EXPECT_EQ(test::diff_golden(out, test::expected_of(c), c.by_library), "");
+}
+
+// A checkpoint of 2 shards split in 3: the third part would have no shard to
+// write (it once wrote config.json alone, or nothing, and exited 0). Every
+// part refuses alike, naming the shards and the largest split that works.
+TEST(PartSpecs, MorePartsThanOutputShardsAreRefusedByEveryPart) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  for (const char* part : {"1/3", "2/3", "3/3", "8/8"}) {
+    SCOPED_TRACE(part);
+    const CommandResult r = run_part(kGoldenInput, out, part);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    const unsigned n = parse_part(part).count;
+    test::expect_message(
+        r.err, {fmt::format("--part {}: the output has 2 shards (model-00001-of-00002.safetensors, "
+                            "model-00002-of-00002.safetensors)",
+                            part),
+                fmt::format("with {} parts, {} of them would have no shard to write", n, n - 2),
+                "Split the run in at most 2 parts (--part I/2)"});
+    EXPECT_FALSE(fs::exists(stage_of(out)));
   }
-  ASSERT_TRUE(shard.is_object());
-  const std::string name = shard["name"];
-  // Whichever part does not hold it claims it too.
-  json& other = one["assigned"].dump().find(name) == std::string::npos ? one : two;
-  other["files"].push_back(shard);
-  write_record(out, 1, 2, one);
-  write_record(out, 2, 2, two);
-  expect_finalize_refuses(out, {name + ": recorded by part"});
-}
-
-TEST(Finalize, RefusesAForeignPart) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "2/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  // An older run in 2 parts with other options left its record behind.
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/2",
-                     with(kGoldenIgnore, {"--ignore", "re:^(model\\.)?fc$"}))
-                .exit_code,
-            0);
-  expect_finalize_refuses(out, {"part-00001-of-00002.json: part 1/2 of another run",
-                                "split in 2 parts, not 3",
-                                "options: quantization_config.ignore"});
-}
-
-// The same split, another plan: part 2's record was overwritten by a run
-// with other options. It is named as foreign, and its slot as to be rerun.
-TEST(Finalize, RefusesAPartOfAnotherPlan) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/3", "3/3"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  ASSERT_EQ(run_part(kGoldenInput, out, "2/3",
-                     with(kGoldenIgnore, {"--ignore", "re:.*o_proj$"}))
-                .exit_code,
-            0);
-  expect_finalize_refuses(out, {"part-00002-of-00003.json: part 2/3 of another run",
-                                "options: quantization_config.ignore",
-                                "part 2/3: its record is of another run (above)"},
-                          {"part 2/3: no record"});
-}
-
-TEST(Finalize, StageWithoutPartOrResumeIsAUsageError) {
-  TempDir tmp;
-  const CommandResult r = test::run_ctquant(
-      {"quantize", kGoldenInput.string(), (tmp / "out").string(), "--stage", (tmp / "s").string()});
-  EXPECT_EQ(r.exit_code, 2);
-  test::expect_message(r.err, {"--stage names the staging directory of --part or --resume"});
-}
-
-TEST(Finalize, RefusesAStagedFileOfAnotherSize) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  const fs::path shard = stage_of(out) / "model-00001-of-00002.safetensors";
-  const auto size = fs::file_size(shard);
-  fs::resize_file(shard, size - 8);
-  expect_finalize_refuses(out, {fmt::format("model-00001-of-00002.safetensors (part {}): {} bytes "
-                                            "in",
-                                            read_record(out, 1, 2)["assigned"].dump().find(
-                                                "model-00001") != std::string::npos
-                                                ? "1/2"
-                                                : "2/2",
-                                            size - 8)});
-}
-
-TEST(Finalize, RefusesWithoutAStage) {
-  TempDir tmp;
-  const CommandResult r = test::run_ctquant({"finalize", (tmp / "out").string()});
-  EXPECT_EQ(r.exit_code, 1);
-  test::expect_message(r.err, {"no staging directory", "--part I/N"});
-  EXPECT_FALSE(fs::exists(tmp / "out"));
-}
-
-TEST(Finalize, ExistingOutputNeedsForce) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  for (const char* p : {"1/2", "2/2"}) ASSERT_EQ(run_part(kGoldenInput, out, p).exit_code, 0);
-  test::copy_dir(kGoldenExpected, out);
-  const CommandResult r = test::run_ctquant({"finalize", out.string()});
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_TRUE(fs::exists(stage_of(out)));
-  const CommandResult forced = test::run_ctquant({"finalize", out.string(), "--force"});
-  EXPECT_EQ(forced.exit_code, 0) << forced.err;
-  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
-}
-
-TEST(Finalize, ExplicitStageDirectory) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  const fs::path stage = tmp / "shared" / "stage";
-  fs::create_directories(tmp / "shared");
-  for (const char* p : {"1/2", "2/2"}) {
-    ASSERT_EQ(run_part(kGoldenInput, out, p, with(kGoldenIgnore, {"--stage", stage.string()}))
-                  .exit_code,
-              0);
+  // Through the library: Error{kUsage}, before the stage is made.
+  QuantizeOptions options = test::test_options(kGoldenInput, out);
+  options.plan.ignore = {"re:.*qkv_proj$", "re:.*g_proj$"};
+  options.part = PartSpec{1, 3};
+  try {
+    quantize(options);
+    ADD_FAILURE() << "part 1/3 of a 2-shard checkpoint ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
   }
   EXPECT_FALSE(fs::exists(stage_of(out)));
-  const CommandResult r =
-      test::run_ctquant({"finalize", out.string(), "--stage", stage.string()});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
-  EXPECT_FALSE(fs::exists(stage));
-}
-
-TEST(Finalize, PartRefusesAnExistingOutput) {
-  TempDir tmp;
-  test::copy_dir(kGoldenExpected, tmp / "out");
-  const CommandResult r = run_part(kGoldenInput, tmp / "out", "1/2");
-  EXPECT_EQ(r.exit_code, 2);
-  test::expect_message(r.err, {"already exists"});
-}
-
-// A part whose lock another process holds is running: not started twice.
-TEST(Finalize, PartAlreadyRunningIsRefused) {
-  TempDir tmp;
-  const fs::path out = tmp / "out";
-  fs::create_directories(stage_of(out));
-  test::write_file(stage_of(out) / kStageMarkerName, "");  // a stage ctquant made
-  const fs::path lock = stage_of(out) / ".part-00001-of-00002.lock";
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  const CommandResult r = run_part(kGoldenInput, out, "1/2");
-  ::close(fd);
-  EXPECT_EQ(r.exit_code, 2);
-  test::expect_message(r.err, {"part 1/2 is already running in another process"});
 }
 
 // ---- resume ----
@@ -509,8 +369,12 @@ TEST_F(Parts, OneProcessResumeAfterKillDashNine) {
   EXPECT_FALSE(fs::exists(out));
   const CommandResult resumed = test::run_ctquant(args);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  test::expect_message(resumed.err, {fmt::format("part 1/1: {} of", finished),
-                                     "kept from an earlier run (sha256 checked)"});
+  // Every staged file was hashed by the resumed run itself (kept or
+  // written), so its finalize does not read them again.
+  test::expect_message(
+      resumed.err,
+      {fmt::format("part 1/1: {} of", finished), "kept from an earlier run (sha256 checked)"},
+      {"finalize: checking the sha256"});
   EXPECT_EQ(test::diff_bytes(out, reference()), "");
   EXPECT_FALSE(fs::exists(stage_of(out)));
 }
@@ -565,6 +429,23 @@ TEST(Resume, ChangedInputIsRefusedNamingIt) {
                                "input config.json: differs"});
 }
 
+// The input's weights changed since the part ran, its layout did not:
+// --resume once kept the files written from the old weights.
+TEST(Resume, ChangedWeightsAreRefusedNamingTheShard) {
+  TempDir tmp;
+  test::copy_dir(kGoldenInput, tmp / "in");
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(tmp / "in", out, "1/2").exit_code, 0);
+  test::flip_tensor_data(tmp / "in" / "model-00002-of-00002.safetensors");
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", (tmp / "in").string(), out.string(), "--part", "1/2", "--resume"},
+           kGoldenIgnore));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
+                               "input shard model-00002-of-00002.safetensors: same size and "
+                               "header, other tensor data"});
+}
+
 // A part that completed, resumed, keeps everything and writes nothing.
 TEST(Resume, CompletePartKeepsEverything) {
   TempDir tmp;
@@ -580,20 +461,20 @@ TEST(Resume, CompletePartKeepsEverything) {
 }
 
 // Files another part split (other N) finished for the same plan are kept
-// too: a run re-split from 3 parts into 1 keeps what the 3 parts wrote.
+// too: a run re-split from 2 parts into 1 keeps what the 2 parts wrote.
 TEST(Resume, KeepsFilesOfTheSamePlanWrittenByAnotherSplit) {
   TempDir tmp;
   const fs::path out = tmp / "out";
-  ASSERT_EQ(run_part(kGoldenInput, out, "1/3").exit_code, 0);
-  const std::size_t by_part_one = read_record(out, 1, 3)["files"].size();
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
+  const std::size_t by_part_one = read_record(out, 1, 2)["files"].size();
   ASSERT_GT(by_part_one, 0u);
   const CommandResult r = test::run_ctquant(
       with({"quantize", kGoldenInput.string(), out.string(), "--resume"}, kGoldenIgnore));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   test::expect_message(r.err, {fmt::format("part 1/1: {} of", by_part_one)});
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
-  // The 3-part run's record was left in the stage, which is therefore kept.
-  EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00003.json"));
+  // The 2-part run's record was left in the stage, which is therefore kept.
+  EXPECT_TRUE(fs::exists(stage_of(out) / "part-00001-of-00002.json"));
 }
 
 // SIGINT during a --resume run keeps the staged files and says how to go on.
@@ -617,11 +498,12 @@ TEST_F(Parts, InterruptedResumeRunKeepsTheStage) {
   EXPECT_GE(log_lines(log), 2u);
 }
 
-// Every golden case (every scheme of the registry), split in 2 and in 3
+// Every golden case (every scheme of the registry) split in 1, 2 and 3
 // parts run through the library, then finalized: the same bytes as one
 // process, manifest included, and the case's expected tensors. NVFP4's
 // fused partners in other shards (sharded-bf16-nvfp4a16) get the global
-// scale of their whole set, as in one process.
+// scale of their whole set, as in one process. A split in more parts than
+// the case has shards is refused (Error{kUsage}) before the stage is made.
 class PartsOfEveryCase : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
@@ -633,9 +515,23 @@ TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
   options.allow_unloadable = test::unloadable_in_vllm(c.name);
   quantize(options);
   ASSERT_EQ(test::diff_golden(tmp / "one", test::expected_of(c), c.by_library), "");
-  for (const unsigned n : {2u, 3u}) {
+  const std::size_t shards = count_shards(tmp / "one");
+  for (const unsigned n : {1u, 2u, 3u}) {
     SCOPED_TRACE(fmt::format("{} parts", n));
     const fs::path out = tmp / fmt::format("parts{}", n);
+    if (n > shards) {
+      QuantizeOptions part = options;
+      part.output = out;
+      part.part = PartSpec{n, n};
+      try {
+        quantize(part);
+        ADD_FAILURE() << "a split in " << n << " parts of " << shards << " shard(s) ran";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+      }
+      EXPECT_FALSE(fs::exists(default_stage_dir(out)));
+      continue;
+    }
     for (unsigned i = 1; i <= n; ++i) {
       QuantizeOptions part = options;
       part.output = out;
@@ -646,6 +542,7 @@ TEST_P(PartsOfEveryCase, FinalizedPartsEqualOneProcess) {
     }
     FinalizeOptions finalize;
     finalize.output = out;
+    finalize.threads = 2;
     const FinalizeSummary summary = finalize_parts(finalize);
     EXPECT_EQ(summary.parts, n);
     EXPECT_EQ(test::diff_bytes(out, tmp / "one"), "");

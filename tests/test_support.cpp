@@ -151,6 +151,14 @@ std::string read_file(const fs::path& path) {
   return s.str();
 }
 
+void flip_tensor_data(const fs::path& file) {
+  std::string bytes = read_file(file);
+  std::uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes.at(i));
+  for (std::size_t at = 8 + header; at < bytes.size(); at += 2) bytes[at] ^= 0x01;
+  write_file(file, bytes);
+}
+
 std::vector<std::byte> read_tensor(const fs::path& file, const std::string& name) {
   SafetensorsFile f(file, file.filename().string());
   const TensorEntry* e = f.header().find(name);

@@ -108,6 +108,11 @@ nlohmann::json single_group_config(const SchemeGroup& group,
 void write_checkpoint(const std::filesystem::path& dir, const std::vector<FakeTensor>& tensors,
                       const nlohmann::json& config = nlohmann::json{{"model_type", "llama"}});
 nlohmann::json read_json(const std::filesystem::path& path);
+// Gives a safetensors file other weights of the same layout: the lowest bit
+// of every even byte of its data buffer flipped (the last mantissa bit of
+// every BF16 or F16 value, a mantissa bit of every F32 one: finite values
+// stay finite). The header is untouched.
+void flip_tensor_data(const std::filesystem::path& file);
 
 // Every regular file below dir (path relative to dir -> bytes).
 std::map<std::string, std::string> snapshot_files(const std::filesystem::path& dir);

@@ -5,12 +5,13 @@
 # parts of `ctquant quantize` as a job array and `ctquant finalize` as a job
 # that depends on it (the workflow of docs/scale-out.md), and checks that
 # the output is byte-identical to a one-process run. Cases: the sharded
-# golden case, and a 20-shard synthetic checkpoint (tests/layouts).
+# golden case (2 shards), and a 20-shard synthetic checkpoint (tests/layouts).
 # Everything it starts is stopped at the end, by process id.
 #
 #   tools/slurm-test.sh [--parts N] [--keep]
 #
-#   --parts N   parts per run (default 3)
+#   --parts N   parts per run (default 3; a case of fewer shards is split in
+#               as many parts as it has shards: a part writes whole shards)
 #   --keep      keep the work directory (logs, outputs) for inspection
 #
 # Runs as root (through sudo when started by another user): it installs
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --parts) PARTS=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "slurm-test: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -150,8 +151,11 @@ run_case() {
   "$CTQUANT" quantize "$input" "$dir/one" "$@" -q
   local args=""
   for a in "$@"; do args+=" '$a'"; done
+  local shards parts=$PARTS
+  shards=$(find "$input" -maxdepth 1 -name '*.safetensors' | wc -l)
+  [ "$parts" -le "$shards" ] || parts=$shards
   local array
-  array=$(sbatch --parsable --array="1-$PARTS" --cpus-per-task=1 --output="$dir/part-%a.log" \
+  array=$(sbatch --parsable --array="1-$parts" --cpus-per-task=1 --output="$dir/part-%a.log" \
     --job-name="$name-parts" --wrap \
     "'$CTQUANT' quantize '$input' '$dir/out' --part \$SLURM_ARRAY_TASK_ID/\$SLURM_ARRAY_TASK_COUNT$args")
   local final
@@ -159,7 +163,7 @@ run_case() {
     --output="$dir/finalize.log" --job-name="$name-finalize" --wrap "'$CTQUANT' finalize '$dir/out'") ||
     { say "$name: finalize job failed"; cat "$dir"/*.log >&2; status=1; return; }
   if diff -r "$dir/one" "$dir/out" >&2; then
-    say "$name: $PARTS parts (job array $array) + finalize (job $final): byte-identical to one process"
+    say "$name: $parts parts (job array $array) + finalize (job $final): byte-identical to one process"
   else
     say "$name: output DIFFERS from one process"; status=1
   fi

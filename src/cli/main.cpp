@@ -532,6 +532,7 @@ struct FinalizeArgs {
   std::optional<std::string> stage;
   bool force = false;
   bool no_sync = false;
+  unsigned threads = 0;  // 0: all cores
 };
 
 int run_finalize(const FinalizeArgs& args, int verbosity) {
@@ -540,6 +541,8 @@ int run_finalize(const FinalizeArgs& args, int verbosity) {
   if (args.stage) options.stage = *args.stage;
   options.force = args.force;
   options.fsync = !args.no_sync;
+  options.threads =
+      args.threads > 0 ? args.threads : std::max(1u, std::thread::hardware_concurrency());
   options.logger = make_logger(verbosity);
   options.cancel = &g_cancel;
   const ctquant::FinalizeSummary summary = ctquant::finalize_parts(options);
@@ -749,6 +752,10 @@ void add_finalize_options(CLI::App* finalize, CommandLine& line) {
                      "Replace an existing OUTPUT, as quantize --force does");
   finalize->add_flag("--no-sync", fin.no_sync,
                      "Do not fsync OUTPUT's directory before and after the rename");
+  finalize
+      ->add_option("--threads", fin.threads,
+                   "Staged files hashed at once to check their sha256 (default: all cores)")
+      ->check(CLI::Range(1u, 1024u));
   add_verbosity_flags(finalize, line.verbosity);
 }
 

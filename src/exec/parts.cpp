@@ -1,3 +1,9 @@
+// run_part and the small pieces of a split (exec/parts.hpp): the part
+// specification, the staging directory's default, the assignment of files
+// to parts, the refusal of a split with more parts than shards, and a part's
+// run. finalize_parts is src/exec/finalize.cpp, the fingerprint
+// src/exec/part_fingerprint.cpp, the record and log formats
+// src/exec/part_record.{hpp,cpp}.
 #include "ctquant/exec/parts.hpp"
 
 #include <fcntl.h>
@@ -17,314 +23,35 @@
 
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/path_policy.hpp"
-#include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/fs.hpp"
 #include "ctquant/util/sha256.hpp"
-#include "ctquant/util/version.hpp"
+#include "exec/part_record.hpp"
 #include "util/input_file.hpp"
 
 namespace ctquant {
 
 namespace fs = std::filesystem;
+using detail::bullet_list;
+using detail::entry_json;
+using detail::FileEntry;
+using detail::fingerprint_of;
+using detail::lock_name;
+using detail::log_header;
+using detail::log_line;
+using detail::log_name;
+using detail::part_of_file_name;
+using detail::PartLock;
+using detail::read_log;
+using detail::read_stage_json;
+using detail::Record;
+using detail::record_from_json;
+using detail::record_json;
+using detail::record_name;
+using detail::work_name;
+using detail::write_file_atomically;
 using nlohmann::json;
-
-namespace {
-
-// Version of the record and log formats; part of every fingerprint.
-constexpr int kRecordFormat = 1;
-// Problems listed by finalize before "... and N more".
-constexpr std::size_t kMaxProblemsListed = 40;
-
-// ---- names in the stage ----
-
-std::string part_stem(const PartSpec& part) {
-  return fmt::format("part-{:05d}-of-{:05d}", part.index, part.count);
-}
-std::string record_name(const PartSpec& part) { return part_stem(part) + ".json"; }
-std::string log_name(const PartSpec& part) { return part_stem(part) + ".log"; }
-std::string lock_name(const PartSpec& part) { return fmt::format(".{}.lock", part_stem(part)); }
-std::string work_name(const PartSpec& part) { return fmt::format(".{}.work", part_stem(part)); }
-
-// The part a record or log file name stands for ("part-00002-of-00003.json"
-// with suffix ".json"), or nullopt.
-std::optional<PartSpec> part_of_file_name(const std::string& name, std::string_view suffix) {
-  if (!name.starts_with("part-") || !name.ends_with(suffix)) return std::nullopt;
-  const std::string middle = name.substr(5, name.size() - 5 - suffix.size());
-  const std::size_t of = middle.find("-of-");
-  if (of == std::string::npos) return std::nullopt;
-  try {
-    const PartSpec part = parse_part(middle.substr(0, of) + "/" + middle.substr(of + 4));
-    if (part_stem(part) + std::string(suffix) != name) return std::nullopt;  // e.g. not zero-padded
-    return part;
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-}
-
-// ---- small file operations ----
-
-// Writes text to path in one step (StagedFile): a reader sees the old
-// content or the new, whole.
-void write_file_atomically(const fs::path& path, const std::string& text, bool fsync) {
-  StagedFile file(path, text, fsync, path.string());
-  file.commit();
-}
-
-json read_json(const fs::path& path) {
-  return detail::read_json_file(path, path.filename().string());
-}
-
-// An exclusive lock on a part (flock on its lock file in the stage), held
-// while the part runs and while finalize assembles it.
-class PartLock {
- public:
-  // Takes the lock; false when another process holds it.
-  bool try_lock(const fs::path& path) {
-    fd_ = detail::UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (fd_.get() < 0) {
-      throw io_error(fmt::format("{}: cannot open the lock file: {}", path.string(),
-                                 std::strerror(errno)));
-    }
-    if (::flock(fd_.get(), LOCK_EX | LOCK_NB) == 0) return true;
-    if (errno == EWOULDBLOCK) return false;
-    throw io_error(fmt::format("{}: cannot lock: {}", path.string(), std::strerror(errno)));
-  }
-
- private:
-  detail::UniqueFd fd_;
-};
-
-// ---- one file's entry in a record or a log ----
-
-struct FileEntry {
-  std::string name;
-  std::uint64_t size = 0;
-  std::string sha256;
-  std::vector<std::string> tensors;
-};
-
-json entry_json(const FileEntry& e) {
-  return json{{"name", e.name}, {"size", e.size}, {"sha256", e.sha256}, {"tensors", e.tensors}};
-}
-
-std::optional<FileEntry> entry_from_json(const json& j) {
-  if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("size") ||
-      !j["size"].is_number_unsigned() || !j.contains("sha256") || !j["sha256"].is_string() ||
-      !j.contains("tensors") || !j["tensors"].is_array()) {
-    return std::nullopt;
-  }
-  FileEntry e{j["name"], j["size"], j["sha256"], {}};
-  for (const json& t : j["tensors"]) {
-    if (!t.is_string()) return std::nullopt;
-    e.tensors.push_back(t);
-  }
-  return e;
-}
-
-// ---- records ----
-
-struct Record {
-  std::string file_name;  // in the stage
-  PartSpec part;
-  std::string input_path;
-  json plan;  // plan_fingerprint()
-  std::vector<std::string> assigned;
-  std::vector<FileEntry> files;
-  bool complete = false;
-  std::size_t files_kept = 0;
-  std::size_t files_written = 0;
-};
-
-json record_json(const Record& r) {
-  json files = json::array();
-  for (const FileEntry& e : r.files) files.push_back(entry_json(e));
-  return json{{"ctquant_part_record", kRecordFormat},
-              {"part", r.part.index},
-              {"parts", r.part.count},
-              {"input_path", r.input_path},
-              {"plan", r.plan},
-              {"assigned", r.assigned},
-              {"files", files},
-              {"complete", r.complete},
-              {"files_kept", r.files_kept},
-              {"files_written", r.files_written}};
-}
-
-Record parse_record(const json& j, const std::string& file_name);
-
-// Parses a record; the error (Error{kBadInput}) says what is wrong with it.
-Record record_from_json(const json& j, const std::string& file_name) {
-  try {
-    return parse_record(j, file_name);
-  } catch (const json::exception& e) {
-    throw bad_input(
-        fmt::format("{}: not a part record ctquant can read: {}", file_name, e.what()));
-  }
-}
-
-Record parse_record(const json& j, const std::string& file_name) {
-  const auto fail = [&](const std::string& what) {
-    return bad_input(fmt::format("{}: not a part record ctquant can read: {}", file_name, what));
-  };
-  if (!j.is_object() || j.value("ctquant_part_record", 0) != kRecordFormat) {
-    throw fail(fmt::format("no \"ctquant_part_record\": {}", kRecordFormat));
-  }
-  Record r;
-  r.file_name = file_name;
-  if (!j.contains("part") || !j["part"].is_number_unsigned() || !j.contains("parts") ||
-      !j["parts"].is_number_unsigned()) {
-    throw fail("no part number");
-  }
-  r.part = PartSpec{j["part"].get<unsigned>(), j["parts"].get<unsigned>()};
-  if (!j.contains("plan") || !j["plan"].is_object() || !j["plan"].contains("fingerprint") ||
-      !j["plan"]["fingerprint"].is_string()) {
-    throw fail("no plan fingerprint");
-  }
-  r.plan = j["plan"];
-  const json& output = r.plan.value("output", json());
-  if (!output.is_object() || !output.value("files", json()).is_array() ||
-      !output.value("bytes", json()).is_number_unsigned() ||
-      !output.value("tensors", json()).is_number_unsigned() ||
-      !output.value("tensors_sha256", json()).is_string()) {
-    throw fail("no output files, bytes and tensors in the plan");
-  }
-  for (const json& f : output["files"]) {
-    if (!f.is_object() || !f.value("name", json()).is_string() ||
-        !f.value("size", json()).is_number_unsigned()) {
-      throw fail("a planned file without name and size");
-    }
-  }
-  r.input_path = j.value("input_path", "");
-  if (!j.contains("assigned") || !j["assigned"].is_array() || !j.contains("files") ||
-      !j["files"].is_array() || !j.contains("complete") || !j["complete"].is_boolean()) {
-    throw fail("no file lists");
-  }
-  for (const json& a : j["assigned"]) {
-    if (!a.is_string()) throw fail("an assigned file that is not a name");
-    r.assigned.push_back(a);
-  }
-  for (const json& f : j["files"]) {
-    const auto e = entry_from_json(f);
-    if (!e) throw fail("a file entry without name, size, sha256 and tensors");
-    r.files.push_back(*e);
-  }
-  r.complete = j["complete"];
-  r.files_kept = j.value("files_kept", 0u);
-  r.files_written = j.value("files_written", 0u);
-  return r;
-}
-
-std::string fingerprint_of(const json& plan) { return plan.at("fingerprint").get<std::string>(); }
-
-// The entries of a log: its header names the plan, then one file per line.
-// A torn last line (the process died while appending it) is ignored.
-struct Log {
-  std::string plan_fingerprint;
-  std::vector<FileEntry> files;
-};
-
-std::optional<Log> read_log(const fs::path& path) {
-  std::string text;
-  try {
-    text = detail::read_input_file(path, path.filename().string(), detail::kMaxJsonFileBytes);
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-  Log log;
-  std::size_t line_no = 0;
-  for (std::size_t at = 0; at < text.size();) {
-    const std::size_t end = text.find('\n', at);
-    if (end == std::string::npos) break;  // torn last line
-    const std::string line = text.substr(at, end - at);
-    at = end + 1;
-    json j;
-    try {
-      j = detail::parse_json_file_text(line, path.filename().string(),
-                                       /*reject_duplicate_keys=*/true);
-    } catch (const Error&) {
-      return line_no == 0 ? std::nullopt : std::optional<Log>(log);
-    }
-    if (line_no++ == 0) {
-      if (!j.is_object() || !j.contains("plan_fingerprint") || !j["plan_fingerprint"].is_string()) {
-        return std::nullopt;
-      }
-      log.plan_fingerprint = j["plan_fingerprint"];
-      continue;
-    }
-    if (const auto e = entry_from_json(j)) log.files.push_back(*e);
-  }
-  if (line_no == 0) return std::nullopt;
-  return log;
-}
-
-std::string log_line(const json& j) { return j.dump() + "\n"; }
-
-// ---- fingerprints ----
-
-std::string header_digest(const SafetensorsHeader& h) {
-  Sha256 hash;
-  hash.update(fmt::format("{}\n", h.header_size));
-  for (const auto& [key, value] : h.metadata) {
-    hash.update(key);
-    hash.update(std::string_view("\0", 1));
-    hash.update(value);
-    hash.update(std::string_view("\n", 1));
-  }
-  for (const TensorEntry& t : h.tensors) {
-    hash.update(fmt::format("{}\t{}\t{}\t{}\t{}\n", t.name, dtype_tag(t.dtype),
-                            shape_string(t.shape), t.begin, t.end));
-  }
-  return hash.hex_digest();
-}
-
-std::string json_digest(const std::optional<json>& value) {
-  return value ? sha256_hex(value->dump()) : std::string();
-}
-
-std::uint64_t other_file_size(const Checkpoint& ckpt, const std::string& name) {
-  std::error_code ec;
-  const auto size = fs::file_size(ckpt.root / name, ec);
-  return ec ? 0 : size;
-}
-
-// A JSON value as a message shows it: short.
-std::string short_value(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 80) text = text.substr(0, 77) + "...";
-  return text;
-}
-
-// Paths where two JSON values differ ("ignore", "config_groups.group_0..."),
-// at most `limit`.
-void json_changes(const json& before, const json& now, const std::string& path,
-                  std::vector<std::string>& out, std::size_t limit) {
-  if (out.size() >= limit || before == now) return;
-  if (before.is_object() && now.is_object()) {
-    std::set<std::string> keys;
-    for (const auto& [k, v] : before.items()) keys.insert(k);
-    for (const auto& [k, v] : now.items()) keys.insert(k);
-    for (const std::string& k : keys) {
-      const std::string sub = path.empty() ? k : path + "." + k;
-      if (!before.contains(k)) {
-        out.push_back(fmt::format("{}: added ({})", sub, short_value(now[k])));
-      } else if (!now.contains(k)) {
-        out.push_back(fmt::format("{}: removed (was {})", sub, short_value(before[k])));
-      } else {
-        json_changes(before[k], now[k], sub, out, limit);
-      }
-      if (out.size() >= limit) return;
-    }
-    return;
-  }
-  out.push_back(fmt::format("{}: {} then, {} now", path.empty() ? "(value)" : path,
-                            short_value(before), short_value(now)));
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------------------
 
 PartSpec parse_part(std::string_view text) {
   const auto fail = [&] {
@@ -372,115 +99,29 @@ std::vector<unsigned> assign_parts(const std::vector<PlannedFile>& files, unsign
   return owner;
 }
 
-json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan& plan) {
-  json input;
-  json shards = json::array();
-  for (const SafetensorsFile& shard : checkpoint.shards) {
-    shards.push_back(json{{"name", shard.label()},
-                          {"size", shard.file_size()},
-                          {"header_sha256", header_digest(shard.header())}});
+void check_part_count(const QuantizePlan& plan, const PartSpec& part) {
+  const std::size_t shards = plan.shards.size();
+  if (part.count <= std::max<std::size_t>(shards, 1)) return;
+  std::string names;
+  for (std::size_t i = 0; i < shards && i < 3; ++i) {
+    names += (i == 0 ? "" : ", ") + plan.shards[i].file_name;
   }
-  input["shards"] = shards;
-  input["config_sha256"] = json_digest(checkpoint.config);
-  input["index_sha256"] =
-      checkpoint.has_index ? json_digest(std::optional<json>(checkpoint.index)) : std::string();
-  json others = json::array();
-  for (const std::string& name : checkpoint.other_files) {
-    others.push_back(json{{"name", name}, {"size", other_file_size(checkpoint, name)}});
+  if (shards > 3) names += fmt::format(", ... ({} more)", shards - 3);
+  const std::string why =
+      "a part writes whole output files, which finalize links into OUTPUT unchanged, so one "
+      "shard cannot be split between parts";
+  if (shards == 1) {
+    throw usage_error(fmt::format(
+        "--part {}: the output is one shard ({}: INPUT is a single-file checkpoint) and {}: "
+        "{} would have no shard to write. Quantize it in one process: without --part (with "
+        "--resume to make the run resumable), or with --part 1/1",
+        part_name(part), names, why,
+        part.count == 2 ? std::string("part 2") : fmt::format("parts 2 to {}", part.count)));
   }
-  input["other_files"] = others;
-
-  json output;
-  json files = json::array();
-  Sha256 layout;
-  std::vector<std::string> tensors;
-  std::uint64_t bytes = 0;
-  for (const PlannedFile& f : plan_output_files(checkpoint, plan)) {
-    files.push_back(json{{"name", f.name}, {"size", f.size}});
-    bytes += f.size;
-    tensors.insert(tensors.end(), f.tensors.begin(), f.tensors.end());
-  }
-  for (const ShardPlan& shard : plan.shards) layout.update(shard.header);
-  layout.update(dump_json(plan.index));
-  layout.update(dump_json(plan.config));
-  std::sort(tensors.begin(), tensors.end());
-  Sha256 names;
-  for (const std::string& t : tensors) {
-    names.update(t);
-    names.update(std::string_view("\n", 1));
-  }
-  output["files"] = files;
-  output["bytes"] = bytes;
-  output["layout_sha256"] = layout.hex_digest();
-  output["tensors"] = tensors.size();
-  output["tensors_sha256"] = names.hex_digest();
-
-  json fingerprint;
-  fingerprint["ctquant_version"] = ctquant_version();
-  fingerprint["record_format"] = kRecordFormat;
-  fingerprint["input"] = input;
-  fingerprint["options"] = plan.config.contains("quantization_config")
-                               ? plan.config["quantization_config"]
-                               : json(nullptr);
-  fingerprint["output"] = output;
-  fingerprint["fingerprint"] = sha256_hex(fingerprint.dump());
-  return fingerprint;
-}
-
-std::vector<std::string> fingerprint_changes(const json& before, const json& now) {
-  std::vector<std::string> changes;
-  if (before.value("fingerprint", "") == now.value("fingerprint", "")) return changes;
-  constexpr std::size_t kLimit = 12;
-  if (before.value("ctquant_version", "") != now.value("ctquant_version", "") ||
-      before.value("record_format", 0) != now.value("record_format", 0)) {
-    changes.push_back(fmt::format("ctquant version: {} then, {} now",
-                                  before.value("ctquant_version", "?"),
-                                  now.value("ctquant_version", "?")));
-  }
-  const json bi = before.value("input", json::object());
-  const json ni = now.value("input", json::object());
-  const auto by_name = [](const json& list) {
-    std::map<std::string, json> out;
-    if (list.is_array()) {
-      for (const json& item : list) {
-        if (item.is_object() && item.contains("name")) out[item.value("name", "")] = item;
-      }
-    }
-    return out;
-  };
-  const auto compare_files = [&](const char* key, const char* what) {
-    const auto b = by_name(bi.value(key, json::array()));
-    const auto n = by_name(ni.value(key, json::array()));
-    for (const auto& [name, item] : b) {
-      if (changes.size() >= kLimit) return;
-      const auto it = n.find(name);
-      if (it == n.end()) {
-        changes.push_back(fmt::format("input {} {}: gone", what, name));
-      } else if (item.value("size", 0ull) != it->second.value("size", 0ull)) {
-        changes.push_back(fmt::format("input {} {}: {} bytes then, {} now", what, name,
-                                      item.value("size", 0ull), it->second.value("size", 0ull)));
-      } else if (item.value("header_sha256", "") != it->second.value("header_sha256", "")) {
-        changes.push_back(fmt::format("input {} {}: its header differs", what, name));
-      }
-    }
-    for (const auto& [name, item] : n) {
-      if (changes.size() >= kLimit) return;
-      if (b.count(name) == 0) changes.push_back(fmt::format("input {} {}: new", what, name));
-    }
-  };
-  compare_files("shards", "shard");
-  compare_files("other_files", "file");
-  if (bi.value("config_sha256", "") != ni.value("config_sha256", "")) {
-    changes.push_back(fmt::format("input {}: differs", kConfigFileName));
-  }
-  if (bi.value("index_sha256", "") != ni.value("index_sha256", "")) {
-    changes.push_back(fmt::format("input {}: differs", kIndexFileName));
-  }
-  std::vector<std::string> options;
-  json_changes(before.value("options", json()), now.value("options", json()), "", options, kLimit);
-  for (const std::string& o : options) changes.push_back("options: quantization_config." + o);
-  if (changes.empty()) changes.push_back("the output layout differs");
-  return changes;
+  throw usage_error(fmt::format(
+      "--part {}: the output has {} shards ({}) and {}: with {} parts, {} of them would have "
+      "no shard to write. Split the run in at most {} parts (--part I/{})",
+      part_name(part), shards, names, why, part.count, part.count - shards, shards, shards));
 }
 
 // ---------------------------------------------------------------------------
@@ -494,12 +135,6 @@ bool only_options_changed(const std::vector<std::string>& changes) {
   });
 }
 
-std::string bullet_list(const std::vector<std::string>& lines) {
-  std::string text;
-  for (const std::string& line : lines) text += "\n  - " + line;
-  return text;
-}
-
 // Files finished by earlier runs of this plan, from every record and log in
 // the stage whose plan fingerprint is `fingerprint`.
 std::map<std::string, FileEntry> logged_files(const fs::path& stage, const std::string& fingerprint) {
@@ -510,7 +145,7 @@ std::map<std::string, FileEntry> logged_files(const fs::path& stage, const std::
     const std::string name = it->path().filename().string();
     if (part_of_file_name(name, ".json")) {
       try {
-        const Record r = record_from_json(read_json(it->path()), name);
+        const Record r = record_from_json(read_stage_json(it->path()), name);
         if (fingerprint_of(r.plan) != fingerprint) continue;
         for (const FileEntry& e : r.files) found.emplace(e.name, e);
       } catch (const std::exception&) {
@@ -541,6 +176,10 @@ class PartRun {
         part_(options.part),
         who_(fmt::format("part {}", part_name(part_))),
         stage_(options.stage) {}
+
+  // A split with a part that has no shard to write is refused before
+  // anything is created (check_part_count).
+  void check_split() const { check_part_count(plan_, part_); }
 
   // quantize() checked the stage with the path policy before INPUT was read;
   // checked again here, where it is created or adopted. Takes the part's lock.
@@ -579,13 +218,27 @@ class PartRun {
     }
   }
 
+  // What identifies the input and the plan: a sample of every shard, then
+  // the fingerprint the record holds and finalize compares between parts.
+  void identify_input() {
+    summary_.input_sample = sample_input(checkpoint_, execute_.threads, execute_.cancel);
+    const InputSample& sample = summary_.input_sample;
+    fingerprint_ = plan_fingerprint(checkpoint_, plan_, sample);
+    fp_ = fingerprint_of(fingerprint_);
+    if (log_) {
+      log_->info(
+          "{}: input identified by a sample (the first and last {} bytes of every "
+          "tensor): {} shard(s), {} read(s), {} bytes in {:.2f} s",
+          who_, kInputSampleBytes, checkpoint_.shards.size(), sample.reads, sample.bytes_read,
+          sample.seconds);
+    }
+  }
+
   // The files of the plan this part writes (assign_parts), and the record
   // that names them.
   void assign_files() {
     files_ = plan_output_files(checkpoint_, plan_);
     const std::vector<unsigned> owner = assign_parts(files_, part_.count);
-    fingerprint_ = plan_fingerprint(checkpoint_, plan_);
-    fp_ = fingerprint_of(fingerprint_);
     record_.file_name = record_name(part_);
     record_.part = part_;
     record_.input_path = fs::absolute(checkpoint_.root).lexically_normal().string();
@@ -607,7 +260,7 @@ class PartRun {
     std::error_code ec;
     const fs::path previous = stage_ / record_.file_name;
     if (fs::exists(previous, ec)) {
-      const Record before = record_from_json(read_json(previous), record_.file_name);
+      const Record before = record_from_json(read_stage_json(previous), record_.file_name);
       const std::vector<std::string> changes = fingerprint_changes(before.plan, fingerprint_);
       if (!changes.empty()) {
         const std::string message = fmt::format(
@@ -652,9 +305,7 @@ class PartRun {
     record_.files_kept = record_.files.size();
     write_file_atomically(stage_ / record_.file_name, record_json(record_).dump(1) + "\n",
                           execute_.fsync);
-    std::string log_text =
-        log_line(json{{"ctquant_part_log", kRecordFormat}, {"part", part_.index},
-                      {"parts", part_.count}, {"plan_fingerprint", fp_}});
+    std::string log_text = log_header(part_, fp_);
     for (const FileEntry& e : record_.files) log_text += log_line(entry_json(e));
     write_file_atomically(log_path_, log_text, execute_.fsync);
     log_fd_ = detail::UniqueFd(::open(log_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC));
@@ -724,6 +375,11 @@ class PartRun {
     for (const FileEntry& e : record_.files) by_name.emplace(e.name, e);
     record_.files.clear();
     for (const PlannedFile* f : assigned_) record_.files.push_back(by_name.at(f->name));
+    // Each of them hashed by this run from the staged file: written, or kept
+    // after its sha256 was checked.
+    for (const FileEntry& e : record_.files) {
+      summary_.hashed.push_back(ManifestEntry{e.name, e.size, e.sha256});
+    }
     record_.complete = true;
     record_.files_written = summary_.files_written;
     write_file_atomically(stage_ / record_.file_name, record_json(record_).dump(1) + "\n",
@@ -817,7 +473,9 @@ class PartRun {
 PartSummary run_part(const Checkpoint& checkpoint, const QuantizePlan& plan,
                      const PartOptions& options, const ExecuteOptions& execute) {
   PartRun run(checkpoint, plan, options, execute);
+  run.check_split();
   run.adopt_stage();
+  run.identify_input();
   run.assign_files();
   run.keep_finished_files();
   run.start_record_and_log();
@@ -838,369 +496,6 @@ bool stage_in_use(const fs::path& stage) {
     if (::flock(fd.get(), LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) return true;
   }
   return false;
-}
-
-// ---------------------------------------------------------------------------
-// Finalize.
-
-namespace {
-
-// Links (or, across filesystems, copies) a staged file into the output
-// directory.
-void place_file(const fs::path& from, const fs::path& to, bool fsync) {
-  if (::link(from.c_str(), to.c_str()) == 0) return;
-  const int error = errno;
-  if (error != EXDEV && error != EPERM && error != EMLINK && error != ENOTSUP) {
-    throw_write_error(fmt::format("{}: cannot link into {}", from.string(), to.string()), error);
-  }
-  std::uint64_t size = 0;
-  const detail::UniqueFd in = detail::open_input_file(from, from.string(), size);
-  OutputFile out(to);
-  out.reserve(size);
-  out.copy_from(in.get(), 0, 0, size);
-  if (fsync) out.sync_and_close();
-}
-
-void check_cancel(const std::atomic<bool>* cancel) {
-  if (cancel != nullptr && cancel->load()) {
-    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
-  }
-}
-
-// One finalize, stage by stage: the records in the stage read, the run
-// most of them belong to chosen, its parts checked complete and locked, the
-// files they staged checked against the plan, every problem reported at
-// once; then OUTPUT assembled and committed, and the stage cleaned.
-class Finalization {
- public:
-  explicit Finalization(const FinalizeOptions& options)
-      : options_(options),
-        log_(options.logger),
-        stage_(options.stage.value_or(default_stage_dir(options.output))) {
-    summary_.stage = stage_;
-  }
-
-  // The stage must exist; OUTPUT and the stage against each other and the
-  // working directory, the stage a stage ctquant made; against INPUT once
-  // the records name it.
-  void check_paths() {
-    std::error_code ec;
-    if (!fs::is_directory(stage_, ec)) {
-      throw bad_input(fmt::format(
-          "no staging directory {}: nothing to finalize (run `ctquant quantize INPUT {} --part "
-          "I/N` for each part first{})",
-          stage_.string(), options_.output.string(),
-          options_.stage ? "" : ", or give the parts' --stage DIR"));
-    }
-    paths_.output = options_.output;
-    paths_.force = options_.force;
-    paths_.stage = stage_;
-    paths_.stage_named = options_.stage.has_value();
-    check_run_paths(paths_);
-  }
-
-  // Every record in the stage (and which parts left a log); none at all is
-  // an error at once.
-  void read_records() {
-    std::error_code ec;
-    std::vector<std::string> names;
-    for (auto it = fs::directory_iterator(stage_, ec); !ec && it != fs::directory_iterator();
-         it.increment(ec)) {
-      names.push_back(it->path().filename().string());
-    }
-    if (ec) throw io_error(fmt::format("{}: cannot list: {}", stage_.string(), ec.message()));
-    std::sort(names.begin(), names.end());
-    for (const std::string& name : names) {
-      if (const auto part = part_of_file_name(name, ".log")) {
-        if (!options_.parts || part->count == *options_.parts) logs_.insert(name);
-        continue;
-      }
-      const auto part = part_of_file_name(name, ".json");
-      if (!part || (options_.parts && part->count != *options_.parts)) continue;
-      try {
-        Record r = record_from_json(read_json(stage_ / name), name);
-        if (r.part != *part) {
-          problems_.push_back(fmt::format("{}: holds the record of part {} (a copied or renamed "
-                                          "record: a duplicated part)",
-                                          name, part_name(r.part)));
-          continue;
-        }
-        records_.push_back(std::move(r));
-      } catch (const Error& e) {
-        problems_.push_back(e.what());
-      }
-    }
-    if (records_.empty()) {
-      problems_.push_back(fmt::format("{}: no part record: run `ctquant quantize INPUT {} --part "
-                                      "I/N` for each part first",
-                                      stage_.string(), options_.output.string()));
-      throw bad_input(fmt::format("cannot finalize {}; OUTPUT was not created and the staging "
-                                  "directory is left as it is:{}",
-                                  options_.output.string(), bullet_list(problems_)));
-    }
-  }
-
-  // The run: the plan and part count most records agree on; the records of
-  // other runs are problems.
-  void choose_run() {
-    std::map<std::pair<unsigned, std::string>, std::size_t> votes;
-    for (const Record& r : records_) ++votes[{r.part.count, fingerprint_of(r.plan)}];
-    const auto [count, fingerprint] =
-        std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-          return a.second < b.second;
-        })->first;
-    count_ = count;
-    fingerprint_ = fingerprint;
-    for (const Record& r : records_) {
-      if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) {
-        by_part_[r.part.index] = &r;
-        if (reference_ == nullptr) reference_ = &r;
-      }
-    }
-    for (const Record& r : records_) {
-      if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) continue;
-      std::vector<std::string> why;
-      if (r.part.count != count_) {
-        why.push_back(fmt::format("split in {} parts, not {}", r.part.count, count_));
-      }
-      if (fingerprint_of(r.plan) != fingerprint_) {
-        for (const std::string& c : fingerprint_changes(r.plan, reference_->plan)) why.push_back(c);
-      }
-      std::string list;
-      for (const std::string& w : why) list += (list.empty() ? "" : "; ") + w;
-      problems_.push_back(fmt::format("{}: part {} of another run ({}); remove it, or the staging "
-                                      "directory, if that run is abandoned",
-                                      r.file_name, part_name(r.part), list));
-    }
-  }
-
-  // Every part of the run, complete, and none running (each part's lock is
-  // held from here on).
-  void lock_complete_parts() {
-    for (unsigned i = 1; i <= count_; ++i) {
-      const PartSpec part{i, count_};
-      const auto it = by_part_.find(i);
-      if (it == by_part_.end()) {
-        all_complete_ = false;
-        const bool foreign = std::any_of(records_.begin(), records_.end(),
-                                         [&](const Record& r) { return r.part == part; });
-        problems_.push_back(
-            foreign ? fmt::format("part {}: its record is of another run (above): run this part "
-                                  "again (ctquant quantize INPUT {} --part {})",
-                                  part_name(part), options_.output.string(), part_name(part))
-                    : fmt::format("part {}: no record in {}: it has not run (ctquant quantize "
-                                  "INPUT {} --part {})",
-                                  part_name(part), stage_.string(), options_.output.string(),
-                                  part_name(part)));
-        continue;
-      }
-      locks_.emplace_back();
-      if (!locks_.back().try_lock(stage_ / lock_name(part))) {
-        all_complete_ = false;
-        problems_.push_back(fmt::format("part {}: running now ({} is locked)", part_name(part),
-                                        (stage_ / lock_name(part)).string()));
-        continue;
-      }
-      const Record& r = *it->second;
-      if (!r.complete) {
-        all_complete_ = false;
-        std::size_t done = r.files.size();
-        if (logs_.count(log_name(part)) > 0) {
-          if (const auto l = read_log(stage_ / log_name(part))) done = l->files.size();
-        }
-        problems_.push_back(fmt::format("part {}: not complete: {} of {} file(s) written; it "
-                                        "stopped (rerun it with --resume to finish it)",
-                                        part_name(part), done, r.assigned.size()));
-      }
-    }
-  }
-
-  // Every planned file written once, by a complete part, staged with its
-  // size; with every part complete, the plan's tensors and bytes all there.
-  void check_staged_files() {
-    std::error_code ec;
-    const json& output = reference_->plan.at("output");
-    std::map<std::string, std::uint64_t> planned;
-    for (const json& f : output.at("files")) {
-      planned[f.at("name").get<std::string>()] = f.at("size").get<std::uint64_t>();
-      plan_order_.push_back(f.at("name").get<std::string>());
-    }
-    std::map<std::string, std::string> tensor_file;
-    for (const auto& [index, r] : by_part_) {
-      if (!r->complete) continue;
-      for (const FileEntry& e : r->files) {
-        const auto p = planned.find(e.name);
-        if (p == planned.end()) {
-          problems_.push_back(fmt::format("{} (part {}): not a file of the plan", e.name,
-                                          part_name(r->part)));
-          continue;
-        }
-        if (const auto [at, inserted] = written_by_.emplace(e.name, r); !inserted) {
-          problems_.push_back(fmt::format("{}: recorded by part {} and by part {}", e.name,
-                                          part_name(at->second->part), part_name(r->part)));
-          continue;
-        }
-        if (e.size != p->second) {
-          problems_.push_back(fmt::format("{} (part {}): {} bytes recorded, the plan has {}",
-                                          e.name, part_name(r->part), e.size, p->second));
-        }
-        const fs::path staged = stage_ / e.name;
-        if (!fs::is_regular_file(fs::symlink_status(staged, ec))) {
-          problems_.push_back(fmt::format("{} (part {}): missing from {}", e.name,
-                                          part_name(r->part), stage_.string()));
-        } else if (const auto size = fs::file_size(staged, ec); size != e.size) {
-          problems_.push_back(fmt::format("{} (part {}): {} bytes in {}, {} recorded", e.name,
-                                          part_name(r->part), size, stage_.string(), e.size));
-        }
-        total_ += e.size;
-        for (const std::string& t : e.tensors) {
-          if (const auto [at, inserted] = tensor_file.emplace(t, e.name); !inserted) {
-            problems_.push_back(
-                fmt::format("tensor '{}': in {} and in {}", t, at->second, e.name));
-          }
-        }
-      }
-    }
-    if (!all_complete_) return;
-    for (const std::string& name : plan_order_) {
-      if (written_by_.count(name) == 0) {
-        problems_.push_back(fmt::format("{}: written by no part", name));
-      }
-    }
-    std::vector<std::string> tensors;
-    for (const auto& [t, file] : tensor_file) tensors.push_back(t);  // sorted
-    Sha256 hash;
-    for (const std::string& t : tensors) {
-      hash.update(t);
-      hash.update(std::string_view("\n", 1));
-    }
-    if (tensors.size() != output.at("tensors").get<std::size_t>() ||
-        hash.hex_digest() != output.at("tensors_sha256").get<std::string>()) {
-      problems_.push_back(fmt::format("the parts hold {} tensors, not the {} tensors of the plan",
-                                      tensors.size(), output.at("tensors").get<std::size_t>()));
-    }
-    if (total_ != output.at("bytes").get<std::uint64_t>()) {
-      problems_.push_back(fmt::format("the parts' files hold {} bytes, the plan {}", total_,
-                                      output.at("bytes").get<std::uint64_t>()));
-    }
-    summary_.tensors = tensors.size();
-  }
-
-  // Throws Error{kBadInput} listing the problems found (the first
-  // kMaxProblemsListed of them).
-  void throw_problems() const {
-    if (problems_.empty()) return;
-    std::vector<std::string> listed(problems_.begin(),
-                                    problems_.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                                            problems_.size(), kMaxProblemsListed)));
-    if (problems_.size() > kMaxProblemsListed) {
-      listed.push_back(fmt::format("... and {} more", problems_.size() - kMaxProblemsListed));
-    }
-    throw bad_input(fmt::format("cannot finalize {} from {}; OUTPUT was not created and the "
-                                "staging directory is left as it is:{}",
-                                options_.output.string(), stage_.string(), bullet_list(listed)));
-  }
-
-  // Assemble: every file into the temporary output directory, the manifest,
-  // then the rename.
-  void assemble() {
-    check_cancel(options_.cancel);
-    paths_.input = reference_->input_path;
-    check_run_paths(paths_);
-    StagedOutput staged(options_.output, reference_->input_path, options_.force);
-    for (const std::string& name : plan_order_) {
-      check_cancel(options_.cancel);
-      place_file(stage_ / name, staged.dir() / name, options_.fsync);
-    }
-    // The manifest from the digests each part computed of the file it staged
-    // (`ctquant verify OUTPUT --manifest` hashes the files again).
-    for (const auto& [name, r] : written_by_) {
-      for (const FileEntry& e : r->files) {
-        if (e.name == name) summary_.manifest.push_back(ManifestEntry{e.name, e.size, e.sha256});
-      }
-    }
-    std::sort(summary_.manifest.begin(), summary_.manifest.end(),
-              [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
-    const ManifestEntry manifest = write_manifest(staged.dir(), summary_.manifest, options_.fsync);
-    summary_.manifest.push_back(manifest);
-    std::sort(summary_.manifest.begin(), summary_.manifest.end(),
-              [](const ManifestEntry& a, const ManifestEntry& b) { return a.name < b.name; });
-    if (options_.fsync) fsync_directory_best_effort(staged.dir());
-    summary_.parts = count_;
-    summary_.files = plan_order_.size();
-    summary_.bytes = total_ + manifest.size;
-    if (options_.before_commit) options_.before_commit(summary_);
-    check_cancel(options_.cancel);
-    staged.commit();
-  }
-
-  // The stage: the files placed, the records, logs, locks and work
-  // directories of this run; the directory itself when nothing else is left.
-  void clean_stage() {
-    std::error_code ec;
-    for (const std::string& name : plan_order_) fs::remove(stage_ / name, ec);
-    for (unsigned i = 1; i <= count_; ++i) {
-      const PartSpec part{i, count_};
-      fs::remove(stage_ / record_name(part), ec);
-      fs::remove(stage_ / log_name(part), ec);
-      fs::remove(stage_ / lock_name(part), ec);
-      remove_directory(stage_ / work_name(part), DirectoryRemoval::kTree, ec);
-    }
-    // The marker goes last, and only when nothing else is left: a stage that
-    // still holds another run's files stays a stage ctquant made.
-    std::size_t others = 0;
-    for (auto it = fs::directory_iterator(stage_, ec); !ec && it != fs::directory_iterator();
-         it.increment(ec)) {
-      if (it->path().filename() != kStageMarkerName) ++others;
-    }
-    if (!ec && others == 0) fs::remove(stage_ / kStageMarkerName, ec);
-    if ((ec || others > 0 || !remove_directory(stage_, DirectoryRemoval::kIfEmpty, ec)) && log_) {
-      log_->warn("{}: not removed: it holds files of another run ({})", stage_.string(),
-                 ec ? ec.message() : "not empty");
-    }
-  }
-
-  FinalizeSummary done() const {
-    if (log_) {
-      log_->info("finalize: {} from {} part(s): {} file(s), {} bytes", options_.output.string(),
-                 count_, summary_.files, summary_.bytes);
-    }
-    return summary_;
-  }
-
- private:
-  const FinalizeOptions& options_;
-  const std::shared_ptr<spdlog::logger>& log_;
-  const fs::path stage_;
-  FinalizeSummary summary_;
-  RunPaths paths_;
-  std::vector<std::string> problems_;  // every problem found, reported at once
-  std::vector<Record> records_;
-  std::set<std::string> logs_;  // file names of the part logs in the stage
-  unsigned count_ = 0;          // the run's part count and plan fingerprint
-  std::string fingerprint_;
-  const Record* reference_ = nullptr;             // the run's first record
-  std::map<unsigned, const Record*> by_part_;     // the run's records by part index
-  std::vector<PartLock> locks_;                   // held until the end
-  bool all_complete_ = true;
-  std::vector<std::string> plan_order_;                // the plan's files
-  std::map<std::string, const Record*> written_by_;   // file -> the part that wrote it
-  std::uint64_t total_ = 0;                            // bytes of the staged files
-};
-
-}  // namespace
-
-FinalizeSummary finalize_parts(const FinalizeOptions& options) {
-  Finalization run(options);
-  run.check_paths();
-  run.read_records();
-  run.choose_run();
-  run.lock_complete_parts();
-  run.check_staged_files();
-  run.throw_problems();
-  run.assemble();
-  run.clean_stage();
-  return run.done();
 }
 
 }  // namespace ctquant

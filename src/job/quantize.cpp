@@ -248,6 +248,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   summary.phases.open = lap();
   summary.plan = make_plan(checkpoint, options.plan);
   summary.phases.plan = lap();
+  // A split with more parts than output shards is refused before anything
+  // is measured or written (run_part checks it again).
+  if (options.part) check_part_count(summary.plan, *options.part);
   check_cancel(options.cancel);
   LintOptions lint;
   lint.tp = options.tp;
@@ -306,6 +309,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
       finalize.force = options.force;
       finalize.fsync = options.fsync;
       finalize.parts = 1;
+      finalize.threads = options.threads;
+      finalize.hashed = summary.part->hashed;  // hashed by this run: not read again
       finalize.logger = log;
       finalize.cancel = options.cancel;
       if (options.before_commit) {
