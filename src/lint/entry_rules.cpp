@@ -37,10 +37,28 @@ std::string last_word(const std::string& entry) {
 
 }  // namespace
 
+bool looks_like_regex(const std::string& entry) {
+  // '.' aside: every dotted module name has one.
+  return !regex_pattern(entry) && entry.find_first_of("*+?[](){}|^$\\") != std::string::npos;
+}
+
+bool regex_like_unmatched(const std::string& entry, const std::vector<std::string>& matches) {
+  return matches.empty() && looks_like_regex(entry);
+}
+
+// A targets entry's finding when its group then quantizes nothing: the
+// group is not written (plan_quantization_config), which a warning says.
+void with_group_note(Finding& f, const std::string& group_note) {
+  if (group_note.empty()) return;
+  f.message += "; " + group_note;
+  if (f.severity == Severity::kInfo) f.severity = Severity::kWarning;
+}
+
 // ---- L1: entries that matched nothing ----
 void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::string>& entries,
                             const std::vector<std::vector<std::string>>& matches,
-                            ModuleMatcher::Role role, std::vector<Finding>& out) {
+                            ModuleMatcher::Role role, const std::string& group_note,
+                            std::vector<Finding>& out) {
   const char* what = role == ModuleMatcher::Role::kIgnore ? "ignore" : "targets";
   // The default entries were not written by the user (the default ignore
   // entries are made from the modules they keep; a file with nothing to
@@ -48,12 +66,17 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
   if (role == ModuleMatcher::Role::kTargets && entries == kDefaultTargets) return;
   const std::size_t first_given =
       role == ModuleMatcher::Role::kIgnore ? ctx.plan.n_default_ignore : 0;
+  const auto unmatched = [&](std::size_t i) { return i >= matches.size() || matches[i].empty(); };
+  bool any = false;
+  for (std::size_t i = first_given; i < entries.size() && !any; ++i) any = unmatched(i);
+  if (!any) return;
   const ModuleMatcher matcher(entries, role);
   // A group's only targets entry cannot simply go: its fix is to correct it.
   const bool removable = role == ModuleMatcher::Role::kIgnore || entries.size() > 1;
   for (std::size_t i = first_given; i < entries.size(); ++i) {
-    if (i < matches.size() && !matches[i].empty()) continue;
+    if (!unmatched(i)) continue;
     const std::string& entry = entries[i];
+    if (looks_like_regex(entry)) continue;  // L18's
     const std::vector<std::string> anywhere = ctx.modules_matching(matcher, i);
     Finding f;
     f.id = "L1";
@@ -85,6 +108,7 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
         f.fix_removes = entry;
         f.fix_removes_target = role == ModuleMatcher::Role::kTargets;
       }
+      with_group_note(f, group_note);
       out.push_back(std::move(f));
       continue;
     }
@@ -142,6 +166,56 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
             "write the entry against the names as stored (see the near misses and `ctquant "
             "inspect`), or remove it";
       }
+    }
+    with_group_note(f, group_note);
+    out.push_back(std::move(f));
+  }
+}
+
+// ---- L18: an entry that looks like a regular expression, without re: ----
+void lint_regex_like_entries(const LintContext& ctx, const std::vector<std::string>& entries,
+                             const std::vector<std::vector<std::string>>& matches,
+                             ModuleMatcher::Role role, bool fixable, std::vector<Finding>& out) {
+  const bool ignore = role == ModuleMatcher::Role::kIgnore;
+  const char* what = ignore ? "ignore" : "targets";
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const std::string& entry = entries[i];
+    if (!regex_like_unmatched(entry,
+                              i < matches.size() ? matches[i] : std::vector<std::string>{})) {
+      continue;
+    }
+    const std::string as_regex = "re:" + entry;
+    std::vector<std::string> would;
+    std::string compiles;
+    try {
+      const ModuleMatcher m({as_regex}, role);
+      for (const std::string& module : ctx.modules) {
+        if (m.entry_matches(0, module)) would.push_back(module);
+      }
+    } catch (const Error& e) {
+      compiles = e.what();
+    }
+    Finding f;
+    f.id = "L18";
+    f.severity = Severity::kError;
+    for (const std::string& module : would) {
+      if (const TensorDecision* w = ctx.weight_of(module)) f.tensors.push_back(w->name);
+    }
+    f.message = fmt::format(
+        "{} entry '{}' has regular-expression characters but no 're:' prefix, so it is compared "
+        "as a literal module name (section 2 of the format spec; compressed-tensors and vLLM "
+        "read it so too) and matched 0 modules; {}",
+        what, entry,
+        !compiles.empty() ? fmt::format("as a pattern it does not compile either ({})", compiles)
+        : would.empty()   ? fmt::format("as a pattern ('{}') it matches none either", as_regex)
+                          : fmt::format("as a pattern ('{}') it matches {}: {}", as_regex,
+                                        plural(would.size(), "module"), join(would, kMaxNearMisses)));
+    f.fix = fmt::format("write it as --{} '{}' if it is a pattern, or correct the name", what,
+                        as_regex);
+    if (compiles.empty() && fixable) {
+      f.fix_removes = entry;
+      f.fix_removes_target = !ignore;
+      (ignore ? f.fix_ignore : f.fix_targets) = {as_regex};
     }
     out.push_back(std::move(f));
   }

@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -363,71 +364,74 @@ void lint_kernel_shapes(const LintContext& ctx, unsigned tp, std::vector<Finding
   }
 }
 
-// ---- L11: modules vLLM would give to another scheme group ----
+// ---- L11: modules a reader gives another scheme group ----
 
-namespace {
-
-// The group vLLM gives a module (compressed_tensors.py find_matched_target,
-// vllm/model_executor/layers/quantization/compressed_tensors/utils.py):
-// targets are keyed by their text across the groups in config.json's order
-// (sorted by name; a target repeated in a later group is that group's), and
-// a module takes the first target that names it or whose `re:` pattern
-// matches it, else the first class-name target ("Linear" takes every
-// linear layer).
-std::optional<std::size_t> vllm_group_of(const PlanOptions& options, const std::string& module) {
-  std::vector<std::size_t> by_name(options.groups.size());
-  for (std::size_t g = 0; g < by_name.size(); ++g) by_name[g] = g;
-  std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) {
-    return options.groups[a].name < options.groups[b].name;
-  });
-  std::vector<std::string> order;  // target texts, first seen first
-  std::map<std::string, std::size_t> group_of_target;
-  for (const std::size_t g : by_name) {
-    for (const std::string& t : options.groups[g].targets) {
-      if (!group_of_target.contains(t)) order.push_back(t);
-      group_of_target[t] = g;
+// The groups the readers give a module, as text: "'A' (ctquant and
+// model_free_ptq, compressed-tensors) but 'B' (vLLM)".
+std::string resolution_text(const PlanOptions& o, const GroupResolution& r) {
+  const auto name = [&](const std::optional<std::size_t>& g) {
+    return g ? fmt::format("'{}'", o.groups[*g].name) : std::string("no group (unquantized)");
+  };
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_group;
+  const auto add = [&](const std::optional<std::size_t>& g, const char* reader) {
+    const std::string n = name(g);
+    for (auto& [text, readers] : by_group) {
+      if (text == n) {
+        readers.push_back(reader);
+        return;
+      }
     }
+    by_group.push_back({n, {reader}});
+  };
+  add(r.model_free, "ctquant and model_free_ptq (which write it)");
+  add(r.compressed_tensors, "compressed-tensors (transformers' loader)");
+  add(r.vllm, "vLLM");
+  std::vector<std::string> parts;
+  for (const auto& [text, readers] : by_group) {
+    parts.push_back(fmt::format("{} by {}", text, join(readers, 3, " and ")));
   }
-  for (const std::string& t : order) {
-    if (t == "Linear") continue;
-    const ModuleMatcher m({t}, ModuleMatcher::Role::kTargets);
-    if (m.entry_matches(0, module)) return group_of_target.at(t);
-  }
-  if (group_of_target.contains("Linear")) return group_of_target.at("Linear");
-  return std::nullopt;
+  return join(parts, 3, ", but ");
 }
-
-}  // namespace
 
 void lint_group_assignment(const LintContext& ctx, std::vector<Finding>& out) {
   const PlanOptions& o = ctx.plan.options;
-  if (o.groups.size() < 2) return;
-  std::map<std::pair<std::size_t, std::optional<std::size_t>>, Finding> by_pair;
-  std::vector<std::pair<std::size_t, std::optional<std::size_t>>> order;
-  for (const LintWeight& w : ctx.weights) {
-    if (!w.quantized) continue;
-    const std::size_t used = static_cast<std::size_t>(w.group - o.groups.data());
-    const std::optional<std::size_t> vllm = vllm_group_of(o, w.module);
-    if (vllm == used) continue;
-    const auto key = std::make_pair(used, vllm);
-    auto [it, inserted] = by_pair.try_emplace(key);
+  // One finding per combination of groups, modules in input order.
+  using Key = std::tuple<std::optional<std::size_t>, std::optional<std::size_t>,
+                         std::optional<std::size_t>>;
+  struct Conflicts {
+    std::vector<std::string> tensors;
+    std::vector<std::string> modules;
+  };
+  std::map<Key, Conflicts> by_key;
+  std::vector<Key> order;
+  for (const GroupConflict& c : ctx.plan.group_conflicts) {
+    const Key key{c.groups.model_free, c.groups.compressed_tensors, c.groups.vllm};
+    auto [it, inserted] = by_key.try_emplace(key);
     if (inserted) order.push_back(key);
-    it->second.tensors.push_back(w.tensor);
+    if (std::find(it->second.tensors.begin(), it->second.tensors.end(), c.tensor) ==
+        it->second.tensors.end()) {
+      it->second.tensors.push_back(c.tensor);
+    }
+    it->second.modules.push_back(c.module);
   }
-  for (const auto& key : order) {
-    Finding& f = by_pair.at(key);
+  for (const Key& key : order) {
+    const Conflicts& c = by_key.at(key);
+    const GroupResolution r{std::get<0>(key), std::get<1>(key), std::get<2>(key)};
+    Finding f;
     f.id = "L11";
     f.severity = Severity::kError;
+    f.tensors = c.tensors;
     f.message = fmt::format(
-        "{} quantized with group '{}' would be read by vLLM as {}: vLLM takes the first target "
-        "that names or matches a module (groups in name order) before a class name such as "
-        "Linear, so overlapping targets resolve differently",
-        plural(f.tensors.size(), "module"), o.groups[key.first].name,
-        key.second ? fmt::format("group '{}'", o.groups[*key.second].name)
-                   : std::string("no group (unquantized)"));
+        "{} ({}) matched by the targets of more than one scheme group {} read as {}: the readers "
+        "resolve overlapping targets differently (compressed-tensors takes an exact name before "
+        "any re: pattern, vLLM the first target in config.json's group order, model_free_ptq "
+        "the first group given), so the output would be read with a scheme its tensors were not "
+        "written with",
+        plural(c.modules.size(), "module"), join(c.modules, 4),
+        c.modules.size() == 1 ? "is" : "are", resolution_text(o, r));
     f.fix =
-        "make the groups' targets disjoint: narrow the patterns, or give the group that "
-        "takes the rest explicit targets instead of Linear";
+        "make the groups' targets disjoint: take the modules out of one group's targets (narrow "
+        "its patterns, or list exact names), so that every module is matched by one group only";
     out.push_back(std::move(f));
   }
 }

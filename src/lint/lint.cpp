@@ -80,13 +80,63 @@ void on_roles(const LintRun& run, std::vector<Finding>& out) {
 }
 
 // L1 and L8 look at the ignore list, then at each scheme group's targets.
+// A group that quantizes no module is not written to config.json: the L1
+// findings of its targets say so, and a group whose targets did match
+// modules, all ignored or taken by another group, gets one of its own.
 void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
   const QuantizePlan& plan = run.ctx.plan;
   lint_unmatched_entries(run.ctx, plan.options.ignore, plan.ignore_matches,
-                         ModuleMatcher::Role::kIgnore, out);
+                         ModuleMatcher::Role::kIgnore, "", out);
   for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
-    lint_unmatched_entries(run.ctx, plan.options.groups[g].targets, plan.target_matches[g],
-                           ModuleMatcher::Role::kTargets, out);
+    const SchemeGroup& group = plan.options.groups[g];
+    const bool empty = plan.group_modules[g] == 0 && plan.n_quantized > 0;
+    const std::string note =
+        empty ? fmt::format(
+                    "scheme group '{}' then quantizes no module and is not written to "
+                    "config.json",
+                    group.name)
+              : std::string();
+    const std::size_t before = out.size();
+    lint_unmatched_entries(run.ctx, group.targets, plan.target_matches[g],
+                           ModuleMatcher::Role::kTargets, note, out);
+    if (!empty || out.size() != before) continue;
+    bool regex_like = false;
+    std::vector<std::string> matched;
+    for (std::size_t i = 0; i < group.targets.size(); ++i) {
+      const auto& m = plan.target_matches[g][i];
+      regex_like = regex_like || (m.empty() && looks_like_regex(group.targets[i]));
+      for (const std::string& module : m) {
+        if (std::find(matched.begin(), matched.end(), module) == matched.end()) {
+          matched.push_back(module);
+        }
+      }
+    }
+    if (regex_like || matched.empty()) continue;  // L18 says it
+    Finding f;
+    f.id = "L1";
+    f.severity = Severity::kWarning;
+    for (const std::string& m : matched) {
+      if (const TensorDecision* w = run.ctx.weight_of(m)) f.tensors.push_back(w->name);
+    }
+    f.message = fmt::format(
+        "scheme group '{}' quantizes no module: every module its targets match ({}) is ignored "
+        "or quantized by another group; it is not written to config.json",
+        group.name, join(matched, 4));
+    f.fix =
+        "remove the group, or take its modules out of the ignore list and the other "
+        "groups' targets";
+    out.push_back(std::move(f));
+  }
+}
+
+// L18 looks at the same lists.
+void regex_like_entries(const LintRun& run, std::vector<Finding>& out) {
+  const QuantizePlan& plan = run.ctx.plan;
+  lint_regex_like_entries(run.ctx, plan.options.ignore, plan.ignore_matches,
+                          ModuleMatcher::Role::kIgnore, /*fixable=*/true, out);
+  for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
+    lint_regex_like_entries(run.ctx, plan.options.groups[g].targets, plan.target_matches[g],
+                            ModuleMatcher::Role::kTargets, /*fixable=*/g == 0, out);
   }
 }
 
@@ -115,6 +165,7 @@ constexpr std::nullopt_t kOnly = std::nullopt;
 // anchor (tests/test_lint.cpp checks ids, severities and anchors against it).
 constexpr LintRule kLintRules[] = {
     {"L1", kWarning, kInfo, "entry matched no module", "lint-l1", unmatched_entries},
+    {"L18", kError, kOnly, "regular expression without re:", "lint-l18", regex_like_entries},
     {"L2", kError, kInfo, "literal ignore entry vLLM does not match", "lint-l2",
      on_roles<&RolesLint::literal_entries>},
     {"L3", kError, kOnly, "fused layer split", "lint-l3", on_context<lint_fused_groups>},
@@ -124,9 +175,8 @@ constexpr LintRule kLintRules[] = {
     {"L7", kError, kOnly, "stacked experts vLLM would not load", "lint-l7",
      on_roles<&RolesLint::stacked_experts>},
     {"L8", kInfo, kOnly, "re: entry matching by a prefix", "lint-l8", prefix_matches},
-    {"L10", kError, kOnly, "scheme no vLLM kernel runs", "lint-l10",
-     on_context<lint_kernel_args>},
-    {"L11", kError, kOnly, "module vLLM gives another scheme group", "lint-l11",
+    {"L10", kError, kOnly, "scheme no vLLM kernel runs", "lint-l10", on_context<lint_kernel_args>},
+    {"L11", kError, kOnly, "module the readers give another scheme group", "lint-l11",
      on_context<lint_group_assignment>},
     {"L9", kError, kOnly, "nothing quantized", "lint-l9", on_context<lint_nothing_quantized>},
     {"L14", kWarning, kOnly, "fused NVFP4 partners with their own global scales", "lint-l14",

@@ -1,6 +1,6 @@
 // What the lint rules of the plan's fates and groups read (LintContext)
-// and those rules: L1 and L8 (src/lint/entry_rules.cpp: ignore and targets
-// entries) and L3, L4, L5, L6, L9, L10, L11 and L14
+// and those rules: L1, L8 and L18 (src/lint/entry_rules.cpp: ignore and
+// targets entries) and L3, L4, L5, L6, L9, L10, L11 and L14
 // (src/lint/layer_rules.cpp: fused layers, kernels, scheme groups). Private
 // to the lint module; each function is the run function (or part of it) of
 // its row of lint_rules() (src/lint/lint.cpp), and what it checks is its row
@@ -76,8 +76,16 @@ struct LintContext {
     return nullptr;
   }
 
+  // The modules entry i of matcher matches, in input order: a literal
+  // entry is looked up (decisions_of), so a list of exact names costs
+  // linear time.
   std::vector<std::string> modules_matching(const ModuleMatcher& matcher, std::size_t i) const {
     std::vector<std::string> out;
+    // Only the targets' "Linear" is a literal that matches "" (every name).
+    if (!matcher.is_regex(i) && !matcher.entry_matches(i, "")) {
+      if (decisions_of.contains(matcher.entries()[i])) out.push_back(matcher.entries()[i]);
+      return out;
+    }
     for (const auto& m : modules) {
       if (matcher.entry_matches(i, m)) out.push_back(m);
     }
@@ -87,11 +95,23 @@ struct LintContext {
 
 // ---- entry_rules.cpp ----
 
+// Whether an entry without `re:` has characters of a regular expression
+// ('.' aside, which every dotted name has).
+bool looks_like_regex(const std::string& entry);
 // L1: the entries of one list (the ignore list, or one group's targets)
-// that matched no module the plan could quantize.
+// that matched no module the plan could quantize (those that look like a
+// regular expression are L18's); group_note, when not empty, is added to
+// each message (a group that then quantizes nothing).
 void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::string>& entries,
                             const std::vector<std::vector<std::string>>& matches,
-                            ModuleMatcher::Role role, std::vector<Finding>& out);
+                            ModuleMatcher::Role role, const std::string& group_note,
+                            std::vector<Finding>& out);
+// L18: the entries of one list that look like a regular expression, lack
+// `re:` and matched nothing; fixable: the fix may rewrite the entry
+// (apply_fix appends targets to the first group only).
+void lint_regex_like_entries(const LintContext& ctx, const std::vector<std::string>& entries,
+                             const std::vector<std::vector<std::string>>& matches,
+                             ModuleMatcher::Role role, bool fixable, std::vector<Finding>& out);
 // L8: re: entries of one list that take modules by a prefix of their names.
 void lint_prefix_matches(const std::vector<std::string>& entries,
                          const std::vector<std::vector<std::string>>& matches,

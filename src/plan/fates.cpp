@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/matcher.hpp"
+#include "ctquant/format/targets.hpp"
+#include "ctquant/model/fused_groups.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -45,45 +47,74 @@ struct Outcome {
   std::size_t group = 0;
 };
 
+GroupTargets group_targets(const PlanOptions& options) {
+  std::vector<std::vector<std::string>> targets;
+  std::vector<std::string> names;
+  for (const SchemeGroup& g : options.groups) {
+    targets.push_back(g.targets);
+    names.push_back(g.name);
+  }
+  return GroupTargets(targets, names);
+}
+
 // Section 2 rule 5 (ignore list and targets) and the group assignment of
 // schemes.md 9.3, recording which modules each entry matched.
 class SelectionRules {
  public:
   SelectionRules(const PlanOptions& options, QuantizePlan& plan)
-      : options_(options), ignore_(options.ignore, ModuleMatcher::Role::kIgnore), plan_(plan) {
+      : options_(options),
+        ignore_(options.ignore, ModuleMatcher::Role::kIgnore),
+        targets_(group_targets(options)),
+        plan_(plan) {
     plan_.ignore_matches.resize(options.ignore.size());
     plan_.target_matches.resize(options.groups.size());
     plan_.group_modules.assign(options.groups.size(), 0);
     for (std::size_t g = 0; g < options.groups.size(); ++g) {
-      targets_.emplace_back(options.groups[g].targets, ModuleMatcher::Role::kTargets);
       plan_.target_matches[g].resize(options.groups[g].targets.size());
     }
   }
 
   Outcome decide(const Candidate& c) {
     Outcome out;
-    for (std::size_t i = 0; i < ignore_.entries().size(); ++i) {
-      if (ignore_.entry_matches(i, c.module)) {
-        plan_.ignore_matches[i].push_back(c.module);
-        if (!out.ignore_entry) out.ignore_entry = i;
-      }
+    for (const std::size_t i : ignore_.matching_entries(c.module)) {
+      plan_.ignore_matches[i].push_back(c.module);
+      if (!out.ignore_entry) out.ignore_entry = i;
     }
-    std::optional<std::pair<std::size_t, std::size_t>> target;  // group, entry
-    for (std::size_t g = 0; g < targets_.size(); ++g) {
-      for (std::size_t i = 0; i < targets_[g].entries().size(); ++i) {
-        if (targets_[g].entry_matches(i, c.module)) {
-          plan_.target_matches[g][i].push_back(c.module);
-          if (!target) target = {g, i};
-        }
-      }
-    }
+    const std::vector<TargetHit> hits = targets_.matches(c.module);
+    for (const TargetHit& h : hits) plan_.target_matches[h.group][h.entry].push_back(c.module);
     if (out.ignore_entry) {
       out.rule = fmt::format("ignored by '{}'", options_.ignore[*out.ignore_entry]);
       return out;
     }
-    if (!target) {
+    if (hits.empty()) {
       out.rule = "matches no target";
       return out;
+    }
+    // The group: model_free_ptq's (the first given), or, for a config read
+    // back, the group the readers give it. Where the readers disagree with
+    // it or each other, lint (L11) and verify say so.
+    GroupResolution groups = targets_.resolve(c.module);
+    // A shard vLLM fuses (q/k/v, gate/up) is read as its fused layer.
+    if (const auto fused = vllm_fused_layer(c.module)) {
+      groups.vllm = targets_.vllm_fused_group(fused->first, fused->second);
+    }
+    const bool as_read = options_.group_rule == PlanOptions::GroupRule::kAsRead;
+    if (as_read ? groups.compressed_tensors != groups.vllm : !groups.agree()) {
+      plan_.group_conflicts.push_back(GroupConflict{c.module, c.tensor, groups});
+    }
+    std::optional<TargetHit> target = hits.front();
+    if (as_read) {
+      target.reset();
+      for (const TargetHit& h : hits) {
+        if (h.group == groups.compressed_tensors) {
+          target = h;
+          break;
+        }
+      }
+      if (!target) {
+        out.rule = "no group as compressed-tensors reads the targets";
+        return out;
+      }
     }
     const auto [g, i] = *target;
     const SchemeGroup& group = options_.groups[g];
@@ -107,6 +138,28 @@ class SelectionRules {
     return out;
   }
 
+  // The layer vLLM fuses module into (the checkpoint's prefix and the fused
+  // name, "model.layers.0.self_attn.qkv_proj") and its shards in vLLM's
+  // order, when the role analysis says vLLM builds module as a shard of a
+  // Llama-style fused layer (model/fused_groups.hpp); nullopt otherwise.
+  std::optional<std::pair<std::string, std::vector<std::string>>> vllm_fused_layer(
+      const std::string& module) const {
+    const ModuleInfo* info = plan_.roles.find(module);
+    if (info == nullptr || info->vllm_layer == info->vllm_name ||
+        info->role == ModuleRole::kExpert || info->role == ModuleRole::kStackedExperts) {
+      return std::nullopt;
+    }
+    const FusedSpec* spec = llama_fused_group_of(last_component(module));
+    if (spec == nullptr || last_component(info->vllm_layer) != spec->fused) return std::nullopt;
+    const std::string parent = module_of(module);
+    const auto in_parent = [&](std::string_view name) {
+      return parent.empty() ? std::string(name) : parent + "." + std::string(name);
+    };
+    std::vector<std::string> shards;
+    for (const char* shard : spec->shards) shards.push_back(in_parent(shard));
+    return std::make_pair(in_parent(spec->fused), std::move(shards));
+  }
+
   const std::vector<std::string>& refusals() const { return refusals_; }
   // The ignore entry that keeps every weight of refusals() in 16 bits.
   std::string refusal_fix() const {
@@ -116,7 +169,7 @@ class SelectionRules {
  private:
   const PlanOptions& options_;
   const ModuleMatcher ignore_;
-  std::vector<ModuleMatcher> targets_;
+  const GroupTargets targets_;
   QuantizePlan& plan_;
   std::vector<std::string> refusals_;
   std::set<std::string> refused_names_;  // last components of their modules

@@ -140,8 +140,10 @@ json plan_quantization_config(const PlanOptions& options,
     c.weights = quant_args_json(s.weights);
     c.input_activations = s.input_activations;
     // model_free fills a group's format when it compresses a module with it
-    // (schemes.md 9.2); a group that took no module keeps null.
-    if (g < group_modules.size() && group_modules[g] > 0) c.format = std::string(s.family()->format);
+    // (schemes.md 9.2) and writes a group that took no module with format
+    // null; ctquant leaves such a group out.
+    if (g >= group_modules.size() || group_modules[g] == 0) continue;
+    c.format = std::string(s.family()->format);
     groups.push_back(std::move(c));
   }
   return quantization_config(groups, options.ignore);
