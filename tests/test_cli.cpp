@@ -339,7 +339,15 @@ TEST(Cli, IgnoreAndTargetsReachConfig) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
   EXPECT_EQ(qc["ignore"], json({"lm_head", "re:.*q_proj$", "model.layers.0.mlp.down_proj"}));
-  EXPECT_EQ(qc["config_groups"]["W4A16"]["targets"], json({"Linear"}));
+  // Every module is ignored: the group quantizes nothing and is not written.
+  EXPECT_EQ(qc["config_groups"], json::object());
+  const CommandResult targeted =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "targeted").string(), "-q",
+                   "--targets", "model.layers.0.mlp.down_proj"});
+  ASSERT_EQ(targeted.exit_code, 0) << targeted.err;
+  EXPECT_EQ(read_json(tmp / "targeted" /
+                      "config.json")["quantization_config"]["config_groups"]["W4A16"]["targets"],
+            json({"model.layers.0.mlp.down_proj"}));
   const SafetensorsHeader h = read_header(tmp / "out" / "model.safetensors", "model.safetensors");
   EXPECT_NE(h.find("lm_head.weight"), nullptr);
   EXPECT_NE(h.find("model.layers.0.self_attn.q_proj.weight"), nullptr);

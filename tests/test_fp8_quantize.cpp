@@ -532,13 +532,14 @@ TEST(Fp8Quantize, CompressedTensorsScaleShapesAndDtypes) {
     std::sort(names.begin(), names.end());
     EXPECT_EQ(names, (std::vector<std::string>{"lm_head.weight", "m.up_proj.weight"}));
     const json config = json::parse(test::read_file(dir / "out" / "config.json"));
-    // Nothing quantized: the group keeps format null, the top level is
-    // "dense" (schemes.md 9.2).
+    // Nothing quantized: the group is not written (model_free_ptq writes it
+    // with format null), the top level is "dense" (schemes.md 9.2).
     PlanOptions none;
     none.groups = {test::int_group(4, true, 0)};
     none.ignore = {"lm_head", "m.up_proj"};
     EXPECT_EQ(config["quantization_config"], plan_quantization_config(none, {0}));
     EXPECT_EQ(config["quantization_config"]["format"], "dense");
+    EXPECT_TRUE(config["quantization_config"]["config_groups"].empty());
   }
 }
 

@@ -25,6 +25,7 @@
 #include "fake_checkpoint.hpp"
 #include "families.hpp"
 #include "golden_support.hpp"
+#include "lint_support.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {
@@ -32,88 +33,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::expect_fixes_pass_lint;
 using test::FakeSpec;
 
 struct Linted {
   QuantizePlan plan;
   std::vector<Finding> findings;
 };
-
-// Every fix lint prints passes ctquant's own lint. The machine form of each
-// fix names what the printed fix says (each entry as `--ignore 'E'`, each
-// option), and every printed `--ignore '...'` or `--targets '...'` has a
-// machine form. Applied alone to the options that printed it, a fix leads
-// into no error-level finding the first run did not have: every tensor of
-// an error after the fix was in an error of the same rule before (rules
-// regroup tensors), and the fix's own finding, when an error, is gone.
-// Each finding comes from a rule of lint_rules(), with a severity the rule
-// declares, and findings come rule by rule in the table's order.
-void expect_findings_follow_the_rule_table(const std::vector<Finding>& findings) {
-  std::size_t last = 0;
-  for (const Finding& f : findings) {
-    const auto rules = lint_rules();
-    const auto rule = std::find_if(rules.begin(), rules.end(),
-                                   [&](const LintRule& r) { return r.id == f.id; });
-    ASSERT_NE(rule, rules.end()) << f.id;
-    EXPECT_TRUE(f.severity == rule->severity || (rule->also && f.severity == *rule->also))
-        << format_finding(f);
-    const std::size_t at = static_cast<std::size_t>(rule - rules.begin());
-    EXPECT_GE(at, last) << f.id << " after a finding of a later rule";
-    last = at;
-  }
-}
-
-void expect_fixes_pass_lint(const Checkpoint& checkpoint, const PlanOptions& options,
-                            const std::vector<Finding>& findings, unsigned tp) {
-  expect_findings_follow_the_rule_table(findings);
-  std::map<std::string, std::set<std::string>> errors_before;  // rule -> tensors
-  for (const Finding& f : findings) {
-    if (f.severity != Severity::kError) continue;
-    errors_before[f.id].insert(f.tensors.begin(), f.tensors.end());
-  }
-  const auto is_new = [&](const Finding& g) {
-    const auto it = errors_before.find(g.id);
-    if (it == errors_before.end()) return true;
-    return std::any_of(g.tensors.begin(), g.tensors.end(),
-                       [&](const std::string& t) { return !it->second.contains(t); });
-  };
-  for (const Finding& f : findings) {
-    SCOPED_TRACE(format_finding(f));
-    for (const std::string& e : f.fix_ignore) {
-      EXPECT_NE(f.fix.find("--ignore '" + e + "'"), std::string::npos);
-    }
-    for (const std::string& e : f.fix_targets) {
-      EXPECT_NE(f.fix.find("--targets '" + e + "'"), std::string::npos);
-    }
-    for (const std::string& o : f.fix_options) EXPECT_NE(f.fix.find(o), std::string::npos);
-    if (!has_fix(f)) {
-      // A fix lint found would lead into an error says so, and has no
-      // machine form; any other printed entry has one.
-      if (f.fix.find("; but lint would then stop the run (") == std::string::npos) {
-        EXPECT_EQ(f.fix.find("--ignore '"), std::string::npos) << "a printed entry, no machine form";
-        EXPECT_EQ(f.fix.find("--targets '"), std::string::npos) << "a printed entry, no machine form";
-      }
-      continue;
-    }
-    const PlanOptions fixed = apply_fix(options, f);
-    QuantizePlan plan;
-    try {
-      plan = make_plan(checkpoint, fixed);
-    } catch (const Error& e) {
-      ADD_FAILURE() << "after the fix, the plan is refused: " << e.what();
-      continue;
-    }
-    for (const Finding& g : run_lint(checkpoint, plan, LintOptions{tp})) {
-      // L9 (nothing left to quantize) only says that the layout has no
-      // other module than the ones a "keep them in 16 bits" fix keeps.
-      if (g.severity != Severity::kError || g.id == "L9") continue;
-      EXPECT_FALSE(is_new(g)) << "after the fix, " << format_finding(g);
-      if (f.severity == Severity::kError && g.id == f.id) {
-        EXPECT_FALSE(g.tensors == f.tensors) << "the fix leaves its own error: " << format_finding(g);
-      }
-    }
-  }
-}
 
 Linted lint_layout(const std::vector<FakeSpec>& specs, const json& config,
                    std::vector<std::string> ignore, std::vector<std::string> targets = {"Linear"},
@@ -897,62 +823,6 @@ TEST(QuantizeLintCli, StrictAndTensorParallelFlags) {
   EXPECT_EQ(test::run_ctquant(tp2).exit_code, 0);
 }
 
-// Plans and lints a layout with the given scheme groups.
-Linted lint_groups(const std::vector<FakeSpec>& specs, std::vector<SchemeGroup> groups) {
-  test::TempDir dir;
-  test::write_sparse_checkpoint(dir.path(), specs, kLlamaConfig);
-  const Checkpoint checkpoint = open_checkpoint(dir.path());
-  PlanOptions options;
-  options.groups = std::move(groups);
-  options.ignore = {};
-  Linted out;
-  out.plan = make_plan(checkpoint, options);
-  out.findings = run_lint(checkpoint, out.plan, LintOptions{1});
-  expect_fixes_pass_lint(checkpoint, options, out.findings, 1);
-  return out;
-}
-
-SchemeGroup group_for(const std::string& preset, std::vector<std::string> targets) {
-  SchemeGroup g = preset_group(preset);
-  g.targets = std::move(targets);
-  return g;
-}
-
-
-// ---- L11 ----
-
-// Two regex groups overlap on q_proj: ctquant gives it to the first group
-// given (W8A16), vLLM to the first in name order (W4A16_ASYM).
-TEST(LintL11, OverlappingRegexGroupsResolveDifferentlyInVllm) {
-  const Linted r = lint_groups(llama_layer(), {group_for("W8A16", {"re:.*self_attn\\..*"}),
-                                               group_for("W4A16_ASYM", {"re:.*q_proj$"}),
-                                               group_for("W4A16", {"Linear"})});
-  const auto l11 = with_id(r.findings, "L11");
-  ASSERT_EQ(l11.size(), 1u);
-  EXPECT_EQ(l11[0].severity, Severity::kError);
-  EXPECT_EQ(l11[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight"});
-  EXPECT_TRUE(contains(l11[0].message, "quantized with group 'W8A16' would be read by vLLM as "
-                                       "group 'W4A16_ASYM'"));
-}
-
-// A Linear group given first takes everything here; vLLM prefers any
-// pattern that matches over the class name, so the MLP would go to W8A16.
-TEST(LintL11, LinearGroupBeforePatternGroupIsError) {
-  const Linted r = lint_groups(llama_layer(), {group_for("W4A16", {"Linear"}),
-                                               group_for("W8A16", {"re:.*mlp\\..*"})});
-  const auto l11 = with_id(r.findings, "L11");
-  ASSERT_EQ(l11.size(), 1u);
-  EXPECT_EQ(l11[0].tensors.size(), 3u);
-  EXPECT_TRUE(contains(l11[0].message, "3 modules quantized with group 'W4A16' would be read by "
-                                       "vLLM as group 'W8A16'"));
-  // The other order is what vLLM does: no finding.
-  const Linted ok = lint_groups(llama_layer(), {group_for("W8A16", {"re:.*mlp\\..*"}),
-                                                group_for("W4A16", {"Linear"})});
-  EXPECT_TRUE(with_id(ok.findings, "L11").empty());
-  EXPECT_EQ(ok.plan.group_modules, (std::vector<std::size_t>{3, 4}));
-}
-
-
 // ---- fixes pass lint ----
 
 // Lints `dir` with options and checks every fix (expect_fixes_pass_lint);
@@ -1377,7 +1247,7 @@ const std::string& cli_md() {
 
 TEST(LintRuleTable, IdsAndSeveritiesAreThoseOfCliMd) {
   const std::map<std::string, CliLintRow> rows = cli_lint_rows(cli_md());
-  ASSERT_EQ(rows.size(), 17u) << "docs/cli.md's lint table";
+  ASSERT_EQ(rows.size(), 18u) << "docs/cli.md's lint table";
   std::set<std::string> ids;
   for (const LintRule& rule : lint_rules()) {
     EXPECT_TRUE(ids.insert(std::string(rule.id)).second) << rule.id << " twice in the table";

@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "ctquant/util/error.hpp"
@@ -87,6 +89,15 @@ ModuleMatcher::ModuleMatcher(std::vector<std::string> entries, Role role)
     for (std::size_t i = 1; i < problems.size(); ++i) message += "\n" + problems[i];
     throw usage_error(message);
   }
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (compiled_[i] != nullptr) {
+      regex_.push_back(i);
+    } else if (role_ == Role::kTargets && entries_[i] == "Linear") {
+      every_module_.push_back(i);
+    } else {
+      literal_[std::string_view(entries_[i])].push_back(i);
+    }
+  }
 }
 
 ModuleMatcher::~ModuleMatcher() = default;
@@ -121,10 +132,28 @@ bool ModuleMatcher::entry_matches(std::size_t i, std::string_view module) const 
 }
 
 std::optional<std::size_t> ModuleMatcher::first_match(std::string_view module) const {
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
+  std::optional<std::size_t> best;
+  if (const auto it = literal_.find(module); it != literal_.end()) best = it->second.front();
+  if (!every_module_.empty() && (!best || every_module_.front() < *best)) {
+    best = every_module_.front();
+  }
+  for (const std::size_t i : regex_) {
+    if (best && i > *best) break;
     if (entry_matches(i, module)) return i;
   }
-  return std::nullopt;
+  return best;
+}
+
+std::vector<std::size_t> ModuleMatcher::matching_entries(std::string_view module) const {
+  std::vector<std::size_t> out = every_module_;
+  if (const auto it = literal_.find(module); it != literal_.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+  for (const std::size_t i : regex_) {
+    if (entry_matches(i, module)) out.push_back(i);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string regex_escape(const std::string& text) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -41,9 +42,10 @@ bool is_kept_role(ModuleRole role) {
 // Every targets entry of every scheme group, as vLLM sees them all.
 std::vector<std::string> all_targets(const PlanOptions& options) {
   std::vector<std::string> out;
+  std::unordered_set<std::string_view> seen;  // views of options' targets
   for (const SchemeGroup& g : options.groups) {
     for (const std::string& t : g.targets) {
-      if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+      if (seen.insert(t).second) out.push_back(t);
     }
   }
   return out;
@@ -110,6 +112,7 @@ RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
       plan_(plan),
       rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
   for (const TensorDecision& d : plan.decisions) by_tensor_.emplace(d.name, &d);
+  mismatches_ = find_mismatches();
 }
 
 const TensorDecision* RolesLint::decision_of(const ModuleInfo& m) const {
@@ -122,7 +125,7 @@ bool RolesLint::planned_packed(const ModuleInfo& m) const {
   return d != nullptr && d->fate == Fate::kQuantize;
 }
 
-std::vector<RolesLint::Mismatch> RolesLint::mismatches() const {
+std::vector<RolesLint::Mismatch> RolesLint::find_mismatches() const {
   std::vector<Mismatch> out;
   for (const ModuleInfo& m : plan_.roles.modules) {
     if (m.build == VllmBuild::kPlain || m.role == ModuleRole::kParameter ||
@@ -142,33 +145,33 @@ std::vector<RolesLint::Mismatch> RolesLint::mismatches() const {
 std::vector<RolesLint::LiteralMiss> RolesLint::literal_misses(
     const std::vector<Mismatch>& mismatches) const {
   std::vector<LiteralMiss> out;
+  // Modules vLLM expects packed that OUTPUT keeps in 16 bits.
+  std::set<const ModuleInfo*> kept_but_packed;
+  for (const Mismatch& mm : mismatches) {
+    if (!mm.packed) kept_but_packed.insert(mm.module);
+  }
   const auto& entries = plan_.options.ignore;
   for (std::size_t i = plan_.n_default_ignore; i < entries.size(); ++i) {
     const std::string& entry = entries[i];
     if (regex_pattern(entry)) continue;
+    // The module a literal entry names (one lookup, not a scan).
+    const ModuleInfo* m = plan_.roles.find(entry);
+    if (m == nullptr || m->build == VllmBuild::kPlain) continue;
     const std::string mapped = vllm_entry(plan_.roles.family, entry);
-    LiteralMiss miss{i, {}, false};
-    for (const ModuleInfo& m : plan_.roles.modules) {
-      if (m.module != entry || m.build == VllmBuild::kPlain) continue;
-      // The names vLLM tests: the MoE probes, or the module's own.
-      const std::vector<std::string> probes = VllmLoadRules::moe_probes(m.vllm_layer);
-      const bool seen = m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts
-                            ? std::find(probes.begin(), probes.end(), mapped) != probes.end()
-                            : mapped == m.vllm_name;
-      if (seen) continue;
-      miss.modules.push_back(&m);
-      for (const Mismatch& mm : mismatches) {
-        if (mm.module == &m && !mm.packed) miss.consequential = true;
-      }
-    }
-    if (!miss.modules.empty()) out.push_back(std::move(miss));
+    // The names vLLM tests: the MoE probes, or the module's own.
+    const std::vector<std::string> probes = VllmLoadRules::moe_probes(m->vllm_layer);
+    const bool seen = m->role == ModuleRole::kExpert || m->role == ModuleRole::kStackedExperts
+                          ? std::find(probes.begin(), probes.end(), mapped) != probes.end()
+                          : mapped == m->vllm_name;
+    if (seen) continue;
+    out.push_back(LiteralMiss{i, {m}, kept_but_packed.contains(m)});
   }
   return out;
 }
 
 // ---- L2 ----
 void RolesLint::literal_entries(std::vector<Finding>& out) const {
-  const std::vector<Mismatch> mm = mismatches();
+  const std::vector<Mismatch>& mm = mismatches();
   for (const LiteralMiss& miss : literal_misses(mm)) {
     const std::string& entry = plan_.options.ignore[miss.entry];
     const std::string mapped = vllm_entry(plan_.roles.family, entry);
@@ -331,7 +334,7 @@ void RolesLint::unloadable_modules(std::vector<Finding>& out) const {
 
 // ---- L13 ----
 void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
-  const std::vector<Mismatch> all = mismatches();
+  const std::vector<Mismatch>& all = mismatches();
   std::set<const ModuleInfo*> explained;  // by an L2 error
   for (const LiteralMiss& miss : literal_misses(all)) {
     if (!miss.consequential) continue;

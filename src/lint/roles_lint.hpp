@@ -37,8 +37,10 @@ class RolesLint {
   const TensorDecision* decision_of(const ModuleInfo& m) const;
   bool planned_packed(const ModuleInfo& m) const;
   // Modules whose planned state vLLM disagrees with (plain modules, stacked
-  // experts and parameters excluded: L12 and L7 report those).
-  std::vector<Mismatch> mismatches() const;
+  // experts and parameters excluded: L12 and L7 report those). Computed
+  // once, by the constructor (L2 and L13 both read them).
+  std::vector<Mismatch> find_mismatches() const;
+  const std::vector<Mismatch>& mismatches() const { return mismatches_; }
   // Literal entries vLLM does not match, each with the modules concerned
   // and whether one of them is a kept module vLLM expects packed.
   struct LiteralMiss {
@@ -52,6 +54,7 @@ class RolesLint {
   const QuantizePlan& plan_;
   VllmLoadRules rules_;
   std::unordered_map<std::string, const TensorDecision*> by_tensor_;  // tensors the plan holds
+  std::vector<Mismatch> mismatches_;
 };
 
 // A hint for an ignore or targets entry that matched nothing: the entry

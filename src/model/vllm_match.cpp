@@ -136,6 +136,8 @@ VllmExpectation VllmLoadRules::expect(const ModuleInfo& m) const {
     return e;
   }
   if (m.role == ModuleRole::kExpert || m.role == ModuleRole::kStackedExperts) {
+    // Every expert of a MoE layer gets the layer's answer: made once.
+    if (const auto it = moe_layers_.find(m.vllm_layer); it != moe_layers_.end()) return it->second;
     // get_moe_method: each probe through ignore, then targets ("Linear" is
     // copied to the MoE class key).
     std::vector<std::optional<std::string>> schemes;
@@ -157,10 +159,11 @@ VllmExpectation VllmLoadRules::expect(const ModuleInfo& m) const {
           "All MoE projections need to have same quantization scheme but found multiple "
           "(vLLM probes {})",
           detail);
-      return e;
+    } else {
+      e.state = schemes[0] ? State::kPacked : State::kUnquantized;
+      e.why = fmt::format("MoE layer '{}': {}", m.vllm_layer, detail);
     }
-    e.state = schemes[0] ? State::kPacked : State::kUnquantized;
-    e.why = fmt::format("MoE layer '{}': {}", m.vllm_layer, detail);
+    moe_layers_.emplace(m.vllm_layer, e);
     return e;
   }
   if (m.build == VllmBuild::kIfTargeted) {

@@ -745,7 +745,13 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
       }
     }
     const PlanOptions file = read_quantization_config(cli.quantization_config);
-    json groups = plan_quantization_config(file, {})["config_groups"];
+    // Each group as the file gives it (format null: no module yet).
+    std::vector<ConfigGroup> config_groups;
+    for (const SchemeGroup& g : file.groups) {
+      config_groups.push_back(ConfigGroup{g.name, g.targets, quant_args_json(g.weights),
+                                          g.input_activations, std::nullopt});
+    }
+    json groups = quantization_config(config_groups, {})["config_groups"];
     // Keep the file's order: the groups are tried in it.
     nlohmann::ordered_json ordered = nlohmann::ordered_json::object();
     for (const SchemeGroup& g : file.groups) ordered[g.name] = groups[g.name];
@@ -923,6 +929,8 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
     text += "      config_groups:\n";
     const json& groups = plan.config.at("quantization_config").at("config_groups");
     for (const SchemeGroup& g : plan.options.groups) {
+      // A group that quantized nothing is not in config.json, nor here.
+      if (!groups.contains(g.name)) continue;
       const json& group = groups.at(g.name);
       text += fmt::format("        {}:\n", yaml_string(g.name));
       for (const auto& [field, value] : group.items()) {

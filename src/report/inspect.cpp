@@ -278,6 +278,22 @@ std::string render_amax_sets_text(const QuantizePlan& plan) {
 
 }  // namespace
 
+namespace {
+
+// Each module's output tensors, in layout order, found in one pass over the
+// shards (a module's outputs are all in its shard).
+std::vector<std::vector<const PlannedTensor*>> module_outputs(const QuantizePlan& plan) {
+  std::vector<std::vector<const PlannedTensor*>> out(plan.modules.size());
+  for (const ShardPlan& shard : plan.shards) {
+    for (const PlannedTensor& t : shard.tensors) {
+      if (t.source == PlannedTensor::Source::kModule) out[t.module].push_back(&t);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   const PlanOptions& o = plan.options;
   std::string text;
@@ -326,12 +342,13 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
       module_w = std::max(module_w, m.name.size());
       module_shape_w = std::max(module_shape_w, module_shape(m).size());
     }
+    const auto outputs_of = module_outputs(plan);
     for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
       const PlannedModule& m = plan.modules[mi];
       std::uint64_t bytes = 0;
       std::string outputs;
-      for (const PlannedTensor& t : plan.shards[m.shard].tensors) {
-        if (t.source != PlannedTensor::Source::kModule || t.module != mi) continue;
+      for (const PlannedTensor* tp : outputs_of[mi]) {
+        const PlannedTensor& t = *tp;
         bytes += t.byte_size;
         outputs += fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ",
                                t.name.substr(m.name.size() + 1), dtype_tag(t.dtype),
@@ -426,11 +443,12 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
                           {"modules", plan.group_modules[g]}});
   }
   json modules = json::array();
+  const auto outputs_of = module_outputs(plan);
   for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
     const PlannedModule& m = plan.modules[mi];
     json outs = json::array();
-    for (const PlannedTensor& t : plan.shards[m.shard].tensors) {
-      if (t.source != PlannedTensor::Source::kModule || t.module != mi) continue;
+    for (const PlannedTensor* tp : outputs_of[mi]) {
+      const PlannedTensor& t = *tp;
       outs.push_back(json{{"name", t.name},
                           {"dtype", dtype_tag(t.dtype)},
                           {"shape", t.shape},

@@ -292,7 +292,7 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
     std::error_code config_ec;
     if (fs::is_regular_file(config, config_ec)) {  // follows links
       check_link_inside(config, ckpt.root, options.follow_links_outside);
-      ckpt.config = read_json_file(config, kConfigFileName, /*reject_duplicate_keys=*/false);
+      ckpt.config = read_json_file(config, kConfigFileName, /*reject_duplicate_keys=*/true);
       if (!ckpt.config->is_object()) {
         throw bad_input(fmt::format("{}: is a JSON {}, expected an object", config.string(),
                                     ckpt.config->type_name()));
@@ -385,10 +385,12 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
       }
     }
     if (listed(kConfigFileName)) {
-      // Python's json keeps the last of repeated keys; so does this, as the
-      // output config.json is the input's with quantization_config set.
+      // A repeated key is refused: Python's json keeps the last one and
+      // other readers may not, and the output config.json (the input's with
+      // quantization_config set) would carry only one of them. verify
+      // reads config.json with the same reader (src/verify/side.cpp).
       ckpt.config = read_json_file(input / kConfigFileName, kConfigFileName,
-                                   /*reject_duplicate_keys=*/false);
+                                   /*reject_duplicate_keys=*/true);
       if (!ckpt.config->is_object()) {
         throw bad_input(fmt::format("{}: is a JSON {}, expected an object", kConfigFileName,
                                     ckpt.config->type_name()));

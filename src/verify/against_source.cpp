@@ -850,6 +850,9 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   report.input_quantization = q.describe();
   PlanOptions plan_options = plan_options_of_output(out, "--against-source");
   plan_options.default_ignore = false;  // the written list is the whole list
+  // config.json's groups are in name order, not the order they were given
+  // in: a module goes to the group its readers give it.
+  plan_options.group_rule = PlanOptions::GroupRule::kAsRead;
   report.tensors_output = out.n_tensors();
   report.tensors_reference = src.n_tensors();
   Collector c(report);
@@ -872,6 +875,16 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
                        "targets: {}",
                        e.what()));
     return report;
+  }
+  for (const GroupConflict& g : plan.group_conflicts) {
+    const auto name = [&](const std::optional<std::size_t>& i) {
+      return i ? fmt::format("'{}'", plan.options.groups[*i].name) : std::string("none");
+    };
+    c.diff("fate", "", g.tensor,
+           fmt::format("module '{}' is matched by the targets of several config groups, which "
+                       "the readers resolve differently: compressed-tensors (transformers) reads "
+                       "it with group {}, vLLM with {}",
+                       g.module, name(g.groups.compressed_tensors), name(g.groups.vllm)));
   }
   AgainstSource(out, checkpoint, plan, options, c).run();
   return report;

@@ -5,6 +5,8 @@
 #include <set>
 #include <string>
 
+#include <unordered_set>
+
 #include <fmt/format.h>
 
 #include "ctquant/format/matcher.hpp"
@@ -38,6 +40,19 @@ std::string int_weight_only_format() {
     if (f->vllm_int_weight_only) return std::string(f->format);
   }
   return std::string();
+}
+
+// obj[key] when it is a string (or a boolean), else `otherwise`: a field
+// that is absent, null or of another type is read as its default, never
+// thrown on (nlohmann's value() throws for null).
+std::string string_field(const json& obj, const char* key, const std::string& otherwise) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : otherwise;
+}
+
+bool bool_field(const json& obj, const char* key, bool otherwise) {
+  const auto it = obj.find(key);
+  return it != obj.end() && it->is_boolean() ? it->get<bool>() : otherwise;
 }
 
 bool non_empty(const json& v) {
@@ -117,21 +132,21 @@ void check_unannounced(const WrittenTensors& w, Checks& c) {
 // The config block: quant_method, quantization_status, format, transforms
 // and sparsity. Returns the top-level format.
 std::string check_config_block(const json& qc, Checks& c) {
-  const std::string method = qc.value("quant_method", std::string());
+  const std::string method = string_field(qc, "quant_method", "");
   if (method != "compressed-tensors") {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.quant_method is '{}': vLLM and transformers read "
                        "compressed-tensors checkpoints only under \"compressed-tensors\"",
                        method));
   }
-  const std::string status = qc.value("quantization_status", std::string());
+  const std::string status = string_field(qc, "quantization_status", "");
   if (status != "compressed") {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.quantization_status is '{}': transformers "
                        "decompresses packed weights only when it is \"compressed\"",
                        status));
   }
-  const std::string top_format = qc.value("format", std::string());
+  const std::string top_format = string_field(qc, "format", "");
   if (!is_compressed_tensors_format(top_format)) {
     c.diff(kConfigFileName, "",
            fmt::format("quantization_config.format '{}' is not a compressed-tensors format",
@@ -167,19 +182,32 @@ std::vector<Group> read_groups(const json& qc, const std::string& top_format, Ch
         if (x.is_string()) g.targets.push_back(x.get<std::string>());
       }
     }
-    const std::string format = group.value("format", top_format);
-    if (!group.contains("format") && top_format == "mixed-precision") {
+    // vLLM reads a group without a format (absent or null) with the
+    // top-level one (compressed_tensors.py: "If no per-config format
+    // defined, use global format in config").
+    const auto own = group.find("format");
+    const bool has_format = own != group.end() && own->is_string();
+    const std::string format = has_format ? own->get<std::string>() : top_format;
+    if (!has_format && top_format == "mixed-precision") {
       c.diff(kConfigFileName, "",
-             fmt::format("config group '{}' has no format while the top-level format is "
+             fmt::format("config group '{}' has no format ({}) while the top-level format is "
                          "\"mixed-precision\": vLLM then finds no scheme for it",
-                         name));
+                         name, own == group.end() ? "absent" : own->dump()));
+    } else if (own != group.end() && own->is_null()) {
+      c.note(kConfigFileName, "",
+             fmt::format("config group '{}' has format null (model_free_ptq writes a group "
+                         "that quantized no module so): readers take the top-level format '{}'",
+                         name, top_format));
+    } else if (own != group.end() && !has_format) {
+      c.diff(kConfigFileName, "",
+             fmt::format("config group '{}': format is {}, not a string", name, own->dump()));
     }
     if (g.weights.is_object()) {
-      g.symmetric = g.weights.value("symmetric", true);
+      g.symmetric = bool_field(g.weights, "symmetric", true);
       if (const auto b = g.weights.find("num_bits"); b != g.weights.end() && b->is_number_integer()) {
         g.bits = b->get<int>();
       }
-      const bool int_weights = g.weights.value("type", std::string("int")) == "int";
+      const bool int_weights = string_field(g.weights, "type", "int") == "int";
       const bool activations = non_empty(group.value("input_activations", json()));
       const SchemeFamily* family = family_by_format(format);
       if (int_weights && !activations && (family == nullptr || !family->vllm_int_weight_only)) {
@@ -205,9 +233,10 @@ std::vector<Group> read_groups(const json& qc, const std::string& top_format, Ch
 // ignore list.
 std::vector<std::string> written_targets(const std::vector<Group>& groups) {
   std::vector<std::string> targets;
+  std::unordered_set<std::string> seen;
   for (const Group& g : groups) {
     for (const auto& t : g.targets) {
-      if (std::find(targets.begin(), targets.end(), t) == targets.end()) targets.push_back(t);
+      if (seen.insert(t).second) targets.push_back(t);
     }
   }
   return targets;

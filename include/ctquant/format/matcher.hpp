@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace ctquant {
@@ -36,8 +37,12 @@ class ModuleMatcher {
   ModuleMatcher& operator=(ModuleMatcher&&) noexcept;
 
   // Index of the first entry matching module, or nullopt. Throws like
-  // entry_matches().
+  // entry_matches(). Literal entries are looked up in a hash table built
+  // once, so the cost is that of the `re:` entries, not of the list.
   std::optional<std::size_t> first_match(std::string_view module) const;
+  // The indices of every entry matching module, in increasing order (as
+  // fast as first_match). Throws like entry_matches().
+  std::vector<std::size_t> matching_entries(std::string_view module) const;
   // Whether entry i matches module. Throws Error{kUsage} when a pattern
   // cannot be evaluated on module (PCRE2 match or depth limit): the answer
   // is never guessed.
@@ -51,6 +56,12 @@ class ModuleMatcher {
   std::vector<std::string> entries_;
   Role role_;
   std::vector<std::unique_ptr<Compiled>> compiled_;  // one per entry; null for literals
+  // Literal entries: text -> their indices, increasing; the `re:` entries
+  // and (targets) the "Linear" entries, each in increasing order.
+  // (The keys view entries_, whose strings stay put when the matcher moves.)
+  std::unordered_map<std::string_view, std::vector<std::size_t>> literal_;
+  std::vector<std::size_t> regex_;
+  std::vector<std::size_t> every_module_;
 };
 
 // The pattern text of an entry ("re:.*x$" -> ".*x$"), or nullopt for a literal.

@@ -37,6 +37,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ctquant/format/matcher.hpp"
@@ -87,7 +88,8 @@ class VllmLoadRules {
   // The three names vLLM probes for a MoE layer.
   static std::vector<std::string> moe_probes(const std::string& moe_layer);
 
-  // What vLLM does with a module of the role analysis.
+  // What vLLM does with a module of the role analysis. Not thread-safe:
+  // it keeps each MoE layer's answer.
   VllmExpectation expect(const ModuleInfo& module) const;
 
  private:
@@ -102,6 +104,9 @@ class VllmLoadRules {
   ModuleMatcher ignore_matcher_;
   ModuleMatcher target_matcher_;
   std::map<std::string, std::vector<std::string>> packed_;
+  // expect()'s answer for each MoE layer, made at its first expert (every
+  // expert of a layer gets the layer's answer). Not thread-safe.
+  mutable std::unordered_map<std::string, VllmExpectation> moe_layers_;
 };
 
 }  // namespace ctquant

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/format/targets.hpp"
 #include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/checkpoint.hpp"
@@ -153,6 +154,24 @@ struct PlanOptions {
   // Quantize vision/audio towers and projectors like the language model
   // (--quantize-vision); their plain modules stay in the default list.
   bool quantize_vision = false;
+  // Which group a module the targets of several groups match goes to
+  // (format/targets.hpp): kFirstGiven, model_free_ptq's rule, for groups
+  // in the order the user gave them (quantize); kAsRead, the group
+  // compressed-tensors gives it, for groups read back from a written
+  // config.json, whose order is not the one they were given in (verify
+  // --against-source). Where the readers disagree, the plan records it
+  // (QuantizePlan::group_conflicts).
+  enum class GroupRule { kFirstGiven, kAsRead };
+  GroupRule group_rule = GroupRule::kFirstGiven;
+};
+
+// A quantized module that the readers of config.json give different scheme
+// groups (GroupTargets::resolve): the output would be read with a scheme
+// other than the one its tensors were written with.
+struct GroupConflict {
+  std::string module;
+  std::string tensor;  // the input tensor it is read from
+  GroupResolution groups;
 };
 
 struct QuantizePlan {
@@ -188,8 +207,12 @@ struct QuantizePlan {
   // among the same modules (whether or not an ignore entry or an earlier
   // group then took them).
   std::vector<std::vector<std::vector<std::string>>> target_matches;
-  // For each group, how many modules it quantizes.
+  // For each group, how many modules it quantizes. config.json lists only
+  // the groups that quantize a module (plan_quantization_config).
   std::vector<std::size_t> group_modules;
+  // The quantized modules the readers give different groups, in input
+  // order (lint L11 reports them; verify --against-source too).
+  std::vector<GroupConflict> group_conflicts;
 
   std::size_t n_quantized = 0;         // weights quantized (split experts counted one by one)
   std::size_t n_copied = 0;            // input tensors copied
@@ -242,9 +265,12 @@ IgnoreList effective_ignore(const RoleAnalysis& roles, const PlanOptions& option
 void check_plan_options(const PlanOptions& options);
 
 // The output config.json's quantization_config for the plan's groups: each
-// group's scheme with the format of its family, or null when it quantized
-// nothing; the top-level format the groups' common one, "mixed-precision"
-// when they differ, "dense" when none (schemes.md 9.2).
+// group that quantizes a module (group_modules[g] > 0) with the format of
+// its family; a group that quantizes nothing is not written (model_free_ptq
+// writes it with format null, which verify and readers then have to guess
+// at). The top-level format is the written groups' common one,
+// "mixed-precision" when they differ, "dense" when there is none (schemes.md
+// 9.2).
 nlohmann::json plan_quantization_config(const PlanOptions& options,
                                         const std::vector<std::size_t>& group_modules);
 
