@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/report/inspect.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -24,13 +24,6 @@ namespace {
 double fraction_done(const Progress& p) {
   return p.bytes_total == 0 ? 1.0
                             : static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total);
-}
-
-std::string duration_text(double seconds) {
-  const auto s = static_cast<long long>(std::llround(seconds));
-  if (s < 60) return fmt::format("{} s", s);
-  if (s < 3600) return fmt::format("{} min {:02} s", s / 60, s % 60);
-  return fmt::format("{} h {:02} min", s / 3600, (s % 3600) / 60);
 }
 
 }  // namespace

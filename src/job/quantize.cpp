@@ -10,14 +10,15 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "ctquant/format/config.hpp"
-#include "ctquant/util/error.hpp"
-#include "ctquant/report/inspect.hpp"
-#include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/observer_choice.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/path_policy.hpp"
+#include "ctquant/format/config.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/scheme/kernel.hpp"
 #include "ctquant/source/hf_cache.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -93,17 +94,6 @@ void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& o
                                              : ", or drop --strict to let warnings pass")
                                : "");
   throw Error(ErrorKind::kLint, message);
-}
-
-// A path as one word of a POSIX shell command.
-std::string shell_word(const std::string& path) {
-  const bool plain = !path.empty() && std::all_of(path.begin(), path.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-+=:,@%", c) != nullptr;
-  });
-  if (plain) return path;
-  std::string out = "'";
-  for (const char c : path) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 // Names what earlier runs that died left beside the paths this run writes

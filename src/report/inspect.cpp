@@ -21,26 +21,7 @@ namespace ctquant {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string human_bytes(std::uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
-  return fmt::format("{} B", bytes);
-}
-
 namespace {
-
-// 1234567 -> "1,234,567".
-std::string grouped(std::uint64_t n) {
-  std::string digits = std::to_string(n);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
 
 std::uint64_t file_bytes(const fs::path& path) {
   std::error_code ec;
@@ -150,16 +131,16 @@ std::string render_inventory_text(const Inventory& inv) {
   for (const auto& t : inv.tensors) {
     text +=
         fmt::format("  {:<{}}  {:<11}  {:<{}}  {:>13}  {}\n", t.name, name_w, dtype_tag(t.dtype),
-                    shape_string(t.shape), shape_w, grouped(t.bytes), t.shard);
+                    shape_string(t.shape), shape_w, grouped_digits(t.bytes), t.shard);
   }
   text += "by dtype:\n";
   for (const auto& d : inv.by_dtype) {
     text += fmt::format("  {:<11}  {:>6} tensors  {:>16} elements  {:>11}\n", dtype_tag(d.dtype),
-                        d.tensors, grouped(d.elements), human_bytes(d.bytes));
+                        d.tensors, grouped_digits(d.elements), human_bytes(d.bytes));
   }
   text += fmt::format("total: {}, {} parameters (stored elements), {} ({} bytes)\n",
-                      plural(inv.tensors.size(), "tensor"), grouped(inv.elements),
-                      human_bytes(inv.tensor_bytes), grouped(inv.tensor_bytes));
+                      plural(inv.tensors.size(), "tensor"), grouped_digits(inv.elements),
+                      human_bytes(inv.tensor_bytes), grouped_digits(inv.tensor_bytes));
   if (!inv.other_files.empty()) {
     std::string files;
     for (const auto& f : inv.other_files) files += (files.empty() ? "" : ", ") + f;
@@ -342,7 +323,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
                                : m.kind == PlannedModule::Kind::kDequantize ? "BF16 (dequantized)"
                                                                             : "16-bit (kept)";
       text += fmt::format("  {:<{}}  {:<{}}  {}: {} ({} bytes)\n", m.name, module_w,
-                          module_shape(m), module_shape_w, what, outputs, grouped(bytes));
+                          module_shape(m), module_shape_w, what, outputs, grouped_digits(bytes));
     }
   }
   text += render_amax_sets_text(plan);
@@ -376,7 +357,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   for (const ShardPlan& s : plan.shards) {
     text +=
         fmt::format("  {}  {}  {} ({} bytes)\n", s.file_name, plural(s.tensors.size(), "tensor"),
-                    human_bytes(s.file_size), grouped(s.file_size));
+                    human_bytes(s.file_size), grouped_digits(s.file_size));
   }
   std::string files = std::string(kIndexFileName) + ", " + kConfigFileName;
   for (const auto& f : plan.copied_files) files += ", " + f;
@@ -384,7 +365,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   const std::uint64_t out = expected_output_bytes(checkpoint, plan);
   const std::uint64_t in = input_bytes(checkpoint);
   text += fmt::format("expected output size: {} ({} bytes); input {}{}\n", human_bytes(out),
-                      grouped(out), human_bytes(in),
+                      grouped_digits(out), human_bytes(in),
                       out == 0 ? std::string()
                                : fmt::format(", ratio {:.2f}x",
                                              static_cast<double>(in) / static_cast<double>(out)));
