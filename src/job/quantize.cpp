@@ -17,6 +17,7 @@
 #include "ctquant/report/inspect.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/source/hf_cache.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -50,10 +51,10 @@ std::uint64_t directory_bytes(const fs::path& dir) {
 
 // A signal that arrives while the checkpoint is opened or planned stops the
 // run before anything is written.
+constexpr const char* kInterruptedMessage = "interrupted by a signal before OUTPUT was complete";
+
 void check_cancel(const std::atomic<bool>* cancel) {
-  if (cancel != nullptr && cancel->load()) {
-    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
-  }
+  if (cancel != nullptr && cancel->load()) throw Error(ErrorKind::kInterrupted, kInterruptedMessage);
 }
 
 // Logs the findings that do not stop the run at their severity; throws
@@ -176,6 +177,10 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     last = now;
     return seconds;
   };
+  // Opening, planning, lint and the plan's rendering (on_plan) poll the
+  // cancel flag in their loops (util/cancel.hpp); the writing checks it
+  // between jobs, phases and files.
+  const CancelScope cancel_scope(options.cancel, kInterruptedMessage);
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
   if (options.stage && !options.part && !options.resume) {
@@ -244,6 +249,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   if (options.auto_observer) choose_observers_for(checkpoint, options, lint, summary, lap);
   summary.findings = run_lint(checkpoint, summary.plan, lint);
   summary.phases.lint += lap();
+  check_cancel(options.cancel);
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, options);
   summary.tensors_quantized = summary.plan.n_quantized;
@@ -269,6 +275,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     return summary;
   }
 
+  if (options.before_writing) options.before_writing();
   ExecuteOptions exec;
   exec.threads = options.threads;
   exec.chunk_bytes = options.chunk_bytes;

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "ctquant/format/matcher.hpp"
@@ -101,6 +102,7 @@ struct LintContext {
 
   LintContext(const Checkpoint& c, const QuantizePlan& p) : checkpoint(c), plan(p) {
     for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
+      poll_cancel();
       const TensorDecision& d = plan.decisions[i];
       if (d.module.empty()) continue;
       auto& list = decisions_of[d.module];
@@ -1011,7 +1013,10 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
   const detail::RolesLint roles(checkpoint, plan);
   const detail::LintRun run{ctx, roles, options};
   std::vector<Finding> findings;
-  for (const LintRule& rule : kLintRules) rule.run(run, findings);
+  for (const LintRule& rule : kLintRules) {
+    poll_cancel();  // a signal stops a long lint between rules (util/cancel.hpp)
+    rule.run(run, findings);
+  }
   if (check_fixes) {
     const std::vector<Finding> as_found = findings;
     for (Finding& f : findings) check_option_fix(checkpoint, plan, options, as_found, f);

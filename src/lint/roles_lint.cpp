@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/model/fused_groups.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant::detail {
@@ -109,7 +110,10 @@ RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
     : checkpoint_(checkpoint),
       plan_(plan),
       rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
-  for (const TensorDecision& d : plan.decisions) by_tensor_.emplace(d.name, &d);
+  for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
+    by_tensor_.emplace(d.name, &d);
+  }
 }
 
 const TensorDecision* RolesLint::decision_of(const ModuleInfo& m) const {
@@ -125,6 +129,7 @@ bool RolesLint::planned_packed(const ModuleInfo& m) const {
 std::vector<RolesLint::Mismatch> RolesLint::mismatches() const {
   std::vector<Mismatch> out;
   for (const ModuleInfo& m : plan_.roles.modules) {
+    poll_cancel();
     if (m.build == VllmBuild::kPlain || m.role == ModuleRole::kParameter ||
         m.role == ModuleRole::kNorm || m.role == ModuleRole::kStackedExperts) {
       continue;

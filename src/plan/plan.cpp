@@ -14,12 +14,16 @@
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
+#include "plan/stacked_experts.hpp"
 
 namespace ctquant {
 
 using nlohmann::json;
+using detail::stacked_key;
+using detail::stacked_layout_problem;
 
 const char* fate_name(Fate fate) {
   switch (fate) {
@@ -183,92 +187,6 @@ std::string not_a_candidate(const std::string& name, const std::string& module,
   if (!is_quantizable_float(dtype)) return fmt::format("dtype {} is not BF16, F16 or F32", dtype_text);
   if (is_embedding(module)) return "embedding (target Linear never covers it)";
   if (shape[0] == 0 || shape[1] == 0) return "empty tensor";
-  return {};
-}
-
-// ---- stacked 3-D experts (schemes.md 8) ----
-
-constexpr std::array<std::string_view, 2> kStackedKeys = {"gate_up_proj", "down_proj"};
-
-// The key of a stacked expert tensor name ("gate_up_proj" or "down_proj"),
-// as model_free's split_fused_moe_experts finds it (a substring test).
-// Sets `both` when the name holds both keys.
-std::optional<std::string_view> stacked_key(const std::string& name, bool& both) {
-  std::optional<std::string_view> key;
-  both = false;
-  for (const std::string_view k : kStackedKeys) {
-    if (name.find(k) != std::string::npos) {
-      if (key) both = true;
-      key = k;
-    }
-  }
-  return key;
-}
-
-// A config value of the language model: config[key], or text_config[key].
-std::optional<std::uint64_t> text_config_number(const std::optional<json>& config,
-                                                const char* key) {
-  if (!config || !config->is_object()) return std::nullopt;
-  for (const json* c : {&*config, config->contains("text_config") ? &config->at("text_config")
-                                                                   : nullptr}) {
-    if (c == nullptr || !c->is_object()) continue;
-    const auto it = c->find(key);
-    if (it != c->end() && it->is_number_unsigned()) return it->get<std::uint64_t>();
-  }
-  return std::nullopt;
-}
-
-std::string model_type(const std::optional<json>& config) {
-  if (!config || !config->is_object()) return {};
-  const auto it = config->find("model_type");
-  return it != config->end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-// A stacked tensor's layout, proven from config.json: each expert slice
-// must be an [out_features, in_features] Linear weight (the transformers-v5
-// layout gate_up_proj [E, 2I, H], down_proj [E, H, I]). Returns why it
-// cannot be split, or "" when it can.
-std::string stacked_layout_problem(const Checkpoint& checkpoint, std::string_view key,
-                                   const std::vector<std::uint64_t>& shape) {
-  const std::string type = model_type(checkpoint.config);
-  if (type == "gpt_oss") {
-    return "gpt-oss stores gate and up interleaved along the last dimension ([E, H, 2I]), and "
-           "vLLM's gpt-oss loader reads only the stacked tensors: they cannot be split into "
-           "per-expert weights (keep them in 16 bits: --ignore a pattern matching them, or "
-           "--allow-unloadable)";
-  }
-  const auto hidden = text_config_number(checkpoint.config, "hidden_size");
-  auto inter = text_config_number(checkpoint.config, "moe_intermediate_size");
-  if (!inter) inter = text_config_number(checkpoint.config, "intermediate_size");
-  if (!hidden) {
-    return fmt::format(
-        "{} has no hidden_size to prove which dimension of {} is in_features", kConfigFileName,
-        shape_string(shape));
-  }
-  const bool gate_up = key == "gate_up_proj";
-  const std::uint64_t out = shape[1];
-  const std::uint64_t in = shape[2];
-  // gate_up_proj [E, 2I, H]: in_features H; down_proj [E, H, I]: out_features H.
-  const std::uint64_t hidden_dim = gate_up ? in : out;
-  if (hidden_dim != *hidden) {
-    return fmt::format(
-        "its dimension {} of {} is {}, not hidden_size {}: the experts are not stored [E, out, "
-        "in] (Llama 4 stores [E, in, out]); ctquant splits only the transformers-v5 layout {}",
-        gate_up ? 2 : 1, shape_string(shape), hidden_dim, *hidden,
-        gate_up ? "gate_up_proj [E, 2I, H]" : "down_proj [E, H, I]");
-  }
-  if (gate_up) {
-    if (out % 2 != 0) {
-      return fmt::format("gate_up_proj expects a second dimension divisible by 2 but got {}",
-                         out);
-    }
-    if (inter && out != 2 * *inter) {
-      return fmt::format("its second dimension {} is not 2 x the intermediate size {}", out,
-                         *inter);
-    }
-  } else if (inter && in != *inter) {
-    return fmt::format("its last dimension {} is not the intermediate size {}", in, *inter);
-  }
   return {};
 }
 
@@ -540,6 +458,7 @@ void count_linear_params(const Checkpoint& checkpoint, QuantizePlan& plan) {
   std::map<std::string, const ModuleInfo*> role_of;  // tensor -> its role
   for (const ModuleInfo& m : plan.roles.modules) role_of.emplace(m.tensor, &m);
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     const auto it = role_of.find(d.name);
     if (it == role_of.end() || !is_linear_weight_role(it->second->role)) continue;
     std::uint64_t params = 1;
@@ -595,6 +514,7 @@ class FateDecider {
     const auto& tensors = checkpoint_.shards[s].header().tensors;
     std::vector<std::string> colon_names;  // tensors of this shard with ':' in their names
     for (std::size_t e = 0; e < tensors.size(); ++e) {
+      poll_cancel();
       const TensorEntry& t = tensors[e];
       std::vector<std::string> found;  // this tensor's problems
       plan_.decisions.push_back(decide_tensor(s, e, file, colon_names, found));
@@ -895,6 +815,7 @@ std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
                                                    QuantizePlan& plan, std::size_t s) {
   std::vector<PlannedTensor> tensors;
   for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
+    poll_cancel();
     const TensorDecision& d = plan.decisions[i];
     if (d.source.shard != s) continue;
     const TensorEntry& t = checkpoint.entry(d.source);
@@ -962,21 +883,29 @@ std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
 // written twice; then the data layout of the safetensors writer (section 5
 // of the format spec): dtypes in the writer's order, largest first, then
 // names, which puts every tensor at a multiple of its element size.
+// Sorted as indices, each tensor moved once: a shard may hold 200,000.
 void order_shard_tensors(ShardPlan& shard) {
-  std::sort(shard.tensors.begin(), shard.tensors.end(),
-            [](const PlannedTensor& a, const PlannedTensor& b) { return a.name < b.name; });
-  for (std::size_t i = 1; i < shard.tensors.size(); ++i) {
-    if (shard.tensors[i].name == shard.tensors[i - 1].name) {
+  const std::vector<PlannedTensor>& t = shard.tensors;
+  std::vector<std::size_t> order(t.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return t[a].name < t[b].name; });
+  poll_cancel();
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    if (t[order[i]].name == t[order[i - 1]].name) {
       throw bad_input(
           fmt::format("{}: output tensor '{}' would be written twice (the input "
                       "already holds a tensor of that name)",
-                      shard.file_name, shard.tensors[i].name));
+                      shard.file_name, t[order[i]].name));
     }
   }
-  std::stable_sort(shard.tensors.begin(), shard.tensors.end(),
-                   [](const PlannedTensor& a, const PlannedTensor& b) {
-                     return dtype_writer_order(a.dtype) > dtype_writer_order(b.dtype);
-                   });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return dtype_writer_order(t[a].dtype) > dtype_writer_order(t[b].dtype);
+  });
+  std::vector<PlannedTensor> ordered;
+  ordered.reserve(order.size());
+  for (const std::size_t i : order) ordered.push_back(std::move(shard.tensors[i]));
+  shard.tensors = std::move(ordered);
 }
 
 // Lays out one output shard (its tensors ordered): header, offsets, size;
@@ -986,6 +915,7 @@ void lay_out_shard(ShardPlan& shard, QuantizePlan& plan, json& weight_map) {
   std::vector<TensorSpec> specs;
   specs.reserve(shard.tensors.size());
   for (const PlannedTensor& t : shard.tensors) {
+    poll_cancel();
     specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.byte_size});
     if (weight_map.contains(t.name)) {
       throw bad_input(fmt::format("output tensor '{}' would be written to {} and {}", t.name,
@@ -1031,10 +961,10 @@ json plan_output_shards(const Checkpoint& checkpoint, QuantizePlan& plan) {
 // The index (model_free_ptq writes one for every checkpoint, a
 // single file too: schemes.md 1, step 8), config.json with its
 // quantization_config, and the files copied as they are.
-void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan,
-                           const json& weight_map) {
-  plan.index = json{{"metadata", {{"total_size", plan.tensor_bytes_out}}},
-                    {"weight_map", weight_map}};
+void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan, json weight_map) {
+  plan.index = json::object();
+  plan.index["metadata"] = {{"total_size", plan.tensor_bytes_out}};
+  plan.index["weight_map"] = std::move(weight_map);
   plan.config = output_config(checkpoint.config,
                               plan_quantization_config(plan.options, plan.group_modules));
   plan.copied_files = checkpoint.other_files;
@@ -1043,13 +973,18 @@ void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan,
 }  // namespace
 
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
+  // A signal stops a long plan (poll_cancel, util/cancel.hpp): between the
+  // stages and inside their loops over tensors.
   check_plan_options(given);
   QuantizePlan plan = start_plan(checkpoint, given);
+  poll_cancel();
   decide_fates(checkpoint, plan);
   check_weight_row_sizes(checkpoint, plan);
   assign_amax_sets(checkpoint, plan);
-  const json weight_map = plan_output_shards(checkpoint, plan);
-  plan_index_and_config(checkpoint, plan, weight_map);
+  poll_cancel();
+  json weight_map = plan_output_shards(checkpoint, plan);
+  poll_cancel();
+  plan_index_and_config(checkpoint, plan, std::move(weight_map));
   count_linear_params(checkpoint, plan);
   return plan;
 }

@@ -13,6 +13,7 @@
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -257,6 +258,20 @@ std::string render_amax_sets_text(const QuantizePlan& plan) {
   return text;
 }
 
+// The output tensors of each planned module, in shard order: one pass over
+// the shards (a module's outputs are all in its shard).
+std::vector<std::vector<const PlannedTensor*>> module_outputs(const QuantizePlan& plan) {
+  std::vector<std::vector<const PlannedTensor*>> out(plan.modules.size());
+  for (const ShardPlan& shard : plan.shards) {
+    for (const PlannedTensor& t : shard.tensors) {
+      if (t.source == PlannedTensor::Source::kModule && t.module < out.size()) {
+        out[t.module].push_back(&t);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
@@ -284,6 +299,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   std::size_t name_w = 6;
   std::size_t shape_w = 5;
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     fate_w = std::max(fate_w, std::string(fate_name(d.fate)).size());
     name_w = std::max(name_w, d.name.size());
     shape_w = std::max(shape_w, shape_string(checkpoint.entry(d.source).shape).size());
@@ -291,6 +307,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", "FATE", fate_w, "TENSOR", name_w,
                       "DTYPE", "SHAPE", shape_w, "RULE");
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     const TensorEntry& t = checkpoint.entry(d.source);
     text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", fate_name(d.fate), fate_w, d.name,
                         name_w, dtype_tag(t.dtype), shape_string(t.shape), shape_w, d.rule);
@@ -307,12 +324,14 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
       module_w = std::max(module_w, m.name.size());
       module_shape_w = std::max(module_shape_w, module_shape(m).size());
     }
+    const std::vector<std::vector<const PlannedTensor*>> outputs_of = module_outputs(plan);
     for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+      poll_cancel();
       const PlannedModule& m = plan.modules[mi];
       std::uint64_t bytes = 0;
       std::string outputs;
-      for (const PlannedTensor& t : plan.shards[m.shard].tensors) {
-        if (t.source != PlannedTensor::Source::kModule || t.module != mi) continue;
+      for (const PlannedTensor* output : outputs_of[mi]) {
+        const PlannedTensor& t = *output;
         bytes += t.byte_size;
         outputs += fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ",
                                t.name.substr(m.name.size() + 1), dtype_tag(t.dtype),
@@ -376,6 +395,7 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   const PlanOptions& o = plan.options;
   json tensors = json::array();
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     const TensorEntry& t = checkpoint.entry(d.source);
     tensors.push_back(
         json{{"name", d.name},
@@ -407,11 +427,13 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
                           {"modules", plan.group_modules[g]}});
   }
   json modules = json::array();
+  const std::vector<std::vector<const PlannedTensor*>> outputs_of = module_outputs(plan);
   for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+    poll_cancel();
     const PlannedModule& m = plan.modules[mi];
     json outs = json::array();
-    for (const PlannedTensor& t : plan.shards[m.shard].tensors) {
-      if (t.source != PlannedTensor::Source::kModule || t.module != mi) continue;
+    for (const PlannedTensor* output : outputs_of[mi]) {
+      const PlannedTensor& t = *output;
       outs.push_back(json{{"name", t.name},
                           {"dtype", dtype_tag(t.dtype)},
                           {"shape", t.shape},

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/source/hf_cache.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "util/input_file.hpp"
@@ -418,6 +419,7 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   for (std::size_t s = 0; s < ckpt.shards.size(); ++s) {
     const auto& header = ckpt.shards[s].header();
     for (std::size_t e = 0; e < header.tensors.size(); ++e) {
+      poll_cancel();
       const std::string& name = header.tensors[e].name;
       if (ckpt.has_index && !ckpt.index["weight_map"].contains(name)) {
         // Still part of the model: vLLM reads every tensor of each file the

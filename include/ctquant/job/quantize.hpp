@@ -66,7 +66,17 @@ struct QuantizeOptions {
   // Called once the plan and its lint findings are ready, before lint can
   // stop the run (the CLI prints the plan here under --dry-run). May be empty.
   std::function<void(const Checkpoint&, const QuantizePlan&, const std::vector<Finding>&)> on_plan;
-  const std::atomic<bool>* cancel = nullptr;        // set by a signal handler
+  // Set by a signal handler: polled while the checkpoint is opened, planned
+  // and linted (util/cancel.hpp) and between the jobs, phases and files of
+  // the writing.
+  const std::atomic<bool>* cancel = nullptr;
+  // Called once, on the calling thread, just before the run creates its
+  // first file or directory (the temporary OUTPUT directory, or the staging
+  // directory of part and resume); not for a dry run, nor when lint or
+  // another error stops the run before. Until then the run has written
+  // nothing (the CLI's signal handler ends the process at once); from then
+  // on a signal must set cancel, so that the run cleans up. May be empty.
+  std::function<void()> before_writing;
   // A run split across processes (parts.hpp): write only this part's files
   // into the staging directory, and leave OUTPUT to finalize_parts().
   std::optional<PartSpec> part;
