@@ -1,5 +1,6 @@
 #include "cli/output.hpp"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,6 +98,21 @@ int checked_stdout(int status) {
 void print_stderr(const std::string& text) {
   const std::string escaped = ctquant::escape_for_terminal(text);
   std::fwrite(escaped.data(), 1, escaped.size(), stderr);
+}
+
+std::size_t stderr_columns() {
+  winsize size{};
+  if (::isatty(STDERR_FILENO) == 1 && ::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 &&
+      size.ws_col > 0) {
+    return size.ws_col;
+  }
+  const char* columns = std::getenv("COLUMNS");
+  if (columns == nullptr || *columns == '\0' || std::strlen(columns) > 6 ||
+      !std::all_of(columns, columns + std::strlen(columns),
+                   [](char c) { return c >= '0' && c <= '9'; })) {
+    return 0;
+  }
+  return static_cast<std::size_t>(std::atoi(columns));
 }
 
 }  // namespace ctquant::cli

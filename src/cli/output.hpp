@@ -1,8 +1,9 @@
 // What the CLI prints (private to src/cli): stdout, checked; stderr, escaped
 // (escape_for_terminal: names read from input files must not drive the
-// terminal); the logger of log lines.
+// terminal); the logger of log lines; the terminal's width.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -39,5 +40,9 @@ void print_error(const std::string& message);
 // The exit status of --help and --version (written by CLI11 on std::cout):
 // 1 when stdout could not take the text.
 int checked_stdout(int status);
+
+// The columns of the terminal stderr is (ioctl TIOCGWINSZ), else $COLUMNS
+// when it is a whole number, else 0 (unknown: lines are not cut).
+std::size_t stderr_columns();
 
 }  // namespace ctquant::cli

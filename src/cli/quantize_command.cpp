@@ -162,7 +162,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
         std::fwrite(escaped.data(), 1, escaped.size(), stderr);
         std::fflush(stderr);
       },
-      [clock_start] { return std::chrono::duration<double>(Clock::now() - clock_start).count(); });
+      [clock_start] { return std::chrono::duration<double>(Clock::now() - clock_start).count(); },
+      stderr_columns());
   options.on_progress = [&progress](const ctquant::Progress& p) { progress.update(p); };
 
   // --write-recipe and --report are written into temporary files before

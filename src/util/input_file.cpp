@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <unordered_set>
@@ -215,6 +217,27 @@ json read_json_file(const std::filesystem::path& path, const std::string& label,
                     std::uint64_t max_bytes, bool reject_duplicate_keys) {
   return parse_json_file_text(read_input_file(path, label, max_bytes), label,
                               reject_duplicate_keys);
+}
+
+bool all_cached(int fd, std::uint64_t offset, std::uint64_t length) {
+  constexpr long kCachestat = 451;
+  struct Range {
+    std::uint64_t offset, length;
+  };
+  struct Stat {
+    std::uint64_t cache, dirty, writeback, evicted, recently_evicted;
+  };
+  static std::atomic<bool> unsupported{false};
+  if (length == 0 || unsupported.load(std::memory_order_relaxed)) return false;
+  Range range{offset, length};
+  Stat stat{};
+  if (::syscall(kCachestat, fd, &range, &stat, 0) != 0) {
+    if (errno == ENOSYS) unsupported.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t pages = (offset + length - 1) / page - offset / page + 1;
+  return stat.cache >= pages;
 }
 
 }  // namespace ctquant::detail
