@@ -74,6 +74,19 @@ void add_quantize_options(CLI::App* quantize, QuantizeArgs& q, int& verbosity) {
   quantize->add_flag("--allow-unloadable", q.allow_unloadable,
                      "Write even when lint finds errors (a checkpoint vLLM may refuse)");
   quantize->add_flag("--strict", q.strict, "Lint warnings stop the run too");
+  quantize
+      ->add_option("--allow", q.lint_allow,
+                   "RULE (repeatable, or RULE,RULE): findings of this lint rule (L1..L18) never "
+                   "stop the run, under --strict too, as -Wno-error=RULE does; an error rule so "
+                   "named is let through as --allow-unloadable does, for that rule only")
+      ->delimiter(',')
+      ->allow_extra_args(false);
+  quantize
+      ->add_option("--error", q.lint_error,
+                   "RULE (repeatable, or RULE,RULE): findings of this lint rule always stop the "
+                   "run, warnings and infos too, as -Werror=RULE does")
+      ->delimiter(',')
+      ->allow_extra_args(false);
   quantize->add_option_function<std::string>(
       "--part", [&q](const std::string& value) { q.part = value; },
       "I/N: write only part I of N (from 1) into the staging directory; `ctquant finalize "
@@ -120,6 +133,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.dry_run = args.dry_run;
   options.allow_unloadable = args.allow_unloadable;
   options.strict = args.strict;
+  options.lint_allow = args.lint_allow;
+  options.lint_error = args.lint_error;
   options.logger = make_logger(verbosity);
   // Until quantize() creates its first directory a signal ends the process
   // at once: opening, planning and lint write nothing (process.hpp).

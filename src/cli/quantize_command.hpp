@@ -27,6 +27,8 @@ struct QuantizeArgs {
   bool dry_run = false;
   bool allow_unloadable = false;
   bool strict = false;
+  std::vector<std::string> lint_allow;  // --allow RULE
+  std::vector<std::string> lint_error;  // --error RULE
   std::optional<std::string> part;
   std::optional<std::string> stage;
   bool resume = false;

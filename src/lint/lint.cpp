@@ -954,6 +954,7 @@ constexpr LintRule kLintRules[] = {
      on_roles<&RolesLint::engine_modules>},
     {"L17", kWarning, kOnly, "untied model without an output head", "lint-l17",
      on_roles<&RolesLint::missing_head>},
+    {"L18", kError, kOnly, "no config.json", "lint-l18", on_roles<&RolesLint::missing_config>},
 };
 
 std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
