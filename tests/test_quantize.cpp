@@ -1194,7 +1194,7 @@ TEST(QuantizeOutput, ForceDoesNotReplaceAFile) {
   options.force = true;
   const Error e = quantize_error(options);
   EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-  EXPECT_NE(std::string(e.what()).find("exists and is not a directory"), std::string::npos);
+  EXPECT_NE(std::string(e.what()).find("exists and is a file, not a directory"), std::string::npos);
   EXPECT_EQ(read_file(tmp / "out"), "a file");
 }
 

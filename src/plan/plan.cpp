@@ -60,7 +60,7 @@ SchemeGroup preset_group(const std::string& preset) {
                                   p->refused, preset_names()));
   }
   SchemeGroup g;
-  g.name = preset;
+  g.name = p->name;  // canonical: --scheme w4a16 writes group W4A16
   g.weights = p->weights;
   g.input_activations =
       p->input_activations.empty() ? json(nullptr) : json::parse(p->input_activations);

@@ -85,6 +85,14 @@ std::string origin_label(const ValueOrigin& origin, const std::string& key,
   return option;
 }
 
+// A preset as the registry spells it ("W4A16" for "w4a16", as
+// compressed-tensors upper-cases it to look it up); an unknown name as it
+// is, for plan_options_for to refuse.
+std::string canonical_preset_name(const std::string& name) {
+  const Preset* preset = find_preset(name);
+  return preset != nullptr ? std::string(preset->name) : name;
+}
+
 // A string as a YAML double-quoted scalar (JSON string escapes are YAML's).
 std::string yaml_string(const std::string& text) { return json(text).dump(); }
 
@@ -235,10 +243,10 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
                      });
     r.scheme_origin = recipe_origin(*recipe, recipe->config_groups->line);
   } else if (cli.scheme) {
-    r.scheme = *cli.scheme;
+    r.scheme = canonical_preset_name(*cli.scheme);
     r.scheme_origin = command_line_origin();
   } else if (recipe != nullptr && recipe->scheme) {
-    r.scheme = recipe->scheme->value;
+    r.scheme = canonical_preset_name(recipe->scheme->value);
     r.scheme_origin = recipe_origin(*recipe, recipe->scheme->line);
   } else {
     r.scheme = "W4A16";

@@ -181,6 +181,29 @@ void check_link_inside(const fs::path& path, const fs::path& dir, bool follow_li
       path.string(), ec ? std::string("a missing file") : target.string(), dir.string()));
 }
 
+// Why a directory without a .safetensors file cannot be read, and, when it
+// holds PyTorch weights (pytorch_model*.bin, *.pt, *.pth), how to convert
+// them: transformers' save_pretrained writes safetensors.
+std::string no_safetensors_message(const fs::path& dir, const std::vector<std::string>& files) {
+  std::vector<std::string> pickles;
+  for (const std::string& name : files) {
+    if (name.ends_with(".bin") || name.ends_with(".pt") || name.ends_with(".pth")) {
+      pickles.push_back(name);
+    }
+  }
+  if (pickles.empty()) return fmt::format("{}: no .safetensors file in the directory", dir.string());
+  std::string base = dir.string();
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return fmt::format(
+      "{}: no .safetensors file in the directory, only PyTorch weights ({}), which ctquant does "
+      "not read (a pickle runs code when it is loaded); convert them to safetensors first, e.g. "
+      "python3 -c \"from transformers import AutoModelForCausalLM as M; "
+      "M.from_pretrained('{}', torch_dtype='auto').save_pretrained('{}-safetensors')\" "
+      "(save_pretrained writes model.safetensors shards and config.json), then quantize that "
+      "directory",
+      dir.string(), join(pickles, 3), base, base);
+}
+
 }  // namespace
 
 std::vector<std::string> index_omission_lines(const Checkpoint& checkpoint) {
@@ -368,7 +391,7 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
       }
       shard_names = safetensors_files;
     } else if (safetensors_files.empty()) {
-      throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
+      throw bad_input(no_safetensors_message(input, files));
     } else {
       throw bad_input(
           fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
