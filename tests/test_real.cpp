@@ -68,8 +68,7 @@ std::vector<RealCase> real_cases() {
     // So is a checkpoint without config.json (L18): most of these files
     // come without one, and the tensors are what the cases check.
     const fs::path file = real_dir() / path;
-    const fs::path config =
-        (fs::is_directory(file) ? file : file.parent_path()) / "config.json";
+    const fs::path config = (fs::is_directory(file) ? file : file.parent_path()) / "config.json";
     if (quantized.empty() || !fs::exists(config)) {
       adjust = [inner = std::move(adjust)](QuantizeOptions& o) {
         if (inner) inner(o);

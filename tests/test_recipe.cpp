@@ -341,9 +341,10 @@ TEST(Recipe, SecondYamlDocumentIsRefusedNamingItsLine) {
                   "llm-compressor refuses this file too"});
   expect_message(usage_error_of([&] { parse_recipe_text("---\n" + w4 + "\n---\n", "r.yaml"); }),
                  {"r.yaml:7: a second YAML document"});
-  expect_message(
-      usage_error_of([&] { parse_recipe_text("# two\n---\n" + w4 + "--- # next\n" + w8, "r.yaml"); }),
-      {"r.yaml:7: a second YAML document"});
+  expect_message(usage_error_of([&] {
+                   parse_recipe_text("# two\n---\n" + w4 + "--- # next\n" + w8, "r.yaml");
+                 }),
+                 {"r.yaml:7: a second YAML document"});
   // One document between its markers is read.
   EXPECT_EQ(parse_recipe_text("---\n" + w4 + "...\n", "r.yaml").scheme->value, "W4A16");
 }

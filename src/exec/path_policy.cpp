@@ -153,8 +153,8 @@ void refuse_directory_side_file(const std::string& option, const fs::path& file)
   std::error_code ec;
   if (!fs::is_directory(fs::status(file, ec))) return;
   throw usage_error(fmt::format(
-      "{} {}: is a directory; give the path of a file to write, e.g. {} {}", option,
-      file.string(), option, (file / (option == "--report" ? "report.json" : "recipe.yaml")).string()));
+      "{} {}: is a directory; give the path of a file to write, e.g. {} {}", option, file.string(),
+      option, (file / (option == "--report" ? "report.json" : "recipe.yaml")).string()));
 }
 
 void check_side_file(const std::string& option, const fs::path& file) {

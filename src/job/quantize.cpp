@@ -55,7 +55,9 @@ std::uint64_t directory_bytes(const fs::path& dir) {
 constexpr const char* kInterruptedMessage = "interrupted by a signal before OUTPUT was complete";
 
 void check_cancel(const std::atomic<bool>* cancel) {
-  if (cancel != nullptr && cancel->load()) throw Error(ErrorKind::kInterrupted, kInterruptedMessage);
+  if (cancel != nullptr && cancel->load()) {
+    throw Error(ErrorKind::kInterrupted, kInterruptedMessage);
+  }
 }
 
 // Logs the findings that do not stop the run at their severity; throws

@@ -733,17 +733,19 @@ void RolesLint::missing_config(std::vector<Finding>& out) const {
   f.id = "L18";
   f.severity = Severity::kError;
   f.message = checkpoint_.single_file
-                  ? fmt::format("no config.json beside the .safetensors file (in {}): OUTPUT's "
-                                "config.json would hold only quantization_config",
-                                checkpoint_.root.string())
+                  ? fmt::format(
+                        "no config.json beside the .safetensors file (in {}): OUTPUT's "
+                        "config.json would hold only quantization_config",
+                        checkpoint_.root.string())
                   : "INPUT has no config.json: OUTPUT's config.json would hold only "
                     "quantization_config";
   f.message +=
       ", and vLLM reads the model's architecture and sizes from config.json (AutoConfig, "
       "vllm/transformers_utils/config.py: a config without model_type or architectures is "
       "refused), as transformers does: the output could not be loaded";
-  f.fix = "copy the model's config.json into INPUT (beside the .safetensors file), or pass "
-          "--allow-unloadable to write the tensors anyway";
+  f.fix =
+      "copy the model's config.json into INPUT (beside the .safetensors file), or pass "
+      "--allow-unloadable to write the tensors anyway";
   out.push_back(std::move(f));
 }
 

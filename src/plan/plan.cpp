@@ -21,9 +21,9 @@
 
 namespace ctquant {
 
-using nlohmann::json;
 using detail::stacked_key;
 using detail::stacked_layout_problem;
+using nlohmann::json;
 
 const char* fate_name(Fate fate) {
   switch (fate) {

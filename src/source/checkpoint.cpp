@@ -191,7 +191,9 @@ std::string no_safetensors_message(const fs::path& dir, const std::vector<std::s
       pickles.push_back(name);
     }
   }
-  if (pickles.empty()) return fmt::format("{}: no .safetensors file in the directory", dir.string());
+  if (pickles.empty()) {
+    return fmt::format("{}: no .safetensors file in the directory", dir.string());
+  }
   std::string base = dir.string();
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   return fmt::format(
