@@ -545,12 +545,18 @@ TEST(Cli, StdoutWriteErrorsExitOne) {
 // ---- the progress bar, as a person sees it on a terminal ----
 
 // What a terminal shows after the bytes: \r returns to the start of the line,
-// ESC [ K erases to its end, \n starts a new line, other bytes are printed.
-std::vector<std::string> screen_of(const std::string& bytes) {
+// ESC [ K erases to its end, \n starts a new line, other bytes are printed;
+// with a width, a byte printed past the last column starts a new row (the
+// terminal wraps), and \r returns to the start of that row only.
+std::vector<std::string> screen_of(const std::string& bytes, std::size_t width = 0) {
   std::vector<std::string> lines(1);
   std::size_t column = 0;
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     const char c = bytes[i];
+    if (width > 0 && column == width && c != '\r' && c != '\n' && c != '\033') {
+      lines.emplace_back();
+      column = 0;
+    }
     std::string& line = lines.back();
     if (c == '\r') {
       column = 0;
@@ -610,6 +616,29 @@ TEST(Cli, ProgressBarRedrawsOneLineOnATerminal) {
     EXPECT_FALSE(contains(line, "\\x")) << line;
     EXPECT_FALSE(contains(line, " tensors  ")) << "a progress line was left on the screen: " << line;
     EXPECT_EQ(line.find('\033'), std::string::npos) << line;
+  }
+}
+
+// On a 50-column terminal (the pseudo-terminal's size, TIOCGWINSZ) the bar
+// fits in 49 columns: a longer line wraps, and each redraw's carriage return
+// goes back to its last row only, leaving the first ones on the screen.
+TEST(Cli, ProgressBarFitsAFiftyColumnTerminal) {
+  if (run_shell("command -v script >/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "script(1) is not installed (util-linux bsdutils)";
+  }
+  TempDir tmp;
+  write_large_checkpoint(tmp / "in", 8, 1024, 2048);
+  const std::string command = "stty cols 50 rows 24; \"$CTQUANT\" quantize '" +
+                              (tmp / "in").string() + "' '" + (tmp / "out").string() +
+                              "' --threads 1";
+  const CommandResult r = run_shell("script -qfec \"" + command + "\" /dev/null < /dev/null");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string& captured = r.out;
+  ASSERT_TRUE(contains(captured, "\r\033[Kctquant: ")) << captured;
+  for (const std::string& line : screen_of(captured, 50)) {
+    EXPECT_FALSE(contains(line, "B of ") || contains(line, "ETA ") ||
+                 contains(line, "ctquant: writing"))
+        << "a row of the bar was left on the screen: " << line;
   }
 }
 

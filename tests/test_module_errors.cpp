@@ -124,6 +124,7 @@ TEST(ModuleErrorsReport, HandComputedFiguresInTheReport) {
   write_safetensors(tmp / "in" / "model.safetensors",
                     {FakeTensor{"model.layers.0.mlp.down_proj.weight", DType::kBF16, {2, 128},
                                 float_bytes(DType::kBF16, values)}});
+  write_file(tmp / "in" / "config.json", R"({"model_type": "llama"})");
   const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
                                        "--json", "--progress", "none", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

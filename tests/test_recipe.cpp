@@ -329,6 +329,26 @@ TEST(Recipe, MissingFileIsAUsageError) {
                  {"--recipe", "absent.yaml"});
 }
 
+// PyYAML's safe_load (llm-compressor's reader) refuses a stream of several
+// documents; yaml-cpp's Load read the first and dropped the rest silently.
+TEST(Recipe, SecondYamlDocumentIsRefusedNamingItsLine) {
+  const std::string w4 =
+      "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      scheme: W4A16\n";
+  const std::string w8 =
+      "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      scheme: W8A16\n";
+  expect_message(usage_error_of([&] { parse_recipe_text(w4 + "---\n" + w8, "r.yaml"); }),
+                 {"r.yaml:5: a second YAML document starts here ('---')",
+                  "llm-compressor refuses this file too"});
+  expect_message(usage_error_of([&] { parse_recipe_text("---\n" + w4 + "\n---\n", "r.yaml"); }),
+                 {"r.yaml:7: a second YAML document"});
+  expect_message(usage_error_of([&] {
+                   parse_recipe_text("# two\n---\n" + w4 + "--- # next\n" + w8, "r.yaml");
+                 }),
+                 {"r.yaml:7: a second YAML document"});
+  // One document between its markers is read.
+  EXPECT_EQ(parse_recipe_text("---\n" + w4 + "...\n", "r.yaml").scheme->value, "W4A16");
+}
+
 // ---- YAML scalars are typed as PyYAML's safe_load types them ----
 
 TEST(Recipe, ScalarsAreTypedAsPyYamlSafeLoad) {

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include "ctquant/exec/manifest.hpp"
-#include "ctquant/job/progress.hpp"
 #include "ctquant/util/version.hpp"
 #include "json_schema.hpp"
 #include "test_support.hpp"
@@ -185,96 +184,6 @@ TEST(Report, SchemaRejectsBrokenReports) {
     for (const auto& e : errors) all += e + "\n";
     expect_message(all, {c.error});
   }
-}
-
-// ---- progress ----
-
-struct FakeClock {
-  double now = 0;
-};
-
-TEST(Progress, PlainPrintsEveryTenPercentOrFiveSecondsAndTheEnd) {
-  FakeClock clock;
-  std::vector<std::string> lines;
-  ProgressReporter p(
-      ProgressMode::kPlain,
-      [&](std::string_view control, std::string_view s) {
-        EXPECT_EQ(control, "");
-        lines.emplace_back(s);
-      },
-      [&] { return clock.now; });
-  const std::uint64_t total = 1000;
-  // Updates every 0.25 s, 1 byte each, for 10 s (4%: no new tenth).
-  for (int i = 0; i <= 40; ++i) {
-    clock.now = 0.25 * i;
-    p.update(Progress{static_cast<std::uint64_t>(i), total, 0, 10});
-  }
-  // The first update, then one line every 5 s: at 0, 5 and 10 s.
-  ASSERT_EQ(lines.size(), 3u);
-  expect_message(lines[0], {"ctquant: progress", "0.0%", "ETA ?"});
-  expect_message(lines[1], {"2.0%", "20 B of 1000 B", "ETA 4 min 0"});
-  expect_message(lines[2], {"4.0%"});
-  for (const auto& l : lines) EXPECT_EQ(l.back(), '\n');
-  // A jump over two deciles prints at once; within a decile it waits.
-  clock.now = 10.5;
-  p.update(Progress{350, total, 3, 10});
-  clock.now = 10.7;
-  p.update(Progress{380, total, 3, 10});
-  ASSERT_EQ(lines.size(), 4u);
-  expect_message(lines[3], {"35.0%", "3/10 tensors"});
-  // The end is always printed.
-  clock.now = 11.0;
-  p.update(Progress{390, total, 3, 10});
-  clock.now = 12.0;
-  p.update(Progress{1000, total, 10, 10});
-  p.finish();
-  ASSERT_EQ(lines.size(), 5u);
-  expect_message(lines.back(), {"100.0%", "10/10 tensors", "12.0 s"});
-}
-
-TEST(Progress, BarRedrawsOneLineWithBytesAndEta) {
-  FakeClock clock;
-  std::string out;
-  ProgressReporter p(
-      ProgressMode::kBar,
-      [&](std::string_view control, std::string_view s) {
-        EXPECT_EQ(control, ProgressReporter::kRedraw);
-        out += std::string(control) + std::string(s);
-      },
-      [&] { return clock.now; });
-  p.update(Progress{0, 4u << 20, 0, 4});
-  clock.now = 2;
-  p.update(Progress{1u << 20, 4u << 20, 1, 4});
-  expect_message(out, {"\r\033[Kctquant:  25.0%  1.0 MiB of 4.0 MiB  1/4 tensors  512.0 KiB/s  ETA 6 s"});
-  EXPECT_EQ(out.find('\n'), std::string::npos);
-  p.finish();
-  EXPECT_TRUE(out.ends_with("\r\033[K"));
-}
-
-TEST(Progress, NonePrintsNothingAndModesHaveNames) {
-  std::string out;
-  ProgressReporter p(
-      ProgressMode::kNone,
-      [&](std::string_view control, std::string_view s) { out += std::string(control) + std::string(s); },
-      [] { return 0.0; });
-  p.update(Progress{1, 2, 0, 1});
-  p.finish();
-  EXPECT_EQ(out, "");
-  EXPECT_EQ(progress_mode_by_name("plain"), ProgressMode::kPlain);
-  EXPECT_EQ(progress_mode_by_name("bar"), ProgressMode::kBar);
-  EXPECT_EQ(progress_mode_by_name("none"), ProgressMode::kNone);
-  EXPECT_EQ(progress_mode_by_name("fancy"), std::nullopt);
-}
-
-TEST(Progress, PlainIsTheDefaultOffATerminalAndNeverOnStdout) {
-  // run_ctquant captures stderr to a file: not a terminal.
-  test::TempDir dir;
-  const auto r = test::run_ctquant({"quantize",
-                                    (test::golden_dir() / "llama-bf16" / "input").string(),
-                                    (dir / "out").string(), "--no-sync"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, "");
-  expect_message(r.err, {"ctquant: progress 100.0%"}, {"\r", "\033"});
 }
 
 }  // namespace

@@ -656,6 +656,23 @@ void CtquantProcess::signal(int signal_number) const {
   if (pid_ > 0) ::kill(pid_, signal_number);
 }
 
+std::string CtquantProcess::stderr_so_far() const {
+  std::ifstream in(capture_ / "stderr", std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool CtquantProcess::catches(int signal_number) const {
+  if (pid_ <= 0) return false;
+  std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!line.starts_with("SigCgt:")) continue;
+    const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+    return ((mask >> (signal_number - 1)) & 1u) != 0;
+  }
+  return false;
+}
+
 CommandResult CtquantProcess::wait() {
   if (pid_ <= 0) throw std::runtime_error("CtquantProcess::wait: no child");
   int status = 0;

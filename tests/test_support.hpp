@@ -202,6 +202,11 @@ class CtquantProcess {
   bool running() const;
   // Sends a signal to the child.
   void signal(int signal_number) const;
+  // What the child has written to stderr so far ("" before it starts).
+  std::string stderr_so_far() const;
+  // Whether the child catches signal_number (its handler is installed):
+  // the SigCgt mask of /proc/PID/status.
+  bool catches(int signal_number) const;
   // Waits for the child; exit_code is 128 + N when signal N ended it.
   CommandResult wait();
 

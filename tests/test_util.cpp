@@ -1,4 +1,5 @@
-// The text helpers of util/text.hpp on exact inputs, and the directory
+// The text helpers of util/text.hpp (names, lists, byte counts, durations,
+// shell words) on exact inputs, and the directory
 // flush of util/fs.hpp: what it throws and what it ignores.
 #include <gtest/gtest.h>
 
@@ -64,6 +65,42 @@ TEST(ModuleNames, ModuleOfCutsTheLastComponent) {
   EXPECT_EQ(last_component("model.layers.0.self_attn.q_proj"), "q_proj");
   EXPECT_EQ(last_component("lm_head"), "lm_head");
   EXPECT_EQ(last_component("a."), "");
+}
+
+TEST(HumanBytes, BinaryUnitsWithOneOrTwoDecimals) {
+  EXPECT_EQ(human_bytes(0), "0 B");
+  EXPECT_EQ(human_bytes(1023), "1023 B");
+  EXPECT_EQ(human_bytes(1024), "1.0 KiB");
+  EXPECT_EQ(human_bytes(986'419), "963.3 KiB");
+  EXPECT_EQ(human_bytes(880ull << 20), "880.0 MiB");
+  EXPECT_EQ(human_bytes(2'233'382'912), "2.08 GiB");
+}
+
+TEST(GroupedDigits, GroupsThousandsWithCommas) {
+  EXPECT_EQ(grouped_digits(0), "0");
+  EXPECT_EQ(grouped_digits(999), "999");
+  EXPECT_EQ(grouped_digits(1000), "1,000");
+  EXPECT_EQ(grouped_digits(1'234'567), "1,234,567");
+  EXPECT_EQ(grouped_digits(18'446'744'073'709'551'615ull), "18,446,744,073,709,551,615");
+}
+
+TEST(DurationText, SecondsMinutesHours) {
+  EXPECT_EQ(duration_text(0.4), "0 s");
+  EXPECT_EQ(duration_text(4.6), "5 s");
+  EXPECT_EQ(duration_text(59.4), "59 s");
+  EXPECT_EQ(duration_text(125), "2 min 05 s");
+  EXPECT_EQ(duration_text(3780), "1 h 03 min");
+  EXPECT_EQ(duration_text(-3), "0 s");
+}
+
+TEST(ShellWord, QuotesOnlyWhatTheShellWouldSplitOrExpand) {
+  EXPECT_EQ(shell_word("/data/.out.ctquant-tmp-41872-9c1e22a0"),
+            "/data/.out.ctquant-tmp-41872-9c1e22a0");
+  EXPECT_EQ(shell_word("a b"), "'a b'");
+  EXPECT_EQ(shell_word("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_word("$HOME"), "'$HOME'");
+  EXPECT_EQ(shell_word(""), "''");
+  EXPECT_EQ(shell_word(std::string_view("a\0b", 3)), std::string("'a\0b'", 5));
 }
 
 TEST(FsyncDirectory, FlushesAnExistingDirectory) {

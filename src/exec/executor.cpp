@@ -144,14 +144,14 @@ class Executor {
     check_cancel();
     open_outputs();
     if (!observe_jobs_.empty()) {
-      run_jobs(observe_jobs_);
+      run_jobs(observe_jobs_, ProgressPhase::kMseCutoff);
       for (const auto& m : modules_) {
         if (m->observer.mse && !m->cutoff_settled) m->cutoff = mse_cutoff(m->observer, m->improved);
         if (!searches_every_candidate(*m)) m->searched_ranges.clear();
       }
     }
     if (!amax_jobs_.empty()) {
-      run_jobs(amax_jobs_);
+      run_jobs(amax_jobs_, ProgressPhase::kAmax);
       reduce_amax_sets();
       collect_amax_warnings();
       // Modules of another part's files: no quantize job takes their ranges.
@@ -160,7 +160,7 @@ class Executor {
       }
     }
     write_whole_tensors();
-    run_jobs(jobs_);
+    run_jobs(jobs_, ProgressPhase::kWrite);
     check_cancel();
     write_json_files();
     copy_other_files();
@@ -329,7 +329,6 @@ class Executor {
           const TensorDecision& d = plan_.decisions[t.decision];
           const SafetensorsFile& in = ckpt_.shards[d.source.shard];
           add_copy_jobs(s, t, &in, in.header().data_start + ckpt_.entry(d.source).begin, 0);
-          ++tensors_total_;
           continue;
         }
         const ModuleRun& m = *modules_[t.module];
@@ -339,12 +338,10 @@ class Executor {
             // contiguous in the stored tensor, so they are copied as bytes.
             const WeightRows::FileRange r = m.rows.stored_range(0, m.rows.rows());
             if (t.byte_size > 0) add_copy_jobs(s, t, r.file, r.offset, t.module);
-            ++tensors_total_;
             break;
           }
           case PlannedModule::Kind::kDequantize:
             if (t.byte_size > 0) add_row_jobs(jobs_, Job::Kind::kRows, s, &t, t.module);
-            ++tensors_total_;
             break;
           case PlannedModule::Kind::kQuantize:
             // One set of jobs per module, made at its first output tensor.
@@ -356,7 +353,6 @@ class Executor {
               add_row_jobs(amax_jobs_, Job::Kind::kAmax, s, nullptr, t.module);
             }
             add_row_jobs(jobs_, Job::Kind::kQuantize, s, nullptr, t.module);
-            ++tensors_total_;
             break;
         }
       }
@@ -830,10 +826,7 @@ class Executor {
   void job_written(std::size_t job_index) {
     const Job& job = (*current_jobs_)[job_index];
     bytes_done_.fetch_add(job.input_bytes);
-    // The pre-passes read a tensor without writing it.
-    if (job.last_of_tensor && job.kind != Job::Kind::kAmax && job.kind != Job::Kind::kObserve) {
-      tensors_done_.fetch_add(1);
-    }
+    if (job.last_of_tensor) tensors_done_.fetch_add(1);  // a pre-pass's: a module read
   }
 
   void record_error(std::size_t job_index, std::exception_ptr error) {
@@ -846,7 +839,10 @@ class Executor {
   }
 
   Progress progress() const {
-    return Progress{bytes_done_.load(), bytes_total_, tensors_done_.load(), tensors_total_};
+    Progress p = phase_;
+    p.bytes_done = bytes_done_.load();
+    p.tensors_done = tensors_done_.load();
+    return p;
   }
 
   // The input bytes a job reads: file, file offset, length.
@@ -881,10 +877,16 @@ class Executor {
     }
   }
 
-  // Runs a job list on the worker threads; rethrows the error of the
-  // earliest failing job.
-  void run_jobs(const std::vector<Job>& jobs) {
+  // Runs a job list, one phase of the progress with its own totals, on the
+  // worker threads; rethrows the error of the earliest failing job.
+  void run_jobs(const std::vector<Job>& jobs, ProgressPhase phase) {
     current_jobs_ = &jobs;
+    phase_ = Progress{.phase = phase};
+    for (const Job& j : jobs) phase_.bytes_total += j.input_bytes;
+    phase_.tensors_total = static_cast<std::uint64_t>(
+        std::count_if(jobs.begin(), jobs.end(), [](const Job& j) { return j.last_of_tensor; }));
+    bytes_done_.store(0);
+    tensors_done_.store(0);
     next_job_.store(0);
     read_ahead_job_ = 0;
     if (jobs.empty()) return;
@@ -1048,8 +1050,8 @@ class Executor {
   std::uint64_t max_scratch_bytes_ = 0;
   std::uint64_t max_job_rows_ = 0;
   std::array<std::uint64_t, 4> max_out_bytes_{};
-  std::uint64_t bytes_total_ = 0;
-  std::uint64_t tensors_total_ = 0;
+  std::uint64_t bytes_total_ = 0;  // input bytes of every phase
+  Progress phase_;                 // the totals of the phase running
   // Bytes of ranges the cutoff pre-pass kept (reserve_searched_bytes), and
   // the rows each pass searched or reused (ExecuteStats::mse_rows).
   std::atomic<std::uint64_t> searched_bytes_{0};

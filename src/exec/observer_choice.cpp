@@ -332,8 +332,13 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
   }
 
   std::uint64_t bytes_total = 0;
-  for (const MeasureSet& u : sets) bytes_total += u.bytes;
+  std::uint64_t modules_total = 0;
+  for (const MeasureSet& u : sets) {
+    bytes_total += u.bytes;
+    modules_total += u.modules.size();
+  }
   std::atomic<std::uint64_t> bytes_done{0};
+  std::uint64_t modules_done = 0;  // of the sets whose results came (the calling thread's)
   // Progress from the calling thread only: between its own chunks, between
   // results and while it waits for the other threads, at most every 200 ms.
   auto last_progress = std::chrono::steady_clock::now();
@@ -342,7 +347,8 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
     const auto now = std::chrono::steady_clock::now();
     if (now - last_progress < std::chrono::milliseconds(200)) return;
     last_progress = now;
-    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total, 0, 0});
+    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total,
+                                 modules_done, modules_total, ProgressPhase::kChooseObserver});
   };
   const std::function<void()> progress_fn = progress;
   const std::function<void()> no_progress;
@@ -369,10 +375,14 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
       [&](std::size_t u, Measured m) {
         minmax[u] = std::move(m.first);
         mse[u] = std::move(m.second);
+        modules_done += sets[u].modules.size();
         progress();
       },
       progress, std::chrono::milliseconds(200));
-  if (options.on_progress) options.on_progress(Progress{bytes_total, bytes_total, 0, 0});
+  if (options.on_progress) {
+    options.on_progress(Progress{bytes_total, bytes_total, modules_total, modules_total,
+                                 ProgressPhase::kChooseObserver});
+  }
 
   for (std::size_t u = 0; u < sets.size(); ++u) {
     for (std::size_t k = 0; k < sets[u].modules.size(); ++k) {

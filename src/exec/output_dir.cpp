@@ -107,15 +107,19 @@ void check_output_replaceable(const fs::path& output, bool force) {
   std::error_code ec;
   const auto status = fs::symlink_status(output, ec);
   if (!fs::exists(status)) return;
+  // Only a directory can be replaced: --force is offered for nothing else.
+  if (!fs::is_directory(status)) {
+    const char* what = fs::is_regular_file(status) ? "a file"
+                       : fs::is_symlink(status)    ? "a symbolic link"
+                                                   : "a special file";
+    throw usage_error(fmt::format(
+        "OUTPUT {} exists and is {}, not a directory: OUTPUT is a checkpoint directory, and "
+        "--force replaces only such a directory; choose another OUTPUT, or remove {} yourself",
+        output.string(), what, what));
+  }
   if (!force) {
     throw usage_error(
         fmt::format("OUTPUT {} already exists (use --force to replace it)", output.string()));
-  }
-  if (!fs::is_directory(status)) {
-    throw usage_error(
-        fmt::format("OUTPUT {} exists and is not a directory; ctquant replaces only "
-                    "directories with --force",
-                    output.string()));
   }
   // The directory commit() would swap out.
   const std::string why = replace_refusal(absolute_normal(output));

@@ -345,6 +345,7 @@ class PartRun {
       Progress last;
       if (execute_.on_progress) {
         one.on_progress = [&](const Progress& p) {
+          if (p.phase != ProgressPhase::kWrite) return execute_.on_progress(p);  // own totals
           last = p;
           Progress all;
           all.bytes_done = before.bytes_done + p.bytes_done;

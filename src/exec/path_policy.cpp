@@ -147,14 +147,19 @@ std::string first_entry(const fs::path& dir, std::error_code& ec) {
 // A --report or --write-recipe FILE: written through a temporary sibling
 // renamed over it, so it must be (or become) a regular file in a directory
 // ctquant may write in.
+// A directory named as one is said so first, before the rules (a `--report
+// .` would otherwise be refused as the directory that contains OUTPUT).
+void refuse_directory_side_file(const std::string& option, const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::status(file, ec))) return;
+  throw usage_error(fmt::format(
+      "{} {}: is a directory; give the path of a file to write, e.g. {} {}", option, file.string(),
+      option, (file / (option == "--report" ? "report.json" : "recipe.yaml")).string()));
+}
+
 void check_side_file(const std::string& option, const fs::path& file) {
   std::error_code ec;
   const auto status = fs::status(file, ec);
-  if (fs::is_directory(status)) {
-    throw usage_error(
-        fmt::format("{} {}: is a directory; give the path of a file to write", option,
-                    file.string()));
-  }
   if (fs::exists(status) && !fs::is_regular_file(status)) {
     throw usage_error(fmt::format(
         "{} {}: exists and is not a regular file; ctquant writes {} through a temporary file "
@@ -231,6 +236,8 @@ void check_run_paths(const RunPaths& paths) {
                                               paths.recipe->string()));
   }
 
+  if (paths.report) refuse_directory_side_file("--report", *paths.report);
+  if (paths.recipe) refuse_directory_side_file("--write-recipe", *paths.recipe);
   for (const PathRule& rule : kPathRules) {
     for (const auto& [wrole, w] : parties) {
       if (wrole != rule.written) continue;

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
 #include "util/input_file.hpp"
@@ -237,6 +238,7 @@ class HeaderReader {
           in_metadata_ = true;
         } else {
           in_metadata_ = false;
+          poll_cancel();  // a header of 200,000 entries takes a while (util/cancel.hpp)
           // A name given twice is found once every entry is read
           // (refuse_repeated_names).
           entry_ = RawEntry{};
@@ -540,6 +542,7 @@ SafetensorsHeader parse_header(std::string_view header_json, std::uint64_t file_
                                 reader.root_not_object()));
   }
   index_names(header, file_label);
+  poll_cancel();
 
   // Tiling: sorted by begin, every tensor starts where the previous ended,
   // the first at 0 and the last at the end of the file.

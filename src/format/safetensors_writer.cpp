@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -41,6 +42,7 @@ ShardLayout layout_shard(std::span<const TensorSpec> tensors,
   }
   std::uint64_t cursor = 0;
   for (const TensorSpec& t : tensors) {
+    poll_cancel();  // the plan lays out shards of any size (util/cancel.hpp)
     if (!first) json += ',';
     first = false;
     std::uint64_t end = 0;

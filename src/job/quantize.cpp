@@ -10,14 +10,17 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "ctquant/format/config.hpp"
-#include "ctquant/util/error.hpp"
-#include "ctquant/report/inspect.hpp"
-#include "ctquant/scheme/kernel.hpp"
 #include "ctquant/exec/observer_choice.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/path_policy.hpp"
+#include "ctquant/format/config.hpp"
+#include "ctquant/job/lint_policy.hpp"
+#include "ctquant/report/inspect.hpp"
+#include "ctquant/scheme/kernel.hpp"
 #include "ctquant/source/hf_cache.hpp"
+#include "ctquant/util/cancel.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant {
 
@@ -49,17 +52,19 @@ std::uint64_t directory_bytes(const fs::path& dir) {
 
 // A signal that arrives while the checkpoint is opened or planned stops the
 // run before anything is written.
+constexpr const char* kInterruptedMessage = "interrupted by a signal before OUTPUT was complete";
+
 void check_cancel(const std::atomic<bool>* cancel) {
   if (cancel != nullptr && cancel->load()) {
-    throw Error(ErrorKind::kInterrupted, "interrupted by a signal before OUTPUT was complete");
+    throw Error(ErrorKind::kInterrupted, kInterruptedMessage);
   }
 }
 
 // Logs the findings that do not stop the run at their severity; throws
-// Error{kLint} listing the ones that do.
-void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& options) {
-  const auto blocking = blocking_findings(findings, options.strict, options.allow_unloadable);
-  const auto& log = options.logger;
+// Error{kLint} listing the ones that do (lint_policy.hpp).
+void enforce_lint(const std::vector<Finding>& findings, const LintPolicy& policy,
+                  const std::shared_ptr<spdlog::logger>& log) {
+  const auto blocking = blocking_findings(findings, policy);
   for (const Finding& f : findings) {
     if (std::find(blocking.begin(), blocking.end(), &f) != blocking.end() || !log) continue;
     const std::string text = format_finding(f, 8, /*with_severity=*/false);
@@ -67,8 +72,8 @@ void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& o
       case Severity::kError:
         // The user asked for this output: a warning, not an error line in a
         // run that succeeds.
-        log->warn("{} (an error that --allow-unloadable lets through: vLLM may refuse this output)",
-                  text);
+        log->warn("{} (an error that {} lets through: vLLM may refuse this output)", text,
+                  policy.allow.contains(f.id) ? "--allow " + f.id : "--allow-unloadable");
         break;
       case Severity::kWarning:
         log->warn("{}", text);
@@ -80,30 +85,9 @@ void enforce_lint(const std::vector<Finding>& findings, const QuantizeOptions& o
   }
   if (blocking.empty()) return;
   std::string message = "lint stopped quantize; nothing was written:\n";
-  std::size_t errors = 0;
-  for (const Finding* f : blocking) {
-    message += format_finding(*f) + "\n";
-    if (f->severity == Severity::kError) ++errors;
-  }
-  message += fmt::format(
-      "{} finding(s) stop the run{}. Apply the fixes above{}{}.", blocking.size(),
-      options.strict ? " (--strict makes warnings stop it)" : "",
-      errors > 0 ? ", or pass --allow-unloadable to write a checkpoint vLLM may refuse" : "",
-      blocking.size() > errors ? (errors > 0 ? ", and drop --strict to let warnings pass"
-                                             : ", or drop --strict to let warnings pass")
-                               : "");
+  for (const Finding* f : blocking) message += format_finding(*f) + "\n";
+  message += lint_stop_advice(blocking, policy);
   throw Error(ErrorKind::kLint, message);
-}
-
-// A path as one word of a POSIX shell command.
-std::string shell_word(const std::string& path) {
-  const bool plain = !path.empty() && std::all_of(path.begin(), path.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("/._-+=:,@%", c) != nullptr;
-  });
-  if (plain) return path;
-  std::string out = "'";
-  for (const char c : path) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
 }
 
 // Names what earlier runs that died left beside the paths this run writes
@@ -140,7 +124,8 @@ void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs
 // read. A dry run does not read the weights: its plan keeps min-max.
 template <class Lap>
 void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& options,
-                          const LintOptions& lint, QuantizeSummary& summary, Lap& lap) {
+                          const LintOptions& lint, const LintPolicy& policy,
+                          QuantizeSummary& summary, Lap& lap) {
   const auto& log = options.logger;
   if (options.dry_run) {
     if (log) {
@@ -150,9 +135,7 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
     return;
   }
   const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
-  if (!blocking_findings(first, options.strict, options.allow_unloadable).empty()) {
-    enforce_lint(first, options);
-  }
+  if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
   summary.phases.lint = lap();
   ObserverChoiceOptions choose;
   choose.threads = options.threads;
@@ -186,6 +169,10 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     last = now;
     return seconds;
   };
+  // Opening, planning, lint and the plan's rendering (on_plan) poll the
+  // cancel flag in their loops (util/cancel.hpp); the writing checks it
+  // between jobs, phases and files.
+  const CancelScope cancel_scope(options.cancel, kInterruptedMessage);
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
   if (options.stage && !options.part && !options.resume) {
@@ -198,6 +185,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         options.part ? "--part" : "--resume"));
   }
   check_plan_options(options.plan);  // usage errors before any file is read
+  const LintPolicy policy = make_lint_policy(options.strict, options.allow_unloadable,
+                                             options.lint_allow, options.lint_error);
 
   const fs::path input = resolve_checkpoint_input(options.input, options.revision);
   if (log && input != options.input) {
@@ -254,11 +243,12 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_cancel(options.cancel);
   LintOptions lint;
   lint.tp = options.tp;
-  if (options.auto_observer) choose_observers_for(checkpoint, options, lint, summary, lap);
+  if (options.auto_observer) choose_observers_for(checkpoint, options, lint, policy, summary, lap);
   summary.findings = run_lint(checkpoint, summary.plan, lint);
   summary.phases.lint += lap();
+  check_cancel(options.cancel);
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
-  enforce_lint(summary.findings, options);
+  enforce_lint(summary.findings, policy, log);
   summary.tensors_quantized = summary.plan.n_quantized;
   summary.tensors_copied = summary.plan.n_copied;
   summary.tensors_dequantized = summary.plan.n_dequantized;
@@ -272,16 +262,13 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   summary.bytes_in = checkpoint.total_file_bytes();
   if (checkpoint.has_index) summary.bytes_in += file_bytes(checkpoint.root / kIndexFileName);
   if (checkpoint.config) summary.bytes_in += file_bytes(checkpoint.root / kConfigFileName);
-  if (log && !checkpoint.config) {
-    log->warn("{}: no config.json; writing one that holds only quantization_config",
-              options.input.string());
-  }
   if (options.dry_run) {
     summary.bytes_out = expected_output_bytes(checkpoint, summary.plan);
     summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     return summary;
   }
 
+  if (options.before_writing) options.before_writing();
   ExecuteOptions exec;
   exec.threads = options.threads;
   exec.chunk_bytes = options.chunk_bytes;

@@ -14,6 +14,7 @@
 #include "ctquant/model/fused_groups.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "lint/lint_context.hpp"
@@ -160,9 +161,10 @@ constexpr Severity kInfo = Severity::kInfo;
 constexpr std::nullopt_t kOnly = std::nullopt;
 
 // The rules in the order run_lint runs them, which is the order findings
-// are listed in (not quite the ids' order: L10 and L11 before L9, L14
-// before L12). What each checks is docs/cli.md's lint table, the row at its
-// anchor (tests/test_lint.cpp checks ids, severities and anchors against it).
+// are listed in (not quite the ids' order: L18 beside L1, which looks at
+// the same entries; L10 and L11 before L9, L14 before L12). What each
+// checks is docs/cli.md's lint table, the row at its anchor
+// (tests/test_lint.cpp checks ids, severities and anchors against it).
 constexpr LintRule kLintRules[] = {
     {"L1", kWarning, kInfo, "entry matched no module", "lint-l1", unmatched_entries},
     {"L18", kError, kOnly, "regular expression without re:", "lint-l18", regex_like_entries},
@@ -191,6 +193,7 @@ constexpr LintRule kLintRules[] = {
      on_roles<&RolesLint::engine_modules>},
     {"L17", kWarning, kOnly, "untied model without an output head", "lint-l17",
      on_roles<&RolesLint::missing_head>},
+    {"L19", kError, kOnly, "no config.json", "lint-l19", on_roles<&RolesLint::missing_config>},
 };
 
 std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
@@ -250,7 +253,10 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
   const detail::RolesLint roles(checkpoint, plan);
   const detail::LintRun run{ctx, roles, options};
   std::vector<Finding> findings;
-  for (const LintRule& rule : kLintRules) rule.run(run, findings);
+  for (const LintRule& rule : kLintRules) {
+    poll_cancel();  // a signal stops a long lint between rules (util/cancel.hpp)
+    rule.run(run, findings);
+  }
   if (check_fixes) {
     const std::vector<Finding> as_found = findings;
     for (Finding& f : findings) check_option_fix(checkpoint, plan, options, as_found, f);

@@ -16,6 +16,7 @@
 #include "ctquant/format/matcher.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant::detail {
@@ -42,6 +43,7 @@ struct LintContext {
 
   LintContext(const Checkpoint& c, const QuantizePlan& p) : checkpoint(c), plan(p) {
     for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
+      poll_cancel();
       const TensorDecision& d = plan.decisions[i];
       if (d.module.empty()) continue;
       auto& list = decisions_of[d.module];

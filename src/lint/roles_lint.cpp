@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/model/fused_groups.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant::detail {
@@ -111,7 +112,10 @@ RolesLint::RolesLint(const Checkpoint& checkpoint, const QuantizePlan& plan)
     : checkpoint_(checkpoint),
       plan_(plan),
       rules_(plan.roles, plan.options.ignore, all_targets(plan.options)) {
-  for (const TensorDecision& d : plan.decisions) by_tensor_.emplace(d.name, &d);
+  for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
+    by_tensor_.emplace(d.name, &d);
+  }
   mismatches_ = find_mismatches();
 }
 
@@ -128,6 +132,7 @@ bool RolesLint::planned_packed(const ModuleInfo& m) const {
 std::vector<RolesLint::Mismatch> RolesLint::find_mismatches() const {
   std::vector<Mismatch> out;
   for (const ModuleInfo& m : plan_.roles.modules) {
+    poll_cancel();
     if (m.build == VllmBuild::kPlain || m.role == ModuleRole::kParameter ||
         m.role == ModuleRole::kNorm || m.role == ModuleRole::kStackedExperts) {
       continue;
@@ -722,6 +727,28 @@ void RolesLint::missing_head(std::vector<Finding>& out) const {
   f.fix =
       "add the head's tensor to INPUT (a partial download or a --only-layers sample lacks it), "
       "or set tie_word_embeddings: true if the model shares the embedding";
+  out.push_back(std::move(f));
+}
+
+void RolesLint::missing_config(std::vector<Finding>& out) const {
+  if (checkpoint_.config) return;
+  Finding f;
+  f.id = "L19";
+  f.severity = Severity::kError;
+  f.message = checkpoint_.single_file
+                  ? fmt::format(
+                        "no config.json beside the .safetensors file (in {}): OUTPUT's "
+                        "config.json would hold only quantization_config",
+                        checkpoint_.root.string())
+                  : "INPUT has no config.json: OUTPUT's config.json would hold only "
+                    "quantization_config";
+  f.message +=
+      ", and vLLM reads the model's architecture and sizes from config.json (AutoConfig, "
+      "vllm/transformers_utils/config.py: a config without model_type or architectures is "
+      "refused), as transformers does: the output could not be loaded";
+  f.fix =
+      "copy the model's config.json into INPUT (beside the .safetensors file), or pass "
+      "--allow-unloadable to write the tensors anyway";
   out.push_back(std::move(f));
 }
 

@@ -1,5 +1,6 @@
 // Lint rules that read the module roles (roles.hpp) and vLLM's matching
-// rules (vllm_match.hpp): L2, L7, L12, L13, L15, L16 and L17. Private to the
+// rules (vllm_match.hpp): L2, L7, L12, L13, L15, L16 and L17; and L19, the
+// checkpoint's config.json that vLLM reads the model from. Private to the
 // lint module; each method is the run function of its row of lint_rules()
 // (src/lint/lint.cpp), and what it checks is its row of docs/cli.md's lint
 // table.
@@ -27,6 +28,7 @@ class RolesLint {
   void sixteen_bit_share(std::vector<Finding>& out) const;   // L15
   void engine_modules(std::vector<Finding>& out) const;      // L16
   void missing_head(std::vector<Finding>& out) const;        // L17
+  void missing_config(std::vector<Finding>& out) const;      // L19
 
  private:
   struct Mismatch {

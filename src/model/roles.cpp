@@ -9,6 +9,7 @@
 
 #include "ctquant/format/matcher.hpp"
 #include "ctquant/model/vllm_match.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -355,102 +356,6 @@ void size_stacked(StackedExperts& s, const std::vector<std::uint64_t>& shape,
 
 }  // namespace
 
-const char* role_name(ModuleRole role) {
-  switch (role) {
-    case ModuleRole::kLinear:
-      return "linear";
-    case ModuleRole::kExpert:
-      return "expert";
-    case ModuleRole::kStackedExperts:
-      return "stacked experts";
-    case ModuleRole::kEmbedding:
-      return "embedding";
-    case ModuleRole::kHead:
-      return "output head";
-    case ModuleRole::kRouter:
-      return "router";
-    case ModuleRole::kSharedExpertGate:
-      return "shared-expert gate";
-    case ModuleRole::kPlainLinear:
-      return "plain linear";
-    case ModuleRole::kDraftKeep:
-      return "draft module kept";
-    case ModuleRole::kNorm:
-      return "norm";
-    case ModuleRole::kParameter:
-      return "parameter";
-  }
-  return "?";
-}
-
-const char* component_name(Component component) {
-  switch (component) {
-    case Component::kLanguage:
-      return "language model";
-    case Component::kVision:
-      return "vision tower";
-    case Component::kAudio:
-      return "audio tower";
-    case Component::kProjector:
-      return "projector";
-    case Component::kMtp:
-      return "MTP layer";
-    case Component::kDraft:
-      return "draft model";
-  }
-  return "?";
-}
-
-const char* vllm_build_name(VllmBuild build) {
-  switch (build) {
-    case VllmBuild::kQuantizable:
-      return "quantizable";
-    case VllmBuild::kIfTargeted:
-      return "quantized only if targeted";
-    case VllmBuild::kPlain:
-      return "always 16-bit";
-  }
-  return "?";
-}
-
-const char* default_action_name(DefaultAction action) {
-  switch (action) {
-    case DefaultAction::kQuantize:
-      return "quantize";
-    case DefaultAction::kKeep:
-      return "keep";
-    case DefaultAction::kRefuse:
-      return "refuse";
-  }
-  return "?";
-}
-
-const char* orientation_name(StackedExperts::Orientation orientation) {
-  switch (orientation) {
-    case StackedExperts::Orientation::kOutIn:
-      return "[E, out, in]";
-    case StackedExperts::Orientation::kInOut:
-      return "[E, in, out]";
-    case StackedExperts::Orientation::kUnknown:
-      return "unknown";
-  }
-  return "?";
-}
-
-const char* proof_name(StackedExperts::Proof proof) {
-  switch (proof) {
-    case StackedExperts::Proof::kShape:
-      return "proven by the dims";
-    case StackedExperts::Proof::kSibling:
-      return "proven by the layer's other stacked tensor";
-    case StackedExperts::Proof::kFamily:
-      return "the family's documented layout, not proven by the dims";
-    case StackedExperts::Proof::kNone:
-      return "not proven";
-  }
-  return "?";
-}
-
 const ModuleInfo* RoleAnalysis::find(std::string_view module) const {
   const auto it = index.find(module);
   return it == index.end() ? nullptr : &modules[it->second];
@@ -747,6 +652,7 @@ RoleAnalysis analyze_roles(const std::optional<json>& config, const TensorList& 
   const std::set<std::string> weight_modules = weight_modules_of(tensors);
 
   for (const auto& [name, shape] : tensors) {
+    poll_cancel();  // a signal stops the roles of a huge checkpoint (util/cancel.hpp)
     const bool stacked_tensor = is_3d_expert_tensor(name, shape);
     if (shape.size() != 2 && !stacked_tensor) continue;
     if (name.find(':') != std::string::npos) continue;  // torchao layout, refused by the plan

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant {
@@ -42,6 +43,7 @@ VllmLoadRules::VllmLoadRules(const RoleAnalysis& roles, std::vector<std::string>
   // packed_modules_mapping: the fused layers whose shards the role analysis
   // tests under their own names.
   for (const ModuleInfo& m : roles.modules) {
+    poll_cancel();  // lint builds these rules for every module (util/cancel.hpp)
     if (m.vllm_layer == m.vllm_name || m.role == ModuleRole::kExpert ||
         m.role == ModuleRole::kStackedExperts) {
       continue;

@@ -1,7 +1,6 @@
 #include "plan/fates.hpp"
 
 #include <algorithm>
-#include <array>
 #include <set>
 #include <utility>
 
@@ -11,7 +10,9 @@
 #include "ctquant/format/targets.hpp"
 #include "ctquant/model/fused_groups.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
+#include "plan/stacked_experts.hpp"
 
 namespace ctquant::detail {
 
@@ -192,90 +193,6 @@ std::string not_a_candidate(const std::string& name, const std::string& module,
   return {};
 }
 
-// ---- stacked 3-D experts (schemes.md 8) ----
-
-constexpr std::array<std::string_view, 2> kStackedKeys = {"gate_up_proj", "down_proj"};
-
-// The key of a stacked expert tensor name ("gate_up_proj" or "down_proj"),
-// as model_free's split_fused_moe_experts finds it (a substring test).
-// Sets `both` when the name holds both keys.
-std::optional<std::string_view> stacked_key(const std::string& name, bool& both) {
-  std::optional<std::string_view> key;
-  both = false;
-  for (const std::string_view k : kStackedKeys) {
-    if (name.find(k) != std::string::npos) {
-      if (key) both = true;
-      key = k;
-    }
-  }
-  return key;
-}
-
-// A config value of the language model: config[key], or text_config[key].
-std::optional<std::uint64_t> text_config_number(const std::optional<json>& config,
-                                                const char* key) {
-  if (!config || !config->is_object()) return std::nullopt;
-  for (const json* c :
-       {&*config, config->contains("text_config") ? &config->at("text_config") : nullptr}) {
-    if (c == nullptr || !c->is_object()) continue;
-    const auto it = c->find(key);
-    if (it != c->end() && it->is_number_unsigned()) return it->get<std::uint64_t>();
-  }
-  return std::nullopt;
-}
-
-std::string model_type(const std::optional<json>& config) {
-  if (!config || !config->is_object()) return {};
-  const auto it = config->find("model_type");
-  return it != config->end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-// A stacked tensor's layout, proven from config.json: each expert slice
-// must be an [out_features, in_features] Linear weight (the transformers-v5
-// layout gate_up_proj [E, 2I, H], down_proj [E, H, I]). Returns why it
-// cannot be split, or "" when it can.
-std::string stacked_layout_problem(const Checkpoint& checkpoint, std::string_view key,
-                                   const std::vector<std::uint64_t>& shape) {
-  const std::string type = model_type(checkpoint.config);
-  if (type == "gpt_oss") {
-    return "gpt-oss stores gate and up interleaved along the last dimension ([E, H, 2I]), and "
-           "vLLM's gpt-oss loader reads only the stacked tensors: they cannot be split into "
-           "per-expert weights (keep them in 16 bits: --ignore a pattern matching them, or "
-           "--allow-unloadable)";
-  }
-  const auto hidden = text_config_number(checkpoint.config, "hidden_size");
-  auto inter = text_config_number(checkpoint.config, "moe_intermediate_size");
-  if (!inter) inter = text_config_number(checkpoint.config, "intermediate_size");
-  if (!hidden) {
-    return fmt::format("{} has no hidden_size to prove which dimension of {} is in_features",
-                       kConfigFileName, shape_string(shape));
-  }
-  const bool gate_up = key == "gate_up_proj";
-  const std::uint64_t out = shape[1];
-  const std::uint64_t in = shape[2];
-  // gate_up_proj [E, 2I, H]: in_features H; down_proj [E, H, I]: out_features H.
-  const std::uint64_t hidden_dim = gate_up ? in : out;
-  if (hidden_dim != *hidden) {
-    return fmt::format(
-        "its dimension {} of {} is {}, not hidden_size {}: the experts are not stored [E, out, "
-        "in] (Llama 4 stores [E, in, out]); ctquant splits only the transformers-v5 layout {}",
-        gate_up ? 2 : 1, shape_string(shape), hidden_dim, *hidden,
-        gate_up ? "gate_up_proj [E, 2I, H]" : "down_proj [E, H, I]");
-  }
-  if (gate_up) {
-    if (out % 2 != 0) {
-      return fmt::format("gate_up_proj expects a second dimension divisible by 2 but got {}", out);
-    }
-    if (inter && out != 2 * *inter) {
-      return fmt::format("its second dimension {} is not 2 x the intermediate size {}", out,
-                         *inter);
-    }
-  } else if (inter && in != *inter) {
-    return fmt::format("its last dimension {} is not the intermediate size {}", in, *inter);
-  }
-  return {};
-}
-
 // The input's own ignore list (compressed-tensors), matched with the same
 // semantics as --ignore (section 2). A pattern that does not compile is bad
 // input here, not a usage error.
@@ -412,6 +329,7 @@ class FateDecider {
     const auto& tensors = checkpoint_.shards[s].header().tensors;
     std::vector<std::string> colon_names;  // tensors of this shard with ':' in their names
     for (std::size_t e = 0; e < tensors.size(); ++e) {
+      poll_cancel();
       const TensorEntry& t = tensors[e];
       std::vector<std::string> found;  // this tensor's problems
       plan_.decisions.push_back(decide_tensor(s, e, file, colon_names, found));

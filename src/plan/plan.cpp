@@ -14,6 +14,7 @@
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
 #include "plan/fates.hpp"
@@ -57,7 +58,7 @@ SchemeGroup preset_group(const std::string& preset) {
                                   p->refused, preset_names()));
   }
   SchemeGroup g;
-  g.name = preset;
+  g.name = p->name;  // canonical: --scheme w4a16 writes group W4A16
   g.weights = p->weights;
   g.input_activations =
       p->input_activations.empty() ? json(nullptr) : json::parse(p->input_activations);
@@ -225,6 +226,7 @@ void count_linear_params(const Checkpoint& checkpoint, QuantizePlan& plan) {
   std::map<std::string, const ModuleInfo*> role_of;  // tensor -> its role
   for (const ModuleInfo& m : plan.roles.modules) role_of.emplace(m.tensor, &m);
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     const auto it = role_of.find(d.name);
     if (it == role_of.end() || !is_linear_weight_role(it->second->role)) continue;
     std::uint64_t params = 1;
@@ -285,6 +287,7 @@ std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
                                                    QuantizePlan& plan, std::size_t s) {
   std::vector<PlannedTensor> tensors;
   for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
+    poll_cancel();
     const TensorDecision& d = plan.decisions[i];
     if (d.source.shard != s) continue;
     const TensorEntry& t = checkpoint.entry(d.source);
@@ -352,21 +355,29 @@ std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
 // written twice; then the data layout of the safetensors writer (section 5
 // of the format spec): dtypes in the writer's order, largest first, then
 // names, which puts every tensor at a multiple of its element size.
+// Sorted as indices, each tensor moved once: a shard may hold 200,000.
 void order_shard_tensors(ShardPlan& shard) {
-  std::sort(shard.tensors.begin(), shard.tensors.end(),
-            [](const PlannedTensor& a, const PlannedTensor& b) { return a.name < b.name; });
-  for (std::size_t i = 1; i < shard.tensors.size(); ++i) {
-    if (shard.tensors[i].name == shard.tensors[i - 1].name) {
+  const std::vector<PlannedTensor>& t = shard.tensors;
+  std::vector<std::size_t> order(t.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return t[a].name < t[b].name; });
+  poll_cancel();
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    if (t[order[i]].name == t[order[i - 1]].name) {
       throw bad_input(
           fmt::format("{}: output tensor '{}' would be written twice (the input "
                       "already holds a tensor of that name)",
-                      shard.file_name, shard.tensors[i].name));
+                      shard.file_name, t[order[i]].name));
     }
   }
-  std::stable_sort(shard.tensors.begin(), shard.tensors.end(),
-                   [](const PlannedTensor& a, const PlannedTensor& b) {
-                     return dtype_writer_order(a.dtype) > dtype_writer_order(b.dtype);
-                   });
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return dtype_writer_order(t[a].dtype) > dtype_writer_order(t[b].dtype);
+  });
+  std::vector<PlannedTensor> ordered;
+  ordered.reserve(order.size());
+  for (const std::size_t i : order) ordered.push_back(std::move(shard.tensors[i]));
+  shard.tensors = std::move(ordered);
 }
 
 // Lays out one output shard (its tensors ordered): header, offsets, size;
@@ -376,6 +387,7 @@ void lay_out_shard(ShardPlan& shard, QuantizePlan& plan, json& weight_map) {
   std::vector<TensorSpec> specs;
   specs.reserve(shard.tensors.size());
   for (const PlannedTensor& t : shard.tensors) {
+    poll_cancel();
     specs.push_back(TensorSpec{t.name, t.dtype, t.shape, t.byte_size});
     if (weight_map.contains(t.name)) {
       throw bad_input(fmt::format("output tensor '{}' would be written to {} and {}", t.name,
@@ -421,10 +433,10 @@ json plan_output_shards(const Checkpoint& checkpoint, QuantizePlan& plan) {
 // The index (model_free_ptq writes one for every checkpoint, a
 // single file too: schemes.md 1, step 8), config.json with its
 // quantization_config, and the files copied as they are.
-void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan,
-                           const json& weight_map) {
-  plan.index = json{{"metadata", {{"total_size", plan.tensor_bytes_out}}},
-                    {"weight_map", weight_map}};
+void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan, json weight_map) {
+  plan.index = json::object();
+  plan.index["metadata"] = {{"total_size", plan.tensor_bytes_out}};
+  plan.index["weight_map"] = std::move(weight_map);
   plan.config = output_config(checkpoint.config,
                               plan_quantization_config(plan.options, plan.group_modules));
   plan.copied_files = checkpoint.other_files;
@@ -433,13 +445,18 @@ void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan,
 }  // namespace
 
 QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
+  // A signal stops a long plan (poll_cancel, util/cancel.hpp): between the
+  // stages and inside their loops over tensors.
   check_plan_options(given);
   QuantizePlan plan = start_plan(checkpoint, given);
+  poll_cancel();
   detail::decide_fates(checkpoint, plan);
   check_weight_row_sizes(checkpoint, plan);
   assign_amax_sets(checkpoint, plan);
-  const json weight_map = plan_output_shards(checkpoint, plan);
-  plan_index_and_config(checkpoint, plan, weight_map);
+  poll_cancel();
+  json weight_map = plan_output_shards(checkpoint, plan);
+  poll_cancel();
+  plan_index_and_config(checkpoint, plan, std::move(weight_map));
   count_linear_params(checkpoint, plan);
   return plan;
 }

@@ -206,6 +206,7 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
                                       at, preset_names()));
       }
       SchemeGroup g = preset_group(name);
+      g.name = name;  // the file's own key
       g.targets = string_list(group, at);
       if (g.targets.empty()) g.targets = {"Linear"};
       options.groups.push_back(std::move(g));

@@ -13,6 +13,7 @@
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/report/roles_report.hpp"
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 
@@ -21,26 +22,7 @@ namespace ctquant {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string human_bytes(std::uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
-  return fmt::format("{} B", bytes);
-}
-
 namespace {
-
-// 1234567 -> "1,234,567".
-std::string grouped(std::uint64_t n) {
-  std::string digits = std::to_string(n);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
 
 std::uint64_t file_bytes(const fs::path& path) {
   std::error_code ec;
@@ -150,16 +132,16 @@ std::string render_inventory_text(const Inventory& inv) {
   for (const auto& t : inv.tensors) {
     text +=
         fmt::format("  {:<{}}  {:<11}  {:<{}}  {:>13}  {}\n", t.name, name_w, dtype_tag(t.dtype),
-                    shape_string(t.shape), shape_w, grouped(t.bytes), t.shard);
+                    shape_string(t.shape), shape_w, grouped_digits(t.bytes), t.shard);
   }
   text += "by dtype:\n";
   for (const auto& d : inv.by_dtype) {
     text += fmt::format("  {:<11}  {:>6} tensors  {:>16} elements  {:>11}\n", dtype_tag(d.dtype),
-                        d.tensors, grouped(d.elements), human_bytes(d.bytes));
+                        d.tensors, grouped_digits(d.elements), human_bytes(d.bytes));
   }
   text += fmt::format("total: {}, {} parameters (stored elements), {} ({} bytes)\n",
-                      plural(inv.tensors.size(), "tensor"), grouped(inv.elements),
-                      human_bytes(inv.tensor_bytes), grouped(inv.tensor_bytes));
+                      plural(inv.tensors.size(), "tensor"), grouped_digits(inv.elements),
+                      human_bytes(inv.tensor_bytes), grouped_digits(inv.tensor_bytes));
   if (!inv.other_files.empty()) {
     std::string files;
     for (const auto& f : inv.other_files) files += (files.empty() ? "" : ", ") + f;
@@ -276,17 +258,15 @@ std::string render_amax_sets_text(const QuantizePlan& plan) {
   return text;
 }
 
-}  // namespace
-
-namespace {
-
-// Each module's output tensors, in layout order, found in one pass over the
-// shards (a module's outputs are all in its shard).
+// The output tensors of each planned module, in shard order: one pass over
+// the shards (a module's outputs are all in its shard).
 std::vector<std::vector<const PlannedTensor*>> module_outputs(const QuantizePlan& plan) {
   std::vector<std::vector<const PlannedTensor*>> out(plan.modules.size());
   for (const ShardPlan& shard : plan.shards) {
     for (const PlannedTensor& t : shard.tensors) {
-      if (t.source == PlannedTensor::Source::kModule) out[t.module].push_back(&t);
+      if (t.source == PlannedTensor::Source::kModule && t.module < out.size()) {
+        out[t.module].push_back(&t);
+      }
     }
   }
   return out;
@@ -319,6 +299,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   std::size_t name_w = 6;
   std::size_t shape_w = 5;
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     fate_w = std::max(fate_w, std::string(fate_name(d.fate)).size());
     name_w = std::max(name_w, d.name.size());
     shape_w = std::max(shape_w, shape_string(checkpoint.entry(d.source).shape).size());
@@ -326,6 +307,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", "FATE", fate_w, "TENSOR", name_w,
                       "DTYPE", "SHAPE", shape_w, "RULE");
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     const TensorEntry& t = checkpoint.entry(d.source);
     text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", fate_name(d.fate), fate_w, d.name,
                         name_w, dtype_tag(t.dtype), shape_string(t.shape), shape_w, d.rule);
@@ -342,13 +324,14 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
       module_w = std::max(module_w, m.name.size());
       module_shape_w = std::max(module_shape_w, module_shape(m).size());
     }
-    const auto outputs_of = module_outputs(plan);
+    const std::vector<std::vector<const PlannedTensor*>> outputs_of = module_outputs(plan);
     for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+      poll_cancel();
       const PlannedModule& m = plan.modules[mi];
       std::uint64_t bytes = 0;
       std::string outputs;
-      for (const PlannedTensor* tp : outputs_of[mi]) {
-        const PlannedTensor& t = *tp;
+      for (const PlannedTensor* output : outputs_of[mi]) {
+        const PlannedTensor& t = *output;
         bytes += t.byte_size;
         outputs += fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ",
                                t.name.substr(m.name.size() + 1), dtype_tag(t.dtype),
@@ -359,7 +342,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
                                : m.kind == PlannedModule::Kind::kDequantize ? "BF16 (dequantized)"
                                                                             : "16-bit (kept)";
       text += fmt::format("  {:<{}}  {:<{}}  {}: {} ({} bytes)\n", m.name, module_w,
-                          module_shape(m), module_shape_w, what, outputs, grouped(bytes));
+                          module_shape(m), module_shape_w, what, outputs, grouped_digits(bytes));
     }
   }
   text += render_amax_sets_text(plan);
@@ -393,7 +376,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   for (const ShardPlan& s : plan.shards) {
     text +=
         fmt::format("  {}  {}  {} ({} bytes)\n", s.file_name, plural(s.tensors.size(), "tensor"),
-                    human_bytes(s.file_size), grouped(s.file_size));
+                    human_bytes(s.file_size), grouped_digits(s.file_size));
   }
   std::string files = std::string(kIndexFileName) + ", " + kConfigFileName;
   for (const auto& f : plan.copied_files) files += ", " + f;
@@ -401,7 +384,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   const std::uint64_t out = expected_output_bytes(checkpoint, plan);
   const std::uint64_t in = input_bytes(checkpoint);
   text += fmt::format("expected output size: {} ({} bytes); input {}{}\n", human_bytes(out),
-                      grouped(out), human_bytes(in),
+                      grouped_digits(out), human_bytes(in),
                       out == 0 ? std::string()
                                : fmt::format(", ratio {:.2f}x",
                                              static_cast<double>(in) / static_cast<double>(out)));
@@ -412,6 +395,7 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   const PlanOptions& o = plan.options;
   json tensors = json::array();
   for (const TensorDecision& d : plan.decisions) {
+    poll_cancel();
     const TensorEntry& t = checkpoint.entry(d.source);
     tensors.push_back(
         json{{"name", d.name},
@@ -443,12 +427,13 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
                           {"modules", plan.group_modules[g]}});
   }
   json modules = json::array();
-  const auto outputs_of = module_outputs(plan);
+  const std::vector<std::vector<const PlannedTensor*>> outputs_of = module_outputs(plan);
   for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+    poll_cancel();
     const PlannedModule& m = plan.modules[mi];
     json outs = json::array();
-    for (const PlannedTensor* tp : outputs_of[mi]) {
-      const PlannedTensor& t = *tp;
+    for (const PlannedTensor* output : outputs_of[mi]) {
+      const PlannedTensor& t = *output;
       outs.push_back(json{{"name", t.name},
                           {"dtype", dtype_tag(t.dtype)},
                           {"shape", t.shape},

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/source/hf_cache.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "util/input_file.hpp"
@@ -178,6 +179,31 @@ void check_link_inside(const fs::path& path, const fs::path& dir, bool follow_li
       "{}: is a symbolic link to {}, outside the checkpoint directory {}; ctquant reads only "
       "files inside INPUT's directory unless --follow-symlinks is given",
       path.string(), ec ? std::string("a missing file") : target.string(), dir.string()));
+}
+
+// Why a directory without a .safetensors file cannot be read, and, when it
+// holds PyTorch weights (pytorch_model*.bin, *.pt, *.pth), how to convert
+// them: transformers' save_pretrained writes safetensors.
+std::string no_safetensors_message(const fs::path& dir, const std::vector<std::string>& files) {
+  std::vector<std::string> pickles;
+  for (const std::string& name : files) {
+    if (name.ends_with(".bin") || name.ends_with(".pt") || name.ends_with(".pth")) {
+      pickles.push_back(name);
+    }
+  }
+  if (pickles.empty()) {
+    return fmt::format("{}: no .safetensors file in the directory", dir.string());
+  }
+  std::string base = dir.string();
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  return fmt::format(
+      "{}: no .safetensors file in the directory, only PyTorch weights ({}), which ctquant does "
+      "not read (a pickle runs code when it is loaded); convert them to safetensors first, e.g. "
+      "python3 -c \"from transformers import AutoModelForCausalLM as M; "
+      "M.from_pretrained('{}', torch_dtype='auto').save_pretrained('{}-safetensors')\" "
+      "(save_pretrained writes model.safetensors shards and config.json), then quantize that "
+      "directory",
+      dir.string(), join(pickles, 3), base, base);
 }
 
 }  // namespace
@@ -367,7 +393,7 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
       }
       shard_names = safetensors_files;
     } else if (safetensors_files.empty()) {
-      throw bad_input(fmt::format("{}: no .safetensors file in the directory", input.string()));
+      throw bad_input(no_safetensors_message(input, files));
     } else {
       throw bad_input(
           fmt::format("{}: {} .safetensors files but no {} to say which are shards of "
@@ -420,6 +446,7 @@ Checkpoint open_checkpoint(const fs::path& input, const OpenOptions& options) {
   for (std::size_t s = 0; s < ckpt.shards.size(); ++s) {
     const auto& header = ckpt.shards[s].header();
     for (std::size_t e = 0; e < header.tensors.size(); ++e) {
+      poll_cancel();
       const std::string& name = header.tensors[e].name;
       if (ckpt.has_index && !ckpt.index["weight_map"].contains(name)) {
         // Still part of the model: vLLM reads every tensor of each file the

@@ -59,13 +59,16 @@ std::string repo_folder_name(std::string_view repo_id) {
   return name;
 }
 
-std::string not_cached(std::string_view repo_id, const fs::path& looked_for,
-                       const std::string& what) {
+// Where the cache was looked for, all five places huggingface_hub reads
+// (hf_hub_cache_dir), and that ctquant never downloads.
+std::string not_cached(std::string_view repo_id, const fs::path& cache_dir,
+                       const fs::path& looked_for, const std::string& what) {
   return fmt::format(
-      "{}: not a file or directory, and not in the Hugging Face cache: {} ({}); the cache is "
-      "$HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub; ctquant never downloads: "
-      "fetch it first, e.g. `hf download {}`",
-      repo_id, what, looked_for.string(), repo_id);
+      "{}: not a file or directory, and not in the Hugging Face cache: {} ({}); the cache "
+      "read is {}, the first of these that is set: $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE, "
+      "$HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub (with $HOME); "
+      "ctquant never downloads: fetch it first, e.g. `hf download {}`",
+      repo_id, what, looked_for.string(), cache_dir.string(), repo_id);
 }
 
 }  // namespace
@@ -105,7 +108,7 @@ fs::path resolve_hf_snapshot(std::string_view repo_id, std::string_view revision
   const fs::path repo = cache_dir / repo_folder_name(repo_id);
   std::error_code ec;
   if (!fs::is_directory(repo, ec)) {
-    throw io_error(not_cached(repo_id, repo, "no repository folder"));
+    throw io_error(not_cached(repo_id, cache_dir, repo, "no repository folder"));
   }
   std::string commit;
   const fs::path ref = repo / "refs" / rev;
@@ -123,12 +126,12 @@ fs::path resolve_hf_snapshot(std::string_view repo_id, std::string_view revision
   } else if (is_commit_hash(revision)) {
     commit = std::string(revision);
   } else {
-    throw io_error(not_cached(repo_id, ref, fmt::format("no ref '{}'", revision)));
+    throw io_error(not_cached(repo_id, cache_dir, ref, fmt::format("no ref '{}'", revision)));
   }
   const fs::path snapshot = repo / "snapshots" / commit;
   if (!fs::is_directory(snapshot, ec)) {
     throw io_error(not_cached(
-        repo_id, snapshot,
+        repo_id, cache_dir, snapshot,
         fmt::format("revision '{}' is commit {}, whose snapshot is missing", revision, commit)));
   }
   return snapshot;

@@ -156,6 +156,30 @@ void compare_tensors(const Side& a, const Side& b, const Labels& labels,
 
 }  // namespace
 
+namespace {
+
+bool has_quantization_config(const Side& side) {
+  return side.config && side.config->is_object() && side.config->contains("quantization_config");
+}
+
+// A GOLDEN without quantization_config beside a quantized OUTPUT is most
+// likely the checkpoint OUTPUT was made from: that comparison is
+// --against-source, said first among the notes.
+void note_unquantized_golden(const Side& output, const Side& golden, VerifyReport& report) {
+  if (report.same() || !has_quantization_config(output) || has_quantization_config(golden)) {
+    return;
+  }
+  report.notes.insert(
+      report.notes.begin(),
+      VerifyItem{"golden_is_unquantized", "config.json", "",
+                 fmt::format("GOLDEN {} has no quantization_config: it looks like an unquantized "
+                             "checkpoint, such as the INPUT OUTPUT was made from; to check OUTPUT "
+                             "against its source, run `ctquant verify {} {} --against-source`",
+                             report.reference, report.output, report.reference)});
+}
+
+}  // namespace
+
 VerifyReport verify_checkpoints(const fs::path& output, const fs::path& golden,
                                 const VerifyOptions& options) {
   VerifyReport report;
@@ -184,6 +208,7 @@ VerifyReport verify_checkpoints(const fs::path& output, const fs::path& golden,
   compare_configs(a, b, labels, /*compare_qc=*/true, c);
   compare_other_files(a, b, labels, c);
   check_loadability(a.config, a.shards, report);
+  note_unquantized_golden(a, b, report);
   return report;
 }
 

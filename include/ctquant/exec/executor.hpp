@@ -39,11 +39,23 @@
 
 namespace ctquant {
 
+// What a progress update counts. Writing reads every input tensor once
+// (kWrite). Before it, modules whose MSE observer's patience can stop the
+// search early are searched for their cutoff (kMseCutoff), and modules whose
+// family needs max |w| first (NVFP4 global scales, per-tensor FP8 scales)
+// are read for it (kAmax); --observer auto measures every module with both
+// observers before anything is written (kChooseObserver,
+// observer_choice.hpp). Each phase reports its own totals, from zero.
+enum class ProgressPhase { kWrite, kMseCutoff, kAmax, kChooseObserver };
+
 struct Progress {
-  std::uint64_t bytes_done = 0;   // input tensor bytes consumed so far
-  std::uint64_t bytes_total = 0;  // input tensor bytes in all
+  std::uint64_t bytes_done = 0;   // input tensor bytes the phase consumed so far
+  std::uint64_t bytes_total = 0;  // input tensor bytes the phase reads in all
+  // kWrite: output tensors written (each copied tensor, each module's
+  // weight); the other phases: modules read.
   std::uint64_t tensors_done = 0;
   std::uint64_t tensors_total = 0;
+  ProgressPhase phase = ProgressPhase::kWrite;
 };
 
 struct ExecuteOptions {

@@ -3,8 +3,9 @@
 //
 // Lint (lint.hpp) runs after planning and before anything is written:
 // findings that stop the run (errors unless allow_unloadable, warnings under
-// strict) make quantize() throw Error{kLint} listing them, with no OUTPUT
-// created; the other findings go to the logger at their severity.
+// strict, each rule's findings as lint_allow and lint_error say:
+// lint_policy.hpp) make quantize() throw Error{kLint} listing them, with no
+// OUTPUT created; the other findings go to the logger at their severity.
 //
 // This is the one library call behind `ctquant quantize`; tests drive it
 // without a process. Options start from default_quantize_options().
@@ -17,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <spdlog/logger.h>
 
@@ -59,6 +61,10 @@ struct QuantizeOptions {
   // Lint (lint.hpp): which findings stop the run, and the TP degree L5 checks.
   bool allow_unloadable = false;  // lint errors do not stop the run
   bool strict = false;            // lint warnings stop the run too
+  // Rule by rule (lint_policy.hpp): ids ("L16", or "L15,L16") whose findings
+  // never stop the run (--allow), and ids whose findings always do (--error).
+  std::vector<std::string> lint_allow;
+  std::vector<std::string> lint_error;
   unsigned tp = 1;                // tensor-parallel degree for the Marlin shape check (L5)
   // Where log lines go (stderr in the CLI); null means nowhere.
   std::shared_ptr<spdlog::logger> logger;
@@ -66,7 +72,17 @@ struct QuantizeOptions {
   // Called once the plan and its lint findings are ready, before lint can
   // stop the run (the CLI prints the plan here under --dry-run). May be empty.
   std::function<void(const Checkpoint&, const QuantizePlan&, const std::vector<Finding>&)> on_plan;
-  const std::atomic<bool>* cancel = nullptr;        // set by a signal handler
+  // Set by a signal handler: polled while the checkpoint is opened, planned
+  // and linted (util/cancel.hpp) and between the jobs, phases and files of
+  // the writing.
+  const std::atomic<bool>* cancel = nullptr;
+  // Called once, on the calling thread, just before the run creates its
+  // first file or directory (the temporary OUTPUT directory, or the staging
+  // directory of part and resume); not for a dry run, nor when lint or
+  // another error stops the run before. Until then the run has written
+  // nothing (the CLI's signal handler ends the process at once); from then
+  // on a signal must set cancel, so that the run cleans up. May be empty.
+  std::function<void()> before_writing;
   // A run split across processes (parts.hpp): write only this part's files
   // into the staging directory, and leave OUTPUT to finalize_parts().
   std::optional<PartSpec> part;

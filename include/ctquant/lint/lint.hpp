@@ -3,7 +3,7 @@
 //
 // run_lint() looks at the checkpoint's headers and config.json and at the
 // plan (each tensor's fate, the modules each ignore and targets entry
-// matched) and returns findings. Each finding has an id (L1..L18), a
+// matched) and returns findings. Each finding has an id (L1..L19), a
 // severity, the tensors concerned, what was found and the fix. The rules are
 // the rows of lint_rules(); what each one checks, its severities and its
 // usual fix are written once, in docs/cli.md's lint table (each row's
@@ -35,7 +35,7 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L18"
+  std::string id;  // "L1" .. "L19"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes
@@ -75,7 +75,7 @@ struct LintRun;  // what the rules read, made once per run (src/lint/lint.cpp)
 // registerCheck: its id, its severities, a title, where docs/cli.md
 // describes it, and the function that checks it.
 struct LintRule {
-  std::string_view id;             // "L1" .. "L18"
+  std::string_view id;             // "L1" .. "L19"
   Severity severity;               // of its findings
   std::optional<Severity> also;    // a second severity some of its findings have, or none
   std::string_view title;          // what it finds, in a few words

@@ -123,7 +123,4 @@ std::string render_inspect_text(const InspectReport& report);
 //  "plan_error" (a message, or null)}.
 nlohmann::json inspect_json(const InspectReport& report);
 
-// "963.3 KiB", "2.08 GiB", "512 B".
-std::string human_bytes(std::uint64_t bytes);
-
 }  // namespace ctquant

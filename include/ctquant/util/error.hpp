@@ -20,7 +20,7 @@ enum class ErrorKind {
   kIo,           // the operating system refused a read or write (exit 1)
   kNoSpace,      // the output filesystem is full or a size limit was hit (exit 1)
   kLint,         // a lint error (or, under --strict, a warning) stopped the run (exit 1)
-  kInterrupted,  // SIGINT, SIGTERM or SIGHUP arrived while writing (exit 1)
+  kInterrupted,  // SIGINT, SIGTERM or SIGHUP arrived before the command finished (exit 1)
   kDifferent,    // verify found differences (exit 3)
 };
 

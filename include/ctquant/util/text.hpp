@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,5 +35,21 @@ std::string module_of(std::string_view tensor_name);
 // The last dot-separated component of a name ("q_proj" of
 // "model.layers.0.self_attn.q_proj"; the whole name when it has no dot).
 std::string last_component(std::string_view name);
+
+// A byte count for people, in binary units: "512 B", "963.3 KiB",
+// "880.0 MiB", "2.08 GiB".
+std::string human_bytes(std::uint64_t bytes);
+
+// A whole number with its thousands grouped by commas: "1,234,567".
+std::string grouped_digits(std::uint64_t n);
+
+// A duration for people, rounded to the second: "4 s", "2 min 05 s",
+// "1 h 03 min".
+std::string duration_text(double seconds);
+
+// A path as one word of a POSIX shell command: as it is when it holds only
+// letters, digits and /._-+=:,@%, else in single quotes (a quote inside
+// written '\'').
+std::string shell_word(std::string_view path);
 
 }  // namespace ctquant

@@ -1,0 +1,135 @@
+#include "cli/plan_args.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "ctquant/scheme/registry.hpp"
+#include "ctquant/util/error.hpp"
+
+namespace ctquant::cli {
+
+namespace {
+
+// Larger group sizes than any tensor's in_features are refused by the plan
+// anyway; the bound keeps out-of-range numbers a usage error.
+constexpr long long kMaxGroupSizeOption = 1LL << 32;
+
+}  // namespace
+
+CLI::Validator whole_number(long long min, long long max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        const std::string digits = !text.empty() && text[0] == '-' ? text.substr(1) : text;
+        const bool well_formed =
+            !digits.empty() && digits.size() <= 18 &&
+            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const long long value = well_formed ? std::stoll(text) : 0;
+        if (well_formed && value >= min && value <= max) return {};
+        if (!well_formed) return fmt::format("{} is not a whole number", text);
+        return fmt::format("{} is out of range: expected a whole number from {} to {}", text, min,
+                           max);
+      },
+      "INT", "whole_number");
+}
+
+std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
+  std::vector<CLI::Option*> options;
+  options.push_back(app->add_option_function<std::string>(
+      "--scheme", [&args](const std::string& value) { args.scheme = value; },
+      "Preset scheme (default W4A16): " + ctquant::preset_names() +
+          ". What each writes and needs (in_features a multiple of 16 for NVFP4A16, 32 for the "
+          "MX presets): docs/cli.md, docs/microscale.md, docs/fp8-int8.md; presets that need "
+          "calibration data (NVFP4, FP8 static) are refused with the reason"));
+  options.push_back(
+      app->add_option_function<long long>(
+             "--group-size", [&args](const long long& value) { args.group_size = value; },
+             "Columns per group of W4A16, W4A16_ASYM and W8A16 (default 128); -1 for "
+             "channel-wise, the only value W8A8 takes; the float presets have a fixed layout")
+          ->check(whole_number(-1, kMaxGroupSizeOption)));
+  options.push_back(app->add_option("--ignore", args.ignore,
+                                    "Module to leave unquantized (repeatable): a name, or "
+                                    "re:PATTERN matched like Python re.match; added to the "
+                                    "default ignore list")
+                        ->allow_extra_args(false));
+  options.push_back(app->add_flag("--no-default-ignore", args.no_default_ignore,
+                                  "Start from an empty ignore list instead of the default one "
+                                  "(heads, embeddings, routers, plain layers, towers)"));
+  options.push_back(app->add_flag("--quantize-vision", args.quantize_vision,
+                                  "Quantize vision/audio towers and projectors too (kept in 16 "
+                                  "bits by default)"));
+  options.push_back(
+      app->add_option("--targets", args.targets,
+                      "Modules to quantize (repeatable): Linear (all), a name or re:PATTERN")
+          ->allow_extra_args(false));
+  options.push_back(
+      app->add_option("--scheme-for", args.scheme_for,
+                      "PATTERN=PRESET[@OBSERVER] (repeatable): modules matching PATTERN (a "
+                      "name or re:PATTERN) get PRESET; tried in the order given, "
+                      "before --scheme, which takes the rest")
+          ->allow_extra_args(false));
+  options.push_back(app->add_option("--quantization-config", args.quantization_config,
+                                    "A compressed-tensors QuantizationConfig JSON file "
+                                    "(config_groups, ignore), as model_free_ptq's config= takes")
+                        ->check(CLI::ExistingFile));
+  options.push_back(app->add_option("--tp", args.tp,
+                                    "Tensor-parallel degree the checkpoint will be served with, "
+                                    "for the Marlin shape check (lint L5)")
+                        ->check(CLI::Range(1u, 1024u))
+                        ->capture_default_str());
+  options.push_back(app->add_option_function<std::string>(
+      "--observer", [&args](const std::string& value) { args.observer = value; },
+      "Weight observer of every group (default memoryless_minmax, model_free_ptq's): "
+      "memoryless_mse (search of shrunk ranges for the lowest |Q - W|^2.4), nvfp4_expanded_mse "
+      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; auto: per module, min-max or "
+      "the MSE observer, whichever gives the lower weight error (reads the weights about four "
+      "times); docs/observers.md"));
+  options.push_back(app->add_option("--observer-kwarg", args.observer_kwargs,
+                                    "KEY=VALUE (repeatable): an observer_kwargs entry of "
+                                    "--observer (with auto: of its MSE observer): maxshrink, "
+                                    "grid, norm, patience, expand")
+                        ->allow_extra_args(false));
+  options.push_back(app->add_option("--recipe", args.recipe,
+                                    "llm-compressor recipe YAML with a data-free "
+                                    "QuantizationModifier (scheme or config_groups, targets, "
+                                    "ignore); options given here override it"));
+  return options;
+}
+
+ResolvedPlan resolve_plan(const PlanArgs& args) {
+  ResolvedPlan plan;
+  if (!args.recipe.empty()) {
+    plan.recipe = std::make_unique<ctquant::RecipeSpec>(ctquant::parse_recipe(args.recipe));
+  }
+  ctquant::CommandLinePlan cli;
+  cli.scheme = args.scheme;
+  cli.group_size = args.group_size;
+  cli.ignore = args.ignore;
+  cli.targets = args.targets;
+  cli.scheme_for = args.scheme_for;
+  cli.quantization_config = args.quantization_config;
+  cli.observer = args.observer;
+  cli.observer_kwargs = args.observer_kwargs;
+  plan.effective = ctquant::resolve_recipe(plan.recipe.get(), cli);
+  plan.options = ctquant::plan_options_for(plan.effective);
+  // The given entries add to the module roles' default list (plan.hpp).
+  plan.options.default_ignore = !args.no_default_ignore;
+  plan.options.quantize_vision = args.quantize_vision;
+  return plan;
+}
+
+void add_revision_option(CLI::App* app, std::optional<std::string>& revision) {
+  app->add_option_function<std::string>(
+      "--revision", [&revision](const std::string& value) { revision = value; },
+      "With a Hugging Face repository id (ORG/NAME): the branch, tag or commit hash of the cached "
+      "snapshot to read (default main)");
+}
+
+void add_verbosity_flags(CLI::App* app, int& verbosity) {
+  app->add_flag_function(
+      "-q,--quiet", [&](std::int64_t) { verbosity = -1; }, "Print errors only");
+  app->add_flag_function(
+      "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
+}
+
+}  // namespace ctquant::cli
