@@ -285,6 +285,23 @@ TEST(OutputSafety, ForceRefusesSpecialFileEntry) {
   EXPECT_TRUE(fs::is_fifo(output / "pipe"));
 }
 
+// A file as OUTPUT is not a checkpoint directory: --force does not replace it.
+TEST(OutputSafety, ForceDoesNotReplaceAFile) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  test::write_file(tmp / "out", "a file");
+  QuantizeOptions options = test::test_options(tmp / "in", tmp / "out");
+  options.force = true;
+  try {
+    quantize(options);
+    ADD_FAILURE() << "the file was replaced";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+    test::expect_message(e.what(), {"exists and is a file, not a directory"});
+  }
+  EXPECT_EQ(test::read_file(tmp / "out"), "a file");
+}
+
 // The working directory of ctquant, or a directory above it, is never
 // replaced, with or without --force, even when it holds a checkpoint.
 TEST(OutputSafety, ForceRefusesCurrentDirectory) {

@@ -1186,18 +1186,6 @@ TEST(QuantizeOutput, ForceKeepsOldOutputWhenTheRunFails) {
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
 }
 
-TEST(QuantizeOutput, ForceDoesNotReplaceAFile) {
-  TempDir tmp;
-  write_checkpoint(tmp / "in", {weight("a.q_proj.weight", DType::kBF16, 8, 128)});
-  write_file(tmp / "out", "a file");
-  QuantizeOptions options = test_options(tmp / "in", tmp / "out");
-  options.force = true;
-  const Error e = quantize_error(options);
-  EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-  EXPECT_NE(std::string(e.what()).find("exists and is a file, not a directory"), std::string::npos);
-  EXPECT_EQ(read_file(tmp / "out"), "a file");
-}
-
 // OUTPUT equal to, inside or containing INPUT is refused before anything is
 // written, whatever spelling the paths use.
 TEST(QuantizeOutput, OutputOverlappingInputIsUsageError) {

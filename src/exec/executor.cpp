@@ -839,10 +839,8 @@ class Executor {
   }
 
   Progress progress() const {
-    Progress p = phase_;
-    p.bytes_done = bytes_done_.load();
-    p.tensors_done = tensors_done_.load();
-    return p;
+    return {bytes_done_.load(), phase_.bytes_total, tensors_done_.load(), phase_.tensors_total,
+            phase_.phase};
   }
 
   // The input bytes a job reads: file, file offset, length.
