@@ -105,7 +105,6 @@ class GroupTargets {
   std::vector<std::size_t> reader_group_;
   std::vector<std::size_t> ct_rank_;
   std::vector<std::size_t> vllm_rank_;
-  bool ct_has_re_text_ = false;  // a literal containing "re:" sorts among the patterns
   // The class-name targets: compressed-tensors' "Linear" and vLLM's first
   // literal that is a case-insensitive substring of "linear".
   std::optional<std::size_t> ct_class_group_;
