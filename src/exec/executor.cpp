@@ -13,7 +13,6 @@
 #include <cstring>
 #include <exception>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,12 +24,11 @@
 
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
-#include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"
-#include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/fs.hpp"
+#include "exec/jobs.hpp"
 #include "exec/phase_times.hpp"
 #include "exec/value_checks.hpp"
 #include "exec/write_queue.hpp"
@@ -42,10 +40,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using detail::Buffers;
+using detail::Job;
+using detail::ModuleRun;
+using detail::OutputSet;
 using detail::Phase;
-using detail::PhaseLap;
-using detail::WriteBuffers;
-using detail::WriteRequest;
 
 constexpr std::uint64_t kCopyJobBytes = 64u << 20;
 // How far ahead of the workers, and how often, the input is read into the
@@ -53,74 +52,6 @@ constexpr std::uint64_t kCopyJobBytes = 64u << 20;
 // kernel's own read-ahead does not recognise as sequential.
 constexpr std::uint64_t kReadAheadBytes = 128u << 20;
 constexpr std::chrono::milliseconds kReadAheadInterval{20};
-
-// What the executor needs of one planned module while it runs.
-struct ModuleRun {
-  const PlannedModule* module = nullptr;
-  std::size_t shard = 0;
-  WeightRows rows;
-  // kQuantize: the group's family, args and output tensors.
-  const SchemeFamily* family = nullptr;
-  const QuantArgs* args = nullptr;
-  std::vector<OutputTensorSpec> specs;
-  std::vector<const PlannedTensor*> tensors;  // per spec (or the one 16-bit weight)
-  std::vector<std::size_t> row_outputs;       // indexes into specs of the kRows outputs
-  // Max |w| of the module (pre-pass), as float bits (non-negative floats
-  // order as their bits), then of its amax set.
-  std::atomic<std::uint32_t> amax_bits{0};
-  float set_amax = 0.0f;
-  // An MSE observer (scheme/observer.hpp): its parameters, the candidates
-  // that improved some group (the cutoff pre-pass), whether more rows can
-  // change the cutoff, and the last candidate searched.
-  ObserverParams observer;
-  std::mutex improved_mutex;
-  ImprovedSteps improved;
-  std::atomic<bool> cutoff_settled{false};
-  std::uint32_t cutoff = 0;
-  // The ranges the cutoff pre-pass chose for the chunks it searched, by the
-  // chunk's first row (under improved_mutex): when the module's search runs
-  // to the last candidate they are the ranges its amax and quantize jobs
-  // would choose, which take them instead of searching again; the quantize
-  // job frees them.
-  std::map<std::uint64_t, std::vector<float>> searched_ranges;
-  // kQuantize: the kWhole outputs' bytes (dequantize's `whole`), and the
-  // weight error of the rows quantized so far (quant_error.hpp).
-  std::vector<std::vector<std::byte>> whole;
-  std::mutex error_mutex;
-  RowOrderedError error;
-
-  ModuleRun(const Checkpoint& checkpoint, const PlannedModule& m)
-      : module(&m), shard(m.shard), rows(checkpoint, m.source) {}
-
-  // kQuantize: the module as the scale checks name it (value_checks.hpp).
-  detail::ScaleSubject subject() const {
-    const OutputTensorSpec* scale = nullptr;
-    for (const std::size_t o : row_outputs) {
-      if (specs[o].kind == OutputTensorSpec::Kind::kScale) scale = &specs[o];
-    }
-    return {rows, module->name, *args, observer, scale};
-  }
-};
-
-struct Job {
-  enum class Kind {
-    kCopy,      // bytes [begin, end) of an output tensor copied from its input
-    kAmax,      // rows [begin, end) of a module read for its max |w|
-    kObserve,   // rows [begin, end) of a module searched for its MSE cutoff
-    kQuantize,  // rows [begin, end) of a module quantized
-    kRows,      // rows [begin, end) of a module written as 16-bit rows (FP8 dequantized)
-  };
-  Kind kind = Kind::kCopy;
-  std::size_t shard = 0;
-  const PlannedTensor* tensor = nullptr;  // kCopy, kRows
-  std::size_t module = 0;                 // kAmax, kQuantize, kRows; kCopy of a split slice
-  std::uint64_t begin = 0;
-  std::uint64_t end = 0;
-  std::uint64_t input_bytes = 0;
-  bool last_of_tensor = false;
-  const SafetensorsFile* in_file = nullptr;  // kCopy: where the bytes come from
-  std::uint64_t in_offset = 0;  // kCopy: file offset of byte 0 of the output tensor's bytes
-};
 
 class Executor {
  public:
@@ -200,10 +131,6 @@ class Executor {
   }
   bool shard_selected(std::size_t shard) const { return selected(plan_.shards[shard].file_name); }
 
-  const OutputFile* shard_file(std::size_t shard) const {
-    return outputs_[shard_output_[shard]].get();
-  }
-
   // ---- the job list ----
 
   // Rows per job of a module: about chunk_bytes of loaded rows, a multiple
@@ -216,16 +143,6 @@ class Executor {
     return std::max(align, n / align * align);
   }
 
-  // Rows per band of an FP8 module's quantize job: each band is dequantized
-  // into a buffer of about kFp8BandBytes, which stays in the core's cache,
-  // and quantized from there (a multiple of the family's row alignment, so
-  // the kernel gives the same bytes as for the whole job).
-  std::uint64_t fp8_band_rows(const ModuleRun& m) const {
-    const std::uint64_t align = std::max<std::uint64_t>(1, m.family->row_alignment(*m.args));
-    const std::uint64_t n =
-        options_.fp8_band_bytes / std::max<std::uint64_t>(1, m.rows.row_bytes());
-    return std::max(align, n / align * align);
-  }
 
   // Grows the per-worker buffers for rows [r0, r1) of module m.
   void note_rows(const ModuleRun& m, std::uint64_t r0, std::uint64_t r1) {
@@ -234,8 +151,8 @@ class Executor {
     max_fp8_scale_bytes_ = std::max(max_fp8_scale_bytes_, m.rows.scale_bytes(r0, r1));
     if (m.family == nullptr) return;
     if (m.rows.is_fp8()) {
-      max_band_bytes_ =
-          std::max(max_band_bytes_, std::min(r1 - r0, fp8_band_rows(m)) * m.rows.row_bytes());
+      max_band_bytes_ = std::max(
+          max_band_bytes_, std::min(r1 - r0, job_runner_.fp8_band_rows(m)) * m.rows.row_bytes());
     }
     for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
       const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
@@ -452,113 +369,12 @@ class Executor {
             m->module->amax_set && plan_.amax_sets[*m->module->amax_set].size() > 1);
         const PlannedTensor& t = *m->tensors[o];
         const std::uint64_t at = plan_.shards[m->shard].data_start + t.offset;
-        const OutputFile* out = shard_file(m->shard);
+        const OutputFile* out = job_runner_.shard_file(m->shard);
         out->write_at(at, bytes);
         report_written(*out, at, bytes.size(), bytes);
         m->whole.push_back(bytes);
       }
     }
-  }
-
-  // ---- workers ----
-
-  // One set of a quantize job's outputs, queued for writing and reused once
-  // it is written.
-  struct OutputSet : WriteBuffers {
-    std::array<std::vector<std::byte>, 4> out;
-  };
-
-  // Per-worker buffers, sized once for the largest job. Two output sets: the
-  // worker quantizes its next chunk while its previous one waits to be written.
-  struct Buffers {
-    std::vector<std::byte> input;      // a chunk of weight rows (an FP8 chunk as loaded or as codes)
-    std::vector<std::byte> band;       // a band of an FP8 chunk's rows, dequantized to BF16
-    std::vector<std::byte> fp8_scale;  // the scale grid rows an FP8 chunk uses
-    std::vector<std::byte> scratch;    // the kernel's
-    std::vector<float> ranges;         // an MSE observer's ranges of a chunk
-    std::vector<RowError> row_errors;  // the weight error of a job's rows
-    std::vector<float> error_values;   // quant_error_rows' scratch
-    std::array<OutputSet, 2> out;
-    std::size_t next_out = 0;
-    // Marks `input` as in flight while a kRows job's rows are written
-    // straight from it.
-    WriteBuffers input_write;
-  };
-
-  void run_amax_job(const Job& job, Buffers& buf) {
-    ModuleRun& m = *modules_[job.module];
-    const std::uint64_t n = job.end - job.begin;
-    PhaseLap lap(times_);
-    load_rows(m, job, buf);
-    lap.lap(m.rows.is_fp8() ? Phase::kDecode : Phase::kRead);
-    float amax = 0.0f;
-    if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
-      detail::throw_weight_not_finite(m.rows, job.begin, *bad, buf.input.data());
-    }
-    if (m.observer.mse) {
-      // The global scale comes from the chosen ranges (llm-compressor
-      // Observer.get_global_scale over the observers' min/max values).
-      const float* ranges = searched_ranges(m, job.begin, n);
-      if (ranges != nullptr) {
-        mse_rows_.reused_amax += n;
-      } else {
-        ranges = observe(m, buf, buf.input.data(), job.begin, n);
-        mse_rows_.amax += n;
-      }
-      amax = 0.0f;
-      const std::uint64_t groups = observed_groups(*m.args, n, m.rows.cols());
-      for (std::uint64_t g = 0; g < groups; ++g) amax = std::max(amax, range_amax(ranges, g));
-    }
-    lap.lap(Phase::kAmax);
-    std::uint32_t seen = m.amax_bits.load();
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(amax);
-    while (bits > seen && !m.amax_bits.compare_exchange_weak(seen, bits)) {
-    }
-  }
-
-  // The observer's ranges of n rows of a module from row `begin` (its MSE
-  // search up to the module's cutoff), in the worker's buffer; a range that
-  // is not finite stops the run (value_checks.hpp).
-  const float* observe(const ModuleRun& m, Buffers& buf, const std::byte* weight,
-                       std::uint64_t begin, std::uint64_t n,
-                       ImprovedSteps* improved = nullptr) const {
-    buf.ranges.resize(2 * observed_groups(*m.args, n, m.rows.cols()));
-    ObserveIo io;
-    io.dtype = m.rows.dtype();
-    io.n_rows = n;
-    io.n_cols = m.rows.cols();
-    io.weight = weight;
-    io.ranges = buf.ranges.data();
-    observe_ranges(*m.args, m.observer, improved != nullptr ? m.observer.steps() : m.cutoff, io,
-                   improved);
-    detail::check_observer_ranges(m.subject(), begin, n, weight, buf.ranges.data());
-    return buf.ranges.data();
-  }
-
-  // The cutoff pre-pass: the candidates that improve some group of this
-  // chunk, until they settle the module's cutoff. The chunk's chosen ranges
-  // are kept for its amax and quantize jobs while the budget allows.
-  void run_observe_job(const Job& job, Buffers& buf) {
-    ModuleRun& m = *modules_[job.module];
-    if (m.cutoff_settled) return;
-    const std::uint64_t n = job.end - job.begin;
-    load_rows(m, job, buf);
-    float amax = 0.0f;
-    if (const auto bad = max_abs(m.rows.dtype(), buf.input.data(), n * m.rows.cols(), amax)) {
-      detail::throw_weight_not_finite(m.rows, job.begin, *bad, buf.input.data());
-    }
-    ImprovedSteps improved;
-    observe(m, buf, buf.input.data(), job.begin, n, &improved);
-    mse_rows_.cutoff += n;
-    std::vector<float> ranges;
-    if (options_.reuse_searched_ranges && reserve_searched_bytes(buf.ranges.size() * sizeof(float))) {
-      ranges = buf.ranges;
-    }
-    const std::lock_guard lock(m.improved_mutex);
-    m.improved.resize(std::max(m.improved.size(), improved.size()), 0);
-    for (std::size_t i = 0; i < improved.size(); ++i) m.improved[i] |= improved[i];
-    if (mse_cutoff_settled(m.observer, m.improved)) m.cutoff_settled = true;
-    if (!ranges.empty()) m.searched_ranges.emplace(job.begin, std::move(ranges));
   }
 
   // Whether a module's search runs to its last candidate (mse_cutoff), so
@@ -568,214 +384,27 @@ class Executor {
     return m.cutoff + 1 >= m.observer.steps();
   }
 
-  // Takes `bytes` of the budget for the ranges kept between the passes: at
-  // most chunk_bytes in all, so memory stays flat however many modules the
-  // pre-pass searches.
-  bool reserve_searched_bytes(std::uint64_t bytes) {
-    std::uint64_t used = searched_bytes_.load();
-    do {
-      if (used + bytes > options_.chunk_bytes) return false;
-    } while (!searched_bytes_.compare_exchange_weak(used, used + bytes));
-    return true;
-  }
+  // ---- workers ----
 
-  // The ranges the cutoff pre-pass kept for the chunk of n rows from row
-  // `begin`, or null; valid until the chunk's quantize job takes them.
-  static const float* searched_ranges(ModuleRun& m, std::uint64_t begin, std::uint64_t n) {
-    const std::lock_guard lock(m.improved_mutex);
-    const auto it = m.searched_ranges.find(begin);
-    if (it == m.searched_ranges.end() ||
-        it->second.size() != 2 * observed_groups(*m.args, n, m.rows.cols())) {
-      return nullptr;
-    }
-    return it->second.data();
-  }
-
-  // Takes the ranges the cutoff pre-pass kept for the chunk of n rows from
-  // row `begin` (empty if none), for its quantize job to free.
-  static std::vector<float> take_searched_ranges(ModuleRun& m, std::uint64_t begin,
-                                                 std::uint64_t n) {
-    const std::lock_guard lock(m.improved_mutex);
-    auto node = m.searched_ranges.extract(begin);
-    if (node.empty() || node.mapped().size() != 2 * observed_groups(*m.args, n, m.rows.cols())) {
-      return {};
-    }
-    return std::move(node.mapped());
-  }
-
-  // Loads a job's rows; an FP8 value that is not finite once dequantized is
-  // bad input, named by shard, tensor, row and column (section 6).
-  void load_rows(const ModuleRun& m, const Job& job, Buffers& buf) const {
-    if (const auto bad = m.rows.load(job.begin, job.end, buf.input, buf.fp8_scale)) {
-      detail::throw_fp8_not_finite(m.rows, job.begin, *bad);
-    }
-  }
-
-  void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
-    const ModuleRun& m = *modules_[job.module];
-    const std::uint64_t n_rows = job.end - job.begin;
-    // Ranges the cutoff pre-pass chose for this chunk, freed with the job.
-    const std::vector<float> searched =
-        m.observer.mse ? take_searched_ranges(*modules_[job.module], job.begin, n_rows)
-                       : std::vector<float>{};
-    // A BF16, F16 or F32 chunk is quantized where it is read. An FP8 chunk's
-    // codes are read whole and dequantized band by band into a buffer that
-    // stays in cache, each band quantized as soon as it is decoded: the
-    // chunk is never rewritten as BF16 in memory.
-    const bool fp8 = m.rows.is_fp8();
-    PhaseLap lap(times_);
-    if (fp8) {
-      m.rows.read_fp8(job.begin, job.end, buf.input, buf.fp8_scale);
-    } else {
-      load_rows(m, job, buf);
-    }
-    lap.lap(Phase::kRead);
-
-    OutputSet& out = buf.out[buf.next_out];
-    buf.next_out = (buf.next_out + 1) % buf.out.size();
-    queue_.wait_written(out);
-    lap.reset();
-    const std::uint64_t band_rows = fp8 ? fp8_band_rows(m) : n_rows;
-    for (std::uint64_t band = job.begin; band < job.end; band += band_rows) {
-      const std::uint64_t band_end = std::min(job.end, band + band_rows);
-      const std::byte* weight = buf.input.data();
-      if (fp8) {
-        if (const auto bad = m.rows.dequantize_fp8_band(job.begin, band, band_end,
-                                                        buf.input.data(), buf.fp8_scale.data(),
-                                                        buf.band)) {
-          detail::throw_fp8_not_finite(m.rows, band, *bad);
-        }
-        weight = buf.band.data();
-        lap.lap(Phase::kDecode);
-      }
-      KernelIo io;
-      io.dtype = m.rows.dtype();
-      io.n_rows = band_end - band;
-      io.n_cols = m.rows.cols();
-      io.row_begin = band;
-      io.weight = weight;
-      io.tensor_amax = m.set_amax;
-      if (m.observer.mse) {
-        if (const auto bad = max_abs(io.dtype, weight, io.n_rows * io.n_cols, io.tensor_amax)) {
-          detail::throw_weight_not_finite(m.rows, band, *bad, weight);
-        }
-        io.tensor_amax = m.set_amax;
-        if (!searched.empty()) {
-          // A band's groups follow those of the rows before it in the
-          // chunk (bands are whole multiples of the row alignment).
-          io.ranges = searched.data() + 2 * observed_groups(*m.args, band - job.begin, io.n_cols);
-          mse_rows_.reused_quantize += io.n_rows;
-        } else {
-          io.ranges = observe(m, buf, weight, band, io.n_rows);
-          mse_rows_.quantize += io.n_rows;
-        }
-      }
-      for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
-        const OutputTensorSpec& spec = m.specs[m.row_outputs[i]];
-        io.out[i] = out.out[i].data() + (spec.bytes_before(band) - spec.bytes_before(job.begin));
-      }
-      io.scratch = std::span<std::byte>(buf.scratch);
-      if (const auto bad = m.family->quantize(*m.args, io)) {
-        detail::throw_weight_not_finite(m.rows, band, *bad, weight);
-      }
-      // Every scale finite and non-zero (scheme/scale_check.hpp), checked
-      // while the kernel's bytes are in cache.
-      for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
-        detail::check_row_scales(m.subject(), m.specs[m.row_outputs[i]], band, io.n_rows, io.out[i],
-                                 weight, io.ranges);
-      }
-      lap.lap(Phase::kQuantize);
-      error_rows(m, io, band - job.begin, buf);
-      lap.lap(Phase::kError);
-    }
-    {
-      ModuleRun& run = *modules_[job.module];
-      const std::lock_guard lock(run.error_mutex);
-      run.error.add(job.begin, std::span<const RowError>(buf.row_errors.data(), n_rows));
-    }
-    const std::uint64_t base = plan_.shards[m.shard].data_start;
-    WriteRequest request;
-    request.job = job_index;
-    request.file = shard_file(m.shard);
-    request.buffers = &out;
-    for (std::size_t i = 0; i < m.row_outputs.size(); ++i) {
-      const std::size_t o = m.row_outputs[i];
-      const OutputTensorSpec& spec = m.specs[o];
-      const std::uint64_t first = spec.bytes_before(job.begin);
-      const std::uint64_t bytes = spec.bytes_before(job.end) - first;
-      request.pieces[request.n_pieces++] = {base + m.tensors[o]->offset + first,
-                                            std::span<const std::byte>(out.out[i].data(), bytes)};
-    }
-    queue_.submit(request);
-  }
-
-  // The weight error of the rows the kernel just quantized (quant_error.hpp),
-  // while they and their outputs are in cache: into buf.row_errors from
-  // index `first` (the band's first row within the job).
-  void error_rows(const ModuleRun& m, const KernelIo& io, std::uint64_t first, Buffers& buf) const {
-    QuantErrorIo e;
-    e.dtype = io.dtype;
-    e.n_rows = io.n_rows;
-    e.n_cols = io.n_cols;
-    e.row_begin = io.row_begin;
-    e.weight = io.weight;
-    for (std::size_t i = 0; i < e.outputs.size(); ++i) e.outputs[i] = io.out[i];
-    for (std::size_t k = 0; k < m.whole.size() && k < e.whole.size(); ++k) {
-      e.whole[k] = m.whole[k].data();
-    }
-    quant_error_rows(*m.family, *m.args, e, std::span(buf.row_errors).subspan(first, io.n_rows),
-                     buf.error_values);
-  }
-
-  // Writes a module's rows as 16-bit values (an FP8 weight not quantized,
-  // dequantized to BF16). The rows are written from the input buffer itself,
-  // so the job waits for its write.
-  void run_rows_job(std::size_t job_index, const Job& job, Buffers& buf) {
-    const ModuleRun& m = *modules_[job.module];
-    PhaseLap lap(times_);
-    load_rows(m, job, buf);
-    lap.lap(m.rows.is_fp8() ? Phase::kDecode : Phase::kRead);
-    const std::uint64_t row_bytes = m.rows.row_bytes();
-    WriteRequest request;
-    request.job = job_index;
-    request.file = shard_file(job.shard);
-    request.buffers = &buf.input_write;
-    request.pieces[request.n_pieces++] = {
-        plan_.shards[job.shard].data_start + job.tensor->offset + job.begin * row_bytes,
-        std::span<const std::byte>(buf.input.data(), (job.end - job.begin) * row_bytes)};
-    queue_.submit(request);
-    queue_.wait_written(buf.input_write);
-  }
-
-  void run_copy_job(std::size_t job_index, const Job& job) {
-    WriteRequest request;
-    request.job = job_index;
-    request.file = shard_file(job.shard);
-    request.in_file = job.in_file;
-    request.in_offset = job.in_offset + job.begin;
-    request.out_offset = plan_.shards[job.shard].data_start + job.tensor->offset + job.begin;
-    request.length = job.end - job.begin;
-    queue_.submit(request);
-  }
-
+  // Runs one job on a worker's buffers (the job kinds in src/exec/jobs.cpp).
   void run_job(std::size_t i, const Job& job, Buffers& buf) {
     switch (job.kind) {
       case Job::Kind::kCopy:
-        run_copy_job(i, job);
+        job_runner_.run_copy_job(i, job);
         break;
       case Job::Kind::kAmax:
-        run_amax_job(job, buf);
+        job_runner_.run_amax_job(job, buf);
         job_written(i);
         break;
       case Job::Kind::kObserve:
-        run_observe_job(job, buf);
+        job_runner_.run_observe_job(job, buf);
         job_written(i);
         break;
       case Job::Kind::kQuantize:
-        run_quantize_job(i, job, buf);
+        job_runner_.run_quantize_job(i, job, buf);
         break;
       case Job::Kind::kRows:
-        run_rows_job(i, job, buf);
+        job_runner_.run_rows_job(i, job, buf);
         break;
     }
   }
@@ -1053,10 +682,7 @@ class Executor {
   // Bytes of ranges the cutoff pre-pass kept (reserve_searched_bytes), and
   // the rows each pass searched or reused (ExecuteStats::mse_rows).
   std::atomic<std::uint64_t> searched_bytes_{0};
-  struct {
-    std::atomic<std::uint64_t> cutoff{0}, amax{0}, quantize{0}, reused_amax{0},
-        reused_quantize{0};
-  } mse_rows_;
+  detail::MseRowCounts mse_rows_;
 
   std::atomic<std::size_t> next_job_{0};
   std::size_t read_ahead_job_ = 0;  // jobs before this one were read ahead (calling thread only)
@@ -1068,6 +694,9 @@ class Executor {
   std::mutex error_mutex_;
   std::exception_ptr first_error_;
   std::size_t first_error_job_ = 0;
+  // Runs the jobs (src/exec/jobs.cpp) on the members above, which it refers to.
+  detail::JobRunner job_runner_{modules_, plan_,  options_,  outputs_,       shard_output_,
+                                times_,   queue_, mse_rows_, searched_bytes_};
 };
 
 }  // namespace
