@@ -18,8 +18,8 @@
 #include "ctquant/plan/bit_allocation.hpp"
 #include "ctquant/util/error.hpp"
 #include "fake_checkpoint.hpp"
-#include "json_schema.hpp"
 #include "families.hpp"
+#include "json_schema.hpp"
 #include "test_support.hpp"
 
 namespace ctquant {
@@ -453,6 +453,23 @@ TEST(TargetBits, FiveBitsStaysWithinAndLowersTheWeightError) {
     }
   }
   expect_written_as_reported(tmp, run);
+}
+
+TEST(TargetBits, WrittenRecipeReproducesTheAllocationWithoutMeasuring) {
+  TempDir tmp;
+  write_llama(tmp / "in", 2);
+  const BitsRun run =
+      run_bits(tmp, {"--target-bits", "4.6", "--write-recipe", (tmp / "recipe.yaml").string()});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  const test::CommandResult again =
+      test::run_ctquant({"quantize", (tmp / "in").string(), (tmp / "again").string(), "--recipe",
+                         (tmp / "recipe.yaml").string()});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.err.find("--target-bits"), std::string::npos) << again.err;
+  EXPECT_EQ(test::read_file(tmp / "again" / "model.safetensors"),
+            test::read_file(tmp / "out" / "model.safetensors"));
+  EXPECT_EQ(test::read_json(tmp / "again" / "config.json"),
+            test::read_json(tmp / "out" / "config.json"));
 }
 
 TEST(MoreBits, EightLayersWriteTheRulesDownProjAtW8A16) {
