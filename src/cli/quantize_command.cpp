@@ -55,6 +55,16 @@ void add_quantize_options(CLI::App* quantize, QuantizeArgs& q, int& verbosity) {
       ->required();
   add_revision_option(quantize, q.revision);
   add_plan_options(quantize, q.plan);
+  quantize->add_option(
+      "--target-bits", q.target_bits,
+      "B: raise the modules whose weight error drops most per extra byte to W8A16 or a smaller "
+      "group size while the quantized modules average at most B bits per weight (codes, scales, "
+      "zero points); measured before writing (docs/observers.md)");
+  quantize
+      ->add_option("--more-bits", q.more_bits,
+                   "layers: llama.cpp's use_more_bits rule, down_proj at W8A16 in the first and "
+                   "last eighth of the decoder layers and every third between (data-free)")
+      ->check(CLI::IsMember({"layers"}));
   quantize->add_option("--threads", q.threads, "Worker threads (default: all cores)")
       ->check(CLI::Range(1u, 1024u));
   quantize->add_flag("--force", q.force,
@@ -125,6 +135,8 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   options.auto_observer = resolved.effective.observer == std::string(ctquant::kAutoObserver);
   options.auto_observer_kwargs = resolved.effective.observer_kwargs;
   options.tp = args.plan.tp;
+  options.target_bits = args.target_bits;
+  options.more_bits_layers = args.more_bits.has_value();
   if (args.threads > 0) options.threads = args.threads;
   options.force = args.force;
   options.follow_symlinks = args.follow_symlinks;
@@ -278,6 +290,10 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
     const std::string errors =
         ctquant::render_worst_errors(summary.plan, summary.execute.module_errors);
     if (!errors.empty()) print_stderr("ctquant: " + errors);
+    if (summary.bit_allocation) {
+      print_stderr("ctquant: " +
+                   ctquant::render_bit_allocation(summary.plan, *summary.bit_allocation));
+    }
     if (summary.observer_choice) {
       print_stderr("ctquant: " +
                    ctquant::render_observer_choice(summary.plan, *summary.observer_choice));

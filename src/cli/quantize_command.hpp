@@ -36,6 +36,8 @@ struct QuantizeArgs {
   std::string report;                   // --report FILE
   bool json = false;                    // --json: the report on stdout
   std::optional<std::string> progress;  // --progress plain|bar|none
+  std::optional<double> target_bits;    // --target-bits B
+  std::optional<std::string> more_bits;  // --more-bits layers
 };
 
 // Adds quantize's options to its command; -q and -v set verbosity.

@@ -54,7 +54,7 @@ class SetMeasure {
   SetMeasure(const Checkpoint& checkpoint, const QuantizePlan& plan,
              const std::vector<std::size_t>& set, const QuantArgs& args,
              const ObserverChoiceOptions& options, std::atomic<std::uint64_t>& bytes_done,
-             const std::function<void()>& after_chunk)
+             const std::function<void()>& after_chunk, const SchemeFamily* family = nullptr)
       : ckpt_(checkpoint),
         plan_(plan),
         set_(set),
@@ -62,7 +62,7 @@ class SetMeasure {
         options_(options),
         bytes_done_(bytes_done),
         after_chunk_(after_chunk),
-        family_(plan.group_of(plan.modules[set.front()]).family()),
+        family_(family != nullptr ? family : plan.group_of(plan.modules[set.front()]).family()),
         params_(observer_params(args.observer, args.observer_kwargs,
                                 "--observer auto: " + args.observer)) {}
 
@@ -449,6 +449,67 @@ PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePla
     names.insert(mse.name);
     out.groups.push_back(std::move(minmax));
     out.groups.push_back(std::move(mse));
+  }
+  return out;
+}
+
+std::vector<std::vector<QuantError>> measure_errors(const Checkpoint& checkpoint,
+                                                    const QuantizePlan& plan,
+                                                    const std::vector<ErrorMeasure>& measures,
+                                                    const ObserverChoiceOptions& options,
+                                                    ProgressPhase phase) {
+  for (const ErrorMeasure& m : measures) {
+    observer_params(m.weights.observer, m.weights.observer_kwargs, "--observer");
+  }
+  std::uint64_t bytes_total = 0;
+  std::uint64_t modules_total = 0;
+  std::vector<std::uint64_t> reads(measures.size(), 0);
+  for (std::size_t i = 0; i < measures.size(); ++i) {
+    const ErrorMeasure& m = measures[i];
+    const SchemeFamily* family =
+        m.family != nullptr ? m.family : plan.group_of(plan.modules[m.modules.front()]).family();
+    // Each module read once, once more for a global scale and for an MSE
+    // search's cutoff: the estimate only drives progress.
+    const std::uint64_t passes = 1 + (family->needs_tensor_amax(m.weights) ? 1 : 0) +
+                                 (m.weights.observer == "memoryless_minmax" ? 0 : 1);
+    for (const std::size_t k : m.modules) {
+      const WeightRows rows(checkpoint, plan.modules[k].source);
+      bytes_total += passes * rows.rows() * rows.row_bytes();
+    }
+    modules_total += m.modules.size();
+  }
+  std::atomic<std::uint64_t> bytes_done{0};
+  std::uint64_t modules_done = 0;
+  auto last_progress = std::chrono::steady_clock::now();
+  const auto progress = [&] {
+    if (!options.on_progress) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_progress < std::chrono::milliseconds(200)) return;
+    last_progress = now;
+    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total,
+                                 modules_done, modules_total, phase});
+  };
+  const std::function<void()> progress_fn = progress;
+  const std::function<void()> no_progress;
+  std::vector<std::vector<QuantError>> out(measures.size());
+  const unsigned threads = static_cast<unsigned>(
+      std::max<std::size_t>(1, std::min<std::size_t>(options.threads, measures.size())));
+  detail::ordered_parallel<std::vector<QuantError>>(
+      measures.size(), threads,
+      [&](std::size_t i, unsigned worker) {
+        const std::function<void()>& after_chunk = worker == 0 ? progress_fn : no_progress;
+        return SetMeasure(checkpoint, plan, measures[i].modules, measures[i].weights, options,
+                          bytes_done, after_chunk, measures[i].family)
+            .run();
+      },
+      [&](std::size_t i, std::vector<QuantError> errors) {
+        out[i] = std::move(errors);
+        modules_done += measures[i].modules.size();
+        progress();
+      },
+      progress, std::chrono::milliseconds(200));
+  if (options.on_progress) {
+    options.on_progress(Progress{bytes_total, bytes_total, modules_total, modules_total, phase});
   }
   return out;
 }

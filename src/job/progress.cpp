@@ -43,6 +43,8 @@ const char* ProgressReporter::phase_name(ProgressPhase phase) {
       return "max |w| pre-pass";
     case ProgressPhase::kChooseObserver:
       return "choosing observers";
+    case ProgressPhase::kChooseBits:
+      return "choosing bits";
   }
   return "?";
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <chrono>
 #include <system_error>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "ctquant/exec/bit_choice.hpp"
 #include "ctquant/exec/observer_choice.hpp"
 #include "ctquant/exec/output_dir.hpp"
 #include "ctquant/exec/path_policy.hpp"
@@ -158,6 +160,81 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
   check_cancel(options.cancel);
 }
 
+// The bit options, checked before INPUT is read (usage errors).
+void check_bit_options(const QuantizeOptions& options) {
+  if (!options.target_bits && !options.more_bits_layers) return;
+  if (options.target_bits && options.more_bits_layers) {
+    throw usage_error(
+        "--target-bits and --more-bits cannot be combined: each decides which modules get more "
+        "bits (by measured weight error, or by llama.cpp's fixed layer rule); give one");
+  }
+  const char* option = options.target_bits ? "--target-bits" : "--more-bits";
+  if (options.auto_observer) {
+    throw usage_error(fmt::format(
+        "{} cannot be combined with --observer auto: both split the scheme group, by bits and "
+        "by observer; give a single observer (e.g. --observer memoryless_mse)",
+        option));
+  }
+  if (options.target_bits) {
+    const double b = *options.target_bits;
+    if (!std::isfinite(b) || b <= 0 || b > kMaxTargetBits) {
+      throw usage_error(fmt::format(
+          "--target-bits {}: bits per weight must be above 0 and at most {} (16-bit weights)", b,
+          kMaxTargetBits));
+    }
+  }
+  bit_ladder(options.plan, option);
+}
+
+// --target-bits and --more-bits layers (bit_allocation.hpp): the plan is
+// made again with its group split by the allocation. --target-bits first
+// measures every module with each option (the first plan's blocking lint
+// findings stop the run before the weights are read); a dry run does not
+// read the weights, so its plan keeps the given scheme.
+template <class Lap>
+void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& options,
+                       const LintOptions& lint, const LintPolicy& policy,
+                       QuantizeSummary& summary, Lap& lap) {
+  const auto& log = options.logger;
+  const char* option = options.target_bits ? "--target-bits" : "--more-bits";
+  BitAllocation allocation =
+      start_allocation(summary.plan, bit_ladder(options.plan, option));
+  if (options.more_bits_layers) {
+    allocate_more_bits(allocation, summary.plan);
+  } else {
+    check_target_bits(allocation, *options.target_bits);
+    if (options.dry_run) {
+      if (log) {
+        log->info("--target-bits: a dry run does not read the weights, so its plan shows every "
+                  "module with {}; the run measures each module with each of {} scheme(s)",
+                  allocation.options.front().name, allocation.options.size());
+      }
+      return;
+    }
+    const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
+    if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
+    summary.phases.lint = lap();
+    ObserverChoiceOptions measure;
+    measure.threads = options.threads;
+    measure.chunk_bytes = options.chunk_bytes;
+    measure.on_progress = options.on_progress;
+    measure.cancel = options.cancel;
+    if (log) {
+      log->info("--target-bits: measuring the weight error of {} module(s) with each of {} "
+                "scheme(s)",
+                allocation.modules.size(), allocation.options.size());
+    }
+    measure_bit_options(checkpoint, summary.plan, allocation, measure);
+    summary.phases.choose_bits = lap();
+    allocate_bits(allocation, summary.plan, *options.target_bits);
+  }
+  summary.plan =
+      make_plan(checkpoint, split_groups_by_bits(options.plan, summary.plan, allocation));
+  summary.phases.plan += lap();
+  summary.bit_allocation = std::move(allocation);
+  check_cancel(options.cancel);
+}
+
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
@@ -185,6 +262,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
         options.part ? "--part" : "--resume"));
   }
   check_plan_options(options.plan);  // usage errors before any file is read
+  check_bit_options(options);
   const LintPolicy policy = make_lint_policy(options.strict, options.allow_unloadable,
                                              options.lint_allow, options.lint_error);
 
@@ -244,6 +322,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   LintOptions lint;
   lint.tp = options.tp;
   if (options.auto_observer) choose_observers_for(checkpoint, options, lint, policy, summary, lap);
+  if (options.target_bits || options.more_bits_layers) {
+    allocate_bits_for(checkpoint, options, lint, policy, summary, lap);
+  }
   summary.findings = run_lint(checkpoint, summary.plan, lint);
   summary.phases.lint += lap();
   check_cancel(options.cancel);

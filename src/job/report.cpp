@@ -119,6 +119,7 @@ json quantize_report_json(const QuantizeReportInput& in) {
                            {"plan", s.phases.plan},
                            {"lint", s.phases.lint},
                            {"choose_observer", s.phases.choose_observer},
+                           {"choose_bits", s.phases.choose_bits},
                            {"stream", s.phases.stream},
                            {"flush", s.phases.flush},
                            {"manifest", s.phases.manifest},
@@ -129,6 +130,8 @@ json quantize_report_json(const QuantizeReportInput& in) {
   report["weight_error"] = weight_error_json(s.plan, s.execute.module_errors);
   report["observer_choice"] =
       s.observer_choice ? observer_choice_json(s.plan, *s.observer_choice) : json(nullptr);
+  report["bit_allocation"] =
+      s.bit_allocation ? bit_allocation_json(s.plan, *s.bit_allocation) : json(nullptr);
   return report;
 }
 

@@ -370,8 +370,10 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
       ctquant_version());
   text += "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n";
   // A preset alone when it says everything: no group size, no per-pattern
-  // schemes, no observer (config groups carry weights.observer).
-  if (r.scheme && !r.group_size && r.scheme_for.empty() && !r.observer) {
+  // schemes, no observer (config groups carry weights.observer), and the
+  // plan's one group (--target-bits and --more-bits split it).
+  if (r.scheme && !r.group_size && r.scheme_for.empty() && !r.observer &&
+      plan.options.groups.size() == 1) {
     text += fmt::format("      scheme: {}\n", yaml_string(upper(*r.scheme)));
     text += fmt::format("      targets: {}\n", yaml_list(r.targets));
   } else {

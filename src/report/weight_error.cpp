@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/scheme/registry.hpp"
+
 namespace ctquant {
 
 using json = nlohmann::json;
@@ -155,6 +157,115 @@ std::string render_observer_choice(const QuantizePlan& plan, const ObserverChoic
                         percent(change(c->minmax.rel_frobenius(), c->mse.rel_frobenius())),
                         figure(c->minmax.rel_frobenius()), figure(c->mse.rel_frobenius()),
                         c->mse_observer, plan.modules[c->module].name);
+  }
+  return text;
+}
+
+namespace {
+
+double bits(std::uint64_t bytes, std::uint64_t params) {
+  return params == 0 ? 0.0 : 8.0 * static_cast<double>(bytes) / static_cast<double>(params);
+}
+
+// Sum of rel^2 * params over sum of params, each module at option(m).
+template <class Option>
+double weighted_error(const BitAllocation& a, Option option) {
+  double sum = 0;
+  for (const ModuleBits& m : a.modules) {
+    const QuantError& e = m.errors.at(option(m));
+    if (e.w2 > 0) sum += e.err2 / e.w2 * static_cast<double>(m.params);
+  }
+  const std::uint64_t n = a.params();
+  return n == 0 ? 0.0 : sum / static_cast<double>(n);
+}
+
+}  // namespace
+
+json bit_allocation_json(const QuantizePlan& plan, const BitAllocation& a) {
+  const bool measured = !a.modules.empty() && a.modules.front().errors.size() == a.options.size();
+  json options = json::array();
+  std::vector<std::size_t> counts(a.options.size(), 0);
+  for (const ModuleBits& m : a.modules) ++counts[m.option];
+  for (std::size_t k = 0; k < a.options.size(); ++k) {
+    options.push_back(json{{"scheme", a.options[k].name},
+                           {"weights", quant_args_json(a.options[k].weights)},
+                           {"modules", counts[k]}});
+  }
+  json modules = json::array();
+  for (const ModuleBits& m : a.modules) {
+    json rel = nullptr;
+    if (measured) {
+      rel = json::object();
+      for (std::size_t k = 0; k < a.options.size(); ++k) {
+        rel[a.options[k].name] =
+            m.bytes[k] == 0 ? json(nullptr) : finite_or_null(m.errors[k].rel_frobenius());
+      }
+    }
+    modules.push_back(json{{"module", plan.modules[m.module].name},
+                           {"scheme", a.options[m.option].name},
+                           {"params", m.params},
+                           {"bytes", m.bytes[m.option]},
+                           {"bits_per_weight", bits(m.bytes[m.option], m.params)},
+                           {"rel_frobenius", rel}});
+  }
+  const auto given = [](const ModuleBits&) { return std::size_t{0}; };
+  const auto chosen = [](const ModuleBits& m) { return m.option; };
+  return json{
+      {"rule", a.rule},
+      {"target_bits", a.target_bits ? json(*a.target_bits) : json(nullptr)},
+      {"n_layers", a.target_bits ? json(nullptr) : json(a.n_layers)},
+      {"layers", a.target_bits ? json(nullptr) : json(a.layers)},
+      {"bits_per_weight", a.bits_per_weight()},
+      {"bits_per_weight_given", bits(a.bytes_of(0), a.params())},
+      {"params", a.params()},
+      {"bytes", a.bytes()},
+      {"modules_upgraded", a.modules_upgraded()},
+      {"weighted_error_given", measured ? finite_or_null(weighted_error(a, given)) : json(nullptr)},
+      {"weighted_error_chosen",
+       measured ? finite_or_null(weighted_error(a, chosen)) : json(nullptr)},
+      {"options", options},
+      {"per_module", modules}};
+}
+
+std::string render_bit_allocation(const QuantizePlan& plan, const BitAllocation& a,
+                                  std::size_t count) {
+  std::vector<std::size_t> counts(a.options.size(), 0);
+  for (const ModuleBits& m : a.modules) ++counts[m.option];
+  std::vector<std::string> raised;
+  for (std::size_t k = 1; k < a.options.size(); ++k) {
+    if (counts[k] > 0) raised.push_back(fmt::format("{} to {}", counts[k], a.options[k].name));
+  }
+  std::string rule = a.rule;
+  if (!a.target_bits) {
+    rule += fmt::format(" (llama.cpp's use_more_bits, {} layers: {})", a.n_layers,
+                        fmt::join(a.layers, ", "));
+  }
+  std::string text = fmt::format(
+      "{}: {:.4f} bits per weight over {} quantized module(s) ({:.4f} with {} alone); {} "
+      "raised{}{}",
+      rule, a.bits_per_weight(), a.modules.size(), bits(a.bytes_of(0), a.params()),
+      a.options.front().name, a.modules_upgraded(), raised.empty() ? "" : ": ",
+      fmt::join(raised, ", "));
+  const bool measured = !a.modules.empty() && a.modules.front().errors.size() == a.options.size();
+  if (measured) {
+    text += fmt::format(
+        "; weight error sum(rel^2 * params) / params {} -> {}",
+        figure(weighted_error(a, [](const ModuleBits&) { return std::size_t{0}; })),
+        figure(weighted_error(a, [](const ModuleBits& m) { return m.option; })));
+  }
+  text += "\n";
+  std::size_t width = 0;
+  for (const SchemeGroup& g : a.options) width = std::max(width, g.name.size());
+  std::size_t shown = 0;
+  for (const ModuleBits& m : a.modules) {
+    if (m.option == 0) continue;
+    if (shown++ == count) break;
+    text += fmt::format("  {:<{}}  {}\n", a.options[m.option].name, width,
+                        plan.modules[m.module].name);
+  }
+  if (a.modules_upgraded() > count) {
+    text += fmt::format("  ... and {} more (the report's bit_allocation lists every module)\n",
+                        a.modules_upgraded() - count);
   }
   return text;
 }

@@ -45,8 +45,10 @@ namespace ctquant {
 // family needs max |w| first (NVFP4 global scales, per-tensor FP8 scales)
 // are read for it (kAmax); --observer auto measures every module with both
 // observers before anything is written (kChooseObserver,
-// observer_choice.hpp). Each phase reports its own totals, from zero.
-enum class ProgressPhase { kWrite, kMseCutoff, kAmax, kChooseObserver };
+// observer_choice.hpp); --target-bits measures every module with each
+// scheme it may get (kChooseBits, bit_choice.hpp). Each phase reports its
+// own totals, from zero.
+enum class ProgressPhase { kWrite, kMseCutoff, kAmax, kChooseObserver, kChooseBits };
 
 struct Progress {
   std::uint64_t bytes_done = 0;   // input tensor bytes the phase consumed so far

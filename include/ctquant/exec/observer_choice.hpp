@@ -100,4 +100,24 @@ PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePla
                                      const ObserverChoices& choices,
                                      const nlohmann::json& mse_kwargs);
 
+// One measurement for measure_errors: the modules of a set that shares a
+// global scale (QuantizePlan::amax_sets), or one module, quantized with
+// `weights` by `family` (null: the family of the modules' group).
+struct ErrorMeasure {
+  std::vector<std::size_t> modules;  // indices into QuantizePlan::modules
+  QuantArgs weights;
+  const SchemeFamily* family = nullptr;
+};
+
+// Each measurement's weight errors (one per module of it, in its order),
+// quantized in memory chunk by chunk as choose_observers does, on
+// options.threads threads; progress in `phase`. Throws what
+// choose_observers throws (Error{kUsage} for observer_kwargs its observer
+// refuses, before any weight is read).
+std::vector<std::vector<QuantError>> measure_errors(const Checkpoint& checkpoint,
+                                                    const QuantizePlan& plan,
+                                                    const std::vector<ErrorMeasure>& measures,
+                                                    const ObserverChoiceOptions& options,
+                                                    ProgressPhase phase);
+
 }  // namespace ctquant

@@ -70,7 +70,7 @@ class ProgressReporter {
   static std::string line(const Progress& progress, double elapsed, std::size_t max_chars = 0);
 
   // "writing", "MSE cutoff pre-pass", "max |w| pre-pass", "choosing
-  // observers" (--observer auto).
+  // observers" (--observer auto), "choosing bits" (--target-bits).
   static const char* phase_name(ProgressPhase phase);
 
  private:

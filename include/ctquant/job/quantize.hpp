@@ -25,6 +25,7 @@
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/observer_choice.hpp"
+#include "ctquant/plan/bit_allocation.hpp"
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
 #include "ctquant/plan/plan.hpp"
@@ -58,6 +59,15 @@ struct QuantizeOptions {
   // with the lower weight error. The plan's groups must use min-max.
   bool auto_observer = false;
   nlohmann::json auto_observer_kwargs;
+  // --target-bits B (plan/bit_allocation.hpp, exec/bit_choice.hpp): every
+  // module measured with each scheme of the bit ladder before anything is
+  // written, the modules that buy the most weight error per byte raised
+  // while the bits per weight stay <= B. Not with more_bits_layers nor
+  // auto_observer; the plan must have one group that can mix.
+  std::optional<double> target_bits;
+  // --more-bits layers: down_proj of llama.cpp's use_more_bits layers at
+  // W8A16 (with the rest of its unit), data-free.
+  bool more_bits_layers = false;
   // Lint (lint.hpp): which findings stop the run, and the TP degree L5 checks.
   bool allow_unloadable = false;  // lint errors do not stop the run
   bool strict = false;            // lint warnings stop the run too
@@ -117,8 +127,9 @@ QuantizeOptions default_quantize_options();
 // Wall time of each phase of quantize(), in seconds.
 struct PhaseTimes {
   double open = 0;      // list the input, read and validate every header
-  double plan = 0;      // make_plan (twice with --observer auto)
+  double plan = 0;      // make_plan (twice with --observer auto, --target-bits, --more-bits)
   double choose_observer = 0;  // --observer auto: measuring every module with both observers
+  double choose_bits = 0;      // --target-bits: measuring every module with each option
   double lint = 0;      // run_lint
   double stream = 0;    // execute_plan's jobs: read, quantize, write (page cache)
   double flush = 0;     // execute_plan's fsync of every file (0 with fsync off)
@@ -147,6 +158,10 @@ struct QuantizeSummary {
   // for the plan before the groups were split (the modules are the same, in
   // the same order, as plan's).
   std::optional<ObserverChoices> observer_choice;
+  // --target-bits (not for a dry run) and --more-bits layers: each module's
+  // option, for the plan before the group was split (same modules, same
+  // order as plan's).
+  std::optional<BitAllocation> bit_allocation;
 };
 
 // Runs the job. OUTPUT gets a manifest (exec/manifest.hpp) of its files,

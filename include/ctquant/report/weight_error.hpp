@@ -12,6 +12,7 @@
 
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/exec/observer_choice.hpp"
+#include "ctquant/plan/bit_allocation.hpp"
 #include "ctquant/plan/plan.hpp"
 
 namespace ctquant {
@@ -51,5 +52,24 @@ nlohmann::json observer_choice_json(const QuantizePlan& plan, const ObserverChoi
 // modules whose error changed most (count of them), one line each.
 std::string render_observer_choice(const QuantizePlan& plan, const ObserverChoices& choices,
                                    std::size_t count = 5);
+
+// --target-bits and --more-bits layers (plan/bit_allocation.hpp) for the
+// report: {"rule", "target_bits" (null for --more-bits), "n_layers" and
+// "layers" (--more-bits layers; null otherwise), "bits_per_weight" (as
+// chosen), "bits_per_weight_given" (every module at the given scheme),
+// "params", "bytes", "modules_upgraded", "weighted_error_given" and
+// "weighted_error_chosen" (--target-bits: sum of rel^2 * params over
+// sum of params; null otherwise), "options": one {"scheme", "weights",
+// "modules"} per option, "per_module": one {"module", "scheme" (its
+// option), "params", "bytes", "bits_per_weight", "rel_frobenius" (object:
+// option name -> the measured figure, --target-bits only)} per module, in
+// plan order}.
+nlohmann::json bit_allocation_json(const QuantizePlan& plan, const BitAllocation& allocation);
+
+// The summary of the allocation for stderr: the rule, the bits per weight
+// achieved and given, how many modules each option took, then each raised
+// module with its option (at most `count` lines, then how many more).
+std::string render_bit_allocation(const QuantizePlan& plan, const BitAllocation& allocation,
+                                  std::size_t count = 20);
 
 }  // namespace ctquant
