@@ -1,10 +1,9 @@
 // Private: the vector steps the Highway kernels share (kernel_simd.cpp,
-// byte_code_simd.cpp, microscale_simd.cpp), compiled once per level like
-// them: a Highway per-target header (re-included by foreach_target.h for each
-// level, hence the toggled guard). Include it after <hwy/highway.h>, outside
-// any namespace. Each step gives exactly the bits of the scalar code it
-// names, so the kernels built on them stay byte-identical to their
-// references.
+// byte_code_simd.cpp, microscale_simd.cpp, observer_simd.cpp, refit_simd.cpp), compiled once per
+// level like them: a Highway per-target header (re-included by foreach_target.h for each level,
+// hence the toggled guard). Include it after <hwy/highway.h>, outside any namespace. Each step
+// gives exactly the bits of the scalar code it names, so the kernels built on them stay
+// byte-identical to their references.
 #if defined(CTQUANT_SIMD_SIMD_STEPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef CTQUANT_SIMD_SIMD_STEPS_INL_H_
 #undef CTQUANT_SIMD_SIMD_STEPS_INL_H_
@@ -116,6 +115,52 @@ HWY_INLINE hn::Vec<DF> e4m3_to_float(DF df, hn::Vec<hn::RebindToUnsigned<DF>> co
   bits = hn::IfThenElse(hn::Eq(magnitude, hn::Set(du, 0x7Fu)), hn::Set(du, 0x7FC00000u), bits);
   return hn::BitCast(df, hn::Or(bits, sign));
 }
+
+#if HWY_TARGET == HWY_AVX3
+// xt[j * 16 + lane] = element j of the BF16 group at groups[lane], as a
+// float, for 16 groups of g elements (g a multiple of 16): 16 x 16 blocks
+// widened (BF16 bits shifted into a float's high half) and transposed by
+// the four unpack and shuffle stages.
+HWY_INLINE void transpose_bf16_16(const std::byte* const* groups, std::size_t g, float* xt) {
+  for (std::size_t j0 = 0; j0 < g; j0 += 16) {
+    __m512 r[16];
+    for (int lane = 0; lane < 16; ++lane) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(groups[lane] + 2 * j0));
+      r[lane] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    }
+    __m512 t[16];
+    for (int k = 0; k < 8; ++k) {
+      t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512 a = t[4 * k + h];
+        const __m512 b = t[4 * k + 2 + h];
+        r[4 * k + h] = _mm512_shuffle_ps(a, b, 0x44);
+        r[4 * k + 2 + h] = _mm512_shuffle_ps(a, b, 0xEE);
+      }
+    }
+    // Each 128-bit block of r[4k + q] holds one column of rows 4k .. 4k + 3;
+    // the shuffles of 128-bit blocks gather the four row quads of a column.
+    for (int k = 0; k < 2; ++k) {
+      for (int q = 0; q < 4; ++q) {
+        const __m512 a = r[8 * k + q];
+        const __m512 b = r[8 * k + 4 + q];
+        t[8 * k + q] = _mm512_shuffle_f32x4(a, b, 0x88);
+        t[8 * k + 4 + q] = _mm512_shuffle_f32x4(a, b, 0xDD);
+      }
+    }
+    for (int q = 0; q < 8; ++q) {
+      r[q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0x88);
+      r[8 + q] = _mm512_shuffle_f32x4(t[q], t[8 + q], 0xDD);
+    }
+    // Which column each register now holds.
+    static constexpr int kColumn[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+    for (int k = 0; k < 16; ++k) _mm512_store_ps(xt + (j0 + kColumn[k]) * 16, r[k]);
+  }
+}
+#endif
 
 }  // namespace ctquant::simd_steps::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
