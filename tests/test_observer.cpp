@@ -592,7 +592,12 @@ TEST(ObserverCli, ObserverKwargNeedsANumberAndAnObserver) {
   r = test::run_ctquant({"quantize", in, (tmp / "b").string(), "--observer", "memoryless_mse",
                          "--observer-kwarg", "norm=two"});
   EXPECT_EQ(r.exit_code, 2);
-  expect_message(r.err, {"norm=two", "number"});
+  // A word is taken as a string kwarg (refit's weight=x2); norm must be a number.
+  expect_message(r.err, {"observer_kwargs.norm \"two\" is not a number"});
+  r = test::run_ctquant({"quantize", in, (tmp / "c").string(), "--observer", "memoryless_mse",
+                         "--observer-kwarg", "norm=2..4"});
+  EXPECT_EQ(r.exit_code, 2);
+  expect_message(r.err, {"norm=2..4", "VALUE must be a number"});
 }
 
 TEST(ObserverCli, ObserverKwargsReachConfigAndBytes) {

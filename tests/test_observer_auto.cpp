@@ -1,11 +1,13 @@
 // --observer auto (exec/observer_choice.hpp) on golden inputs whose
-// min-max and MSE outputs the library itself wrote: every module's two
-// figures against those of the library's outputs (the shared error
-// function, verify/errors.hpp), the observer each module keeps, the bytes
-// written (the library's tensors of that observer), the split config
-// groups, their reload through verify --against-source, and the report.
+// min-max and MSE outputs the library itself wrote, and ctquant's refit
+// outputs of them: every module's three figures against those of these
+// outputs (the shared error function, verify/errors.hpp), the observer
+// each module keeps, the bytes written (the tensors of that observer's
+// output), the split config groups, their reload through verify
+// --against-source, and the report.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <set>
@@ -15,6 +17,8 @@
 #include <fmt/format.h>
 
 #include "ctquant/exec/observer_choice.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/source/checkpoint.hpp"
 #include "ctquant/verify/errors.hpp"
 #include "test_support.hpp"
 
@@ -55,6 +59,16 @@ std::string vllm_layer(const std::string& module) {
 
 const std::vector<std::string> kKwargs = {"--observer-kwarg", "norm=1.5", "--observer-kwarg",
                                           "maxshrink=0.5"};
+// refit kwargs that leave it min-max's scales (no candidates, no refit):
+// auto then chooses between min-max and the MSE observer (a tie keeps
+// min-max).
+const std::vector<std::string> kRefitAsMinMax = {"--observer-kwarg", "steps=0", "--observer-kwarg",
+                                                 "refits=0"};
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
 
 // The tensors of module `name` in a single-file checkpoint.
 std::map<std::string, std::vector<std::byte>> module_tensors(const fs::path& file,
@@ -108,19 +122,21 @@ AutoRun run_auto(const TempDir& tmp, const std::string& input_case,
 // The run's choice for every module against outputs of the same input made
 // with each observer alone: the figures are theirs, bit for bit; the
 // modules of a vLLM layer keep the observer whose ||W - Q|| over the layer
-// is strictly lower; the tensors written are that output's. Returns the
-// observers kept.
-std::set<std::string> expect_choice_follows_errors(const AutoRun& run, const fs::path& out,
-                                                   const fs::path& minmax_out,
-                                                   const fs::path& mse_out,
-                                                   const std::string& input_case,
-                                                   const std::string& mse_observer) {
+// is lowest, another than min-max only when strictly lower (min-max, then
+// the MSE observer, then refit on a tie); the tensors written are that
+// output's. Returns the observers kept.
+std::set<std::string> expect_choice_follows_errors(
+    const AutoRun& run, const fs::path& out, const fs::path& minmax_out, const fs::path& mse_out,
+    const fs::path& refit_out, const std::string& input_case, const std::string& mse_observer) {
   const auto minmax = errors_of(minmax_out, input_case);
   const auto mse = errors_of(mse_out, input_case);
-  std::map<std::string, std::pair<QuantError, QuantError>> layers;
+  const auto refit = errors_of(refit_out, input_case);
+  std::map<std::string, std::array<QuantError, 3>> layers;
   for (const auto& [name, e] : minmax) {
-    layers[vllm_layer(name)].first.add(e);
-    layers[vllm_layer(name)].second.add(mse.at(name));
+    std::array<QuantError, 3>& l = layers[vllm_layer(name)];
+    l[0].add(e);
+    l[1].add(mse.at(name));
+    l[2].add(refit.at(name));
   }
   std::set<std::string> kept;
   const json& per_module = run.report.at("observer_choice").at("per_module");
@@ -128,20 +144,34 @@ std::set<std::string> expect_choice_follows_errors(const AutoRun& run, const fs:
   for (const json& m : per_module) {
     const std::string name = m.at("module");
     SCOPED_TRACE(name);
-    EXPECT_TRUE(minmax.contains(name) && mse.contains(name));
-    if (!minmax.contains(name) || !mse.contains(name)) continue;
+    EXPECT_TRUE(minmax.contains(name) && mse.contains(name) && refit.contains(name));
+    if (!minmax.contains(name) || !mse.contains(name) || !refit.contains(name)) continue;
     EXPECT_EQ(m.at("rel_frobenius_minmax").get<double>(), minmax.at(name).rel_frobenius());
     EXPECT_EQ(m.at("rel_frobenius_mse").get<double>(), mse.at(name).rel_frobenius());
+    EXPECT_EQ(m.at("rel_frobenius_refit").get<double>(), refit.at(name).rel_frobenius());
     EXPECT_EQ(m.at("max_abs_error_minmax").get<double>(), minmax.at(name).max_abs_error());
     EXPECT_EQ(m.at("max_abs_error_mse").get<double>(), mse.at(name).max_abs_error());
+    EXPECT_EQ(m.at("max_abs_error_refit").get<double>(), refit.at(name).max_abs_error());
     EXPECT_EQ(m.at("mse_observer"), mse_observer);
+    EXPECT_TRUE(m.at("refit_not_measured").is_null());
     EXPECT_EQ(m.at("change").get<double>(),
               mse.at(name).rel_frobenius() / minmax.at(name).rel_frobenius() - 1.0);
-    const auto& [layer_minmax, layer_mse] = layers.at(vllm_layer(name));
+    EXPECT_EQ(m.at("change_refit").get<double>(),
+              refit.at(name).rel_frobenius() / minmax.at(name).rel_frobenius() - 1.0);
+    const std::array<QuantError, 3>& l = layers.at(vllm_layer(name));
+    std::string want = "memoryless_minmax";
+    double best = l[0].err2;
+    if (l[1].err2 < best) {
+      want = mse_observer;
+      best = l[1].err2;
+    }
+    if (l[2].err2 < best) want = "refit";
     const std::string observer = m.at("observer");
-    EXPECT_EQ(observer, layer_mse.err2 < layer_minmax.err2 ? mse_observer : "memoryless_minmax");
+    EXPECT_EQ(observer, want);
     kept.insert(observer);
-    const fs::path& source = observer == mse_observer ? mse_out : minmax_out;
+    const fs::path& source = observer == mse_observer ? mse_out
+                             : observer == "refit"    ? refit_out
+                                                      : minmax_out;
     EXPECT_EQ(module_tensors(out / "model.safetensors", name),
               module_tensors(source / "model.safetensors", name))
         << "tensors of " << source;
@@ -153,15 +183,25 @@ TEST(ObserverAuto, KeepsMseWhereItsErrorIsLowerAndMinMaxWhereItIsLower) {
   // With these kwargs the MSE scales of this input are better for some
   // layers and worse for others.
   TempDir tmp;
-  const AutoRun run = run_auto(tmp, "llama-bf16", kKwargs);
+  const AutoRun run = run_auto(tmp, "llama-bf16", concat(kKwargs, kRefitAsMinMax));
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   std::vector<std::string> mse_args = {"--observer", "memoryless_mse"};
   mse_args.insert(mse_args.end(), kKwargs.begin(), kKwargs.end());
   const test::CommandResult mse_run =
       test::run_ctquant(quantize_args(tmp, "llama-bf16", "mse", mse_args));
   ASSERT_EQ(mse_run.exit_code, 0) << mse_run.err;
-  const std::set<std::string> kept = expect_choice_follows_errors(
-      run, tmp / "out", expected("llama-bf16"), tmp / "mse", "llama-bf16", "memoryless_mse");
+  // These refit kwargs give min-max's bytes.
+  const test::CommandResult refit_run = test::run_ctquant(
+      quantize_args(tmp, "llama-bf16", "refit", concat({"--observer", "refit"}, kRefitAsMinMax)));
+  ASSERT_EQ(refit_run.exit_code, 0) << refit_run.err;
+  for (const auto& [name, e] : errors_of(tmp / "refit", "llama-bf16")) {
+    EXPECT_EQ(module_tensors(tmp / "refit" / "model.safetensors", name),
+              module_tensors(expected("llama-bf16") / "model.safetensors", name))
+        << name;
+  }
+  const std::set<std::string> kept =
+      expect_choice_follows_errors(run, tmp / "out", expected("llama-bf16"), tmp / "mse",
+                                   tmp / "refit", "llama-bf16", "memoryless_mse");
   EXPECT_EQ(kept, (std::set<std::string>{"memoryless_minmax", "memoryless_mse"}));
   // In layer 0, v_proj alone is better with the MSE scales but q/k/v
   // together are not: the layer keeps min-max.
@@ -176,36 +216,44 @@ TEST(ObserverAuto, KeepsMseWhereItsErrorIsLowerAndMinMaxWhereItIsLower) {
   }
 }
 
-TEST(ObserverAuto, WithDefaultKwargsKeepsTheLibrarysMseScalesWhereLower) {
-  // The library's own outputs of both observers: on this input its
-  // memoryless_mse scales are better for every layer.
+TEST(ObserverAuto, WithDefaultKwargsKeepsTheLowestOfTheLibrarysOutputsAndRefits) {
+  // The library's own outputs of min-max and memoryless_mse, and refit's:
+  // on this input refit's scales are the best for every layer.
   TempDir tmp;
   const AutoRun run = run_auto(tmp, "llama-bf16", {});
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
-  const std::set<std::string> kept =
-      expect_choice_follows_errors(run, tmp / "out", expected("llama-bf16"),
-                                   expected("llama-bf16-mse"), "llama-bf16", "memoryless_mse");
-  EXPECT_EQ(kept, std::set<std::string>{"memoryless_mse"});
-  // Every module chose the MSE scales: the group keeps its name and targets.
+  const test::CommandResult refit_run =
+      test::run_ctquant(quantize_args(tmp, "llama-bf16", "refit", {"--observer", "refit"}));
+  ASSERT_EQ(refit_run.exit_code, 0) << refit_run.err;
+  const std::set<std::string> kept = expect_choice_follows_errors(
+      run, tmp / "out", expected("llama-bf16"), expected("llama-bf16-mse"), tmp / "refit",
+      "llama-bf16", "memoryless_mse");
+  EXPECT_EQ(kept, std::set<std::string>{"refit"});
+  // Every module chose refit: the group keeps its name and targets.
   ASSERT_EQ(run.groups.size(), 1u);
   EXPECT_EQ(run.groups.at("W4A16").at("targets"), json::array({"Linear"}));
-  EXPECT_EQ(run.groups.at("W4A16").at("weights").at("observer"), "memoryless_mse");
+  EXPECT_EQ(run.groups.at("W4A16").at("weights").at("observer"), "refit");
+  EXPECT_EQ(run.report.at("observer_choice").at("modules_using_refit"),
+            run.report.at("observer_choice").at("modules"));
 }
 
 TEST(ObserverAuto, Nvfp4MeasuresTheExpandedSearchAgainstTheLibrarysOutputs) {
   TempDir tmp;
   const AutoRun run = run_auto(tmp, "llama-bf16-nvfp4a16", {"--scheme", "NVFP4A16"});
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  const test::CommandResult refit_run = test::run_ctquant(quantize_args(
+      tmp, "llama-bf16-nvfp4a16", "refit", {"--scheme", "NVFP4A16", "--observer", "refit"}));
+  ASSERT_EQ(refit_run.exit_code, 0) << refit_run.err;
   // The global scale of q/k/v and gate/up comes from the set's observer.
   const std::set<std::string> kept = expect_choice_follows_errors(
       run, tmp / "out", expected("llama-bf16-nvfp4a16"), expected("llama-bf16-nvfp4a16-mse"),
-      "llama-bf16-nvfp4a16", "nvfp4_expanded_mse");
+      tmp / "refit", "llama-bf16-nvfp4a16", "nvfp4_expanded_mse");
   EXPECT_FALSE(kept.empty());
 }
 
 TEST(ObserverAuto, ConfigGroupsNameTheirModulesAndReloadThroughVerify) {
   TempDir tmp;
-  const AutoRun run = run_auto(tmp, "llama-bf16", kKwargs);
+  const AutoRun run = run_auto(tmp, "llama-bf16", concat(kKwargs, kRefitAsMinMax));
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   // One group per observer, each naming exactly its modules.
   ASSERT_EQ(run.groups.size(), 2u) << run.groups.dump();
@@ -244,10 +292,59 @@ TEST(ObserverAuto, ConfigGroupsNameTheirModulesAndReloadThroughVerify) {
   }
 }
 
+TEST(ObserverAuto, ModulesOfThreeObserversSplitIntoThreeGroupsThatVerify) {
+  // Each layer's choice set by hand: layer 0's attention min-max, its MLP
+  // the MSE observer, layer 1 refit. The kwargs go to the observer that
+  // takes each.
+  TempDir tmp;
+  const fs::path input = test::golden_dir() / "llama-bf16" / "input";
+  QuantizeOptions options = test::test_options(input, tmp / "out");
+  options.plan.ignore = {"lm_head", "model.embed_tokens"};
+  options.plan.default_ignore = false;
+  const Checkpoint ckpt = open_checkpoint(input);
+  const QuantizePlan plan = make_plan(ckpt, options.plan);
+  ObserverChoices choices;
+  for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
+    if (plan.modules[mi].kind != PlannedModule::Kind::kQuantize) continue;
+    ModuleObserverChoice& c = choices.modules.emplace_back();
+    c.module = mi;
+    c.mse_observer = "memoryless_mse";
+    c.refit_measured = true;
+    const std::string& name = plan.modules[mi].name;
+    c.chosen = name.find("layers.1.") != std::string::npos ? "refit"
+               : name.find(".mlp.") != std::string::npos   ? "memoryless_mse"
+                                                           : "memoryless_minmax";
+  }
+  const json kwargs = {{"norm", 2.0}, {"steps", 4}};
+  options.plan = split_groups_by_observer(options.plan, plan, choices, kwargs);
+  ASSERT_EQ(options.plan.groups.size(), 3u);
+  std::map<std::string, const SchemeGroup*> groups;
+  for (const SchemeGroup& g : options.plan.groups) groups[g.name] = &g;
+  ASSERT_TRUE(groups.contains("W4A16") && groups.contains("W4A16_memoryless_mse") &&
+              groups.contains("W4A16_refit"));
+  EXPECT_EQ(groups.at("W4A16")->weights.observer, "memoryless_minmax");
+  EXPECT_EQ(groups.at("W4A16")->weights.observer_kwargs, json::object());
+  EXPECT_EQ(groups.at("W4A16_memoryless_mse")->weights.observer_kwargs, json({{"norm", 2.0}}));
+  EXPECT_EQ(groups.at("W4A16_refit")->weights.observer, "refit");
+  EXPECT_EQ(groups.at("W4A16_refit")->weights.observer_kwargs, json({{"steps", 4}}));
+  EXPECT_EQ(groups.at("W4A16")->targets.size(), 4u);
+  EXPECT_EQ(groups.at("W4A16_memoryless_mse")->targets.size(), 3u);
+  EXPECT_EQ(groups.at("W4A16_refit")->targets.size(), 7u);
+  quantize(options);
+  const json written =
+      test::read_json(tmp / "out" / "config.json").at("quantization_config").at("config_groups");
+  EXPECT_EQ(written.size(), 3u);
+  EXPECT_EQ(written.at("W4A16_refit").at("weights").at("observer"), "refit");
+  const test::CommandResult v =
+      test::run_ctquant({"verify", (tmp / "out").string(), input.string(), "--against-source"});
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+}
+
 TEST(ObserverAuto, WrittenRecipeReproducesTheChoiceWithoutMeasuring) {
   TempDir tmp;
   std::vector<std::string> extra = {"--write-recipe", (tmp / "recipe.yaml").string()};
   extra.insert(extra.end(), kKwargs.begin(), kKwargs.end());
+  extra.insert(extra.end(), kRefitAsMinMax.begin(), kRefitAsMinMax.end());
   const AutoRun run = run_auto(tmp, "llama-bf16", extra);
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   const std::string recipe = test::read_file(tmp / "recipe.yaml");
@@ -266,7 +363,7 @@ TEST(ObserverAuto, WrittenRecipeReproducesTheChoiceWithoutMeasuring) {
 
 TEST(ObserverAuto, ReportAndSummarySayWhichModulesChangedAndByHowMuch) {
   TempDir tmp;
-  const AutoRun run = run_auto(tmp, "llama-bf16", kKwargs);
+  const AutoRun run = run_auto(tmp, "llama-bf16", concat(kKwargs, kRefitAsMinMax));
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   const json& c = run.report.at("observer_choice");
   std::size_t using_mse = 0;
@@ -284,12 +381,14 @@ TEST(ObserverAuto, ReportAndSummarySayWhichModulesChangedAndByHowMuch) {
   for (const ModuleError& e : out.modules) chosen.add(e.error);
   EXPECT_EQ(c.at("modules").get<std::size_t>(), c.at("per_module").size());
   EXPECT_EQ(c.at("modules_using_mse").get<std::size_t>(), using_mse);
+  EXPECT_EQ(c.at("modules_using_refit").get<std::size_t>(), 0u);
   EXPECT_EQ(c.at("rel_frobenius_minmax").get<double>(), all_minmax.rel_frobenius());
   EXPECT_EQ(c.at("rel_frobenius_chosen").get<double>(), chosen.rel_frobenius());
   EXPECT_EQ(c.at("change").get<double>(), chosen.rel_frobenius() / all_minmax.rel_frobenius() - 1);
   EXPECT_LT(chosen.rel_frobenius(), all_minmax.rel_frobenius());
   expect_message(run.result.err,
-                 {fmt::format("--observer auto: {} of {} quantized module(s) use their MSE",
+                 {fmt::format("--observer auto: {} of {} quantized module(s) use their MSE "
+                              "observer's scales, 0 refit's",
                               using_mse, c.at("per_module").size()),
                   "largest reductions", "model.layers.1.self_attn.o_proj"});
   EXPECT_GT(run.report.at("seconds").at("choose_observer").get<double>(), 0.0);
@@ -333,6 +432,7 @@ TEST(ObserverAuto, PerTensorScalesAreNotMeasuredAndKeepMinMax) {
     EXPECT_TRUE(m.at("mse_observer").is_null());
     EXPECT_EQ(m.at("observer"), "memoryless_minmax");
     expect_message(m.at("not_measured").get<std::string>(), {"one scale per tensor"});
+    expect_message(m.at("refit_not_measured").get<std::string>(), {"one scale per tensor"});
   }
   ASSERT_EQ(run.groups.size(), 1u);
   EXPECT_EQ(run.groups.begin()->at("weights").at("observer"), "memoryless_minmax");

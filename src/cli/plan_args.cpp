@@ -81,13 +81,15 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
       "--observer", [&args](const std::string& value) { args.observer = value; },
       "Weight observer of every group (default memoryless_minmax, model_free_ptq's): "
       "memoryless_mse (search of shrunk ranges for the lowest |Q - W|^2.4), nvfp4_expanded_mse "
-      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; auto: per module, min-max or "
-      "the MSE observer, whichever gives the lower weight error (reads the weights about four "
-      "times); docs/observers.md"));
+      "(also wider ranges; for NVFP4); mse runs as memoryless_mse; refit (ctquant's own: the "
+      "least-squares scale and integer zero point per group, same format); auto: per module, "
+      "min-max, the MSE observer or refit, whichever gives the lowest weight error (reads the "
+      "weights about five times); docs/observers.md"));
   options.push_back(app->add_option("--observer-kwarg", args.observer_kwargs,
                                     "KEY=VALUE (repeatable): an observer_kwargs entry of "
-                                    "--observer (with auto: of its MSE observer): maxshrink, "
-                                    "grid, norm, patience, expand")
+                                    "--observer (with auto: of the observer that takes it): "
+                                    "maxshrink, grid, norm, patience, expand; refit: steps, "
+                                    "span, refits, weight, p, beta, kappa, iters, codes")
                         ->allow_extra_args(false));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "

@@ -53,8 +53,8 @@ void JobRunner::run_amax_job(const Job& job, Buffers& buf) {
 }
 
 // The observer's ranges of n rows of a module from row `begin` (its MSE
-// search up to the module's cutoff), in the worker's buffer; a range that
-// is not finite stops the run (value_checks.hpp).
+// search up to the module's cutoff, or refit), in the worker's buffer; a
+// range that is not finite stops the run (value_checks.hpp).
 const float* JobRunner::observe(const ModuleRun& m, Buffers& buf, const std::byte* weight,
                                 std::uint64_t begin, std::uint64_t n,
                                 ImprovedSteps* improved) const {
@@ -65,6 +65,7 @@ const float* JobRunner::observe(const ModuleRun& m, Buffers& buf, const std::byt
   io.n_cols = m.rows.cols();
   io.weight = weight;
   io.ranges = buf.ranges.data();
+  io.tensor_amax = m.set_amax;  // refit refits NVFP4 group scales under the set's global scale
   observe_ranges(*m.args, m.observer, improved != nullptr ? m.observer.steps() : m.cutoff, io,
                  improved);
   detail::check_observer_ranges(m.subject(), begin, n, weight, buf.ranges.data());
@@ -183,7 +184,7 @@ void JobRunner::run_quantize_job(std::size_t job_index, const Job& job, Buffers&
     io.row_begin = band;
     io.weight = weight;
     io.tensor_amax = m.set_amax;
-    if (m.observer.mse) {
+    if (m.observer.chooses_ranges()) {
       if (const auto bad = max_abs(io.dtype, weight, io.n_rows * io.n_cols, io.tensor_amax)) {
         detail::throw_weight_not_finite(m.rows, band, *bad, weight);
       }

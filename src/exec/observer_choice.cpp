@@ -1,10 +1,12 @@
 #include "ctquant/exec/observer_choice.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <utility>
@@ -21,7 +23,12 @@ namespace ctquant {
 
 std::size_t ObserverChoices::modules_using_mse() const {
   return static_cast<std::size_t>(
-      std::count_if(modules.begin(), modules.end(), [](const auto& m) { return m.use_mse; }));
+      std::count_if(modules.begin(), modules.end(), [](const auto& m) { return m.use_mse(); }));
+}
+
+std::size_t ObserverChoices::modules_using_refit() const {
+  return static_cast<std::size_t>(
+      std::count_if(modules.begin(), modules.end(), [](const auto& m) { return m.use_refit(); }));
 }
 
 QuantError ObserverChoices::total_minmax() const {
@@ -32,7 +39,7 @@ QuantError ObserverChoices::total_minmax() const {
 
 QuantError ObserverChoices::total_chosen() const {
   QuantError all;
-  for (const ModuleObserverChoice& m : modules) all.add(m.use_mse ? m.mse : m.minmax);
+  for (const ModuleObserverChoice& m : modules) all.add(m.chosen_error());
   return all;
 }
 
@@ -48,7 +55,8 @@ namespace {
 }
 
 // One observer's run over a set of modules that share a global scale (or
-// one module): each module's weight error with that observer.
+// one module): each module's weight error with that observer (min-max, an
+// MSE observer or refit).
 class SetMeasure {
  public:
   SetMeasure(const Checkpoint& checkpoint, const QuantizePlan& plan,
@@ -69,15 +77,14 @@ class SetMeasure {
   std::vector<QuantError> run() {
     std::vector<std::uint32_t> cutoffs;
     for (const std::size_t mi : set_) cutoffs.push_back(cutoff(mi));
-    float set_amax = 0.0f;
     if (family_->needs_tensor_amax(args_)) {
       for (std::size_t k = 0; k < set_.size(); ++k) {
-        set_amax = std::max(set_amax, amax(set_[k], cutoffs[k]));
+        set_amax_ = std::max(set_amax_, amax(set_[k], cutoffs[k]));
       }
     }
     std::vector<QuantError> errors;
     for (std::size_t k = 0; k < set_.size(); ++k) {
-      errors.push_back(measure(set_[k], cutoffs[k], set_amax));
+      errors.push_back(measure(set_[k], cutoffs[k], set_amax_));
     }
     return errors;
   }
@@ -119,17 +126,13 @@ class SetMeasure {
     if (after_chunk_) after_chunk_();
   }
 
-  // The MSE observer's ranges of the rows in input_, searched up to cutoff
-  // (improved: to the last candidate, ORing in the candidates that improve).
+  // The observer's ranges of the rows in input_: an MSE search up to cutoff
+  // (improved: to the last candidate, ORing in the candidates that improve),
+  // or refit's (NVFP4 group scales under the set's global scale).
   const float* observe(const WeightRows& rows, std::uint64_t n, std::uint32_t cutoff,
                        ImprovedSteps* improved = nullptr) {
     ranges_.resize(2 * observed_groups(args_, n, rows.cols()));
-    ObserveIo io;
-    io.dtype = rows.dtype();
-    io.n_rows = n;
-    io.n_cols = rows.cols();
-    io.weight = input_.data();
-    io.ranges = ranges_.data();
+    const ObserveIo io{rows.dtype(), n, rows.cols(), input_.data(), ranges_.data(), set_amax_};
     observe_ranges(args_, params_, cutoff, io, improved);
     return ranges_.data();
   }
@@ -201,7 +204,7 @@ class SetMeasure {
       io.row_begin = r0;
       io.weight = input_.data();
       io.tensor_amax = set_amax;
-      if (params_.mse) io.ranges = observe(rows, io.n_rows, cutoff);
+      if (params_.chooses_ranges()) io.ranges = observe(rows, io.n_rows, cutoff);
       outputs_.resize(row_specs.size());
       for (std::size_t o = 0; o < row_specs.size(); ++o) {
         outputs_[o].resize(row_specs[o]->bytes_before(r1) - row_specs[o]->bytes_before(r0));
@@ -250,14 +253,17 @@ class SetMeasure {
   std::vector<RowError> row_errors_;
   std::vector<float> error_values_;
   float last_amax_ = 0.0f;
+  float set_amax_ = 0.0f;  // max |w| of the set (families that need it), before measure()
 };
 
 // A set of modules measured together (a fused set sharing a global scale,
-// or one module), with both observers' arguments.
+// or one module), with each observer's arguments (mse, refit: when the
+// scheme takes it).
 struct MeasureSet {
   std::vector<std::size_t> modules;
   QuantArgs minmax;
-  QuantArgs mse;
+  std::optional<QuantArgs> mse;
+  std::optional<QuantArgs> refit;
   std::uint64_t bytes = 0;  // input bytes read in all, about
 };
 
@@ -282,6 +288,7 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
   std::set<std::size_t> in_set;
   Units units;
   std::map<std::string, std::size_t> by_layer;  // vLLM layer -> a module of it
+  const auto [mse_kwargs, refit_kwargs] = split_auto_kwargs(options.kwargs);
   for (std::size_t mi = 0; mi < plan.modules.size(); ++mi) {
     const PlannedModule& m = plan.modules[mi];
     if (m.kind != PlannedModule::Kind::kQuantize) continue;
@@ -301,34 +308,37 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
     const SchemeGroup& g = plan.group_of(m);
     QuantArgs mse = g.weights;
     mse.observer = auto_mse_observer(g.weights);
-    mse.observer_kwargs = options.mse_kwargs.is_null() ? nlohmann::json::object()
-                                                       : options.mse_kwargs;
-    const std::string why = g.family()->supports(mse);
-    if (!why.empty()) {
-      c.not_measured = why;
-      continue;
-    }
-    c.mse_observer = mse.observer;
-    if (in_set.contains(mi)) continue;
+    mse.observer_kwargs = mse_kwargs;
+    QuantArgs refit = g.weights;
+    refit.observer = kRefitObserver;
+    refit.observer_kwargs = refit_kwargs;
+    c.not_measured = g.family()->supports(mse);
+    if (c.not_measured.empty()) c.mse_observer = mse.observer;
+    c.refit_not_measured = g.family()->supports(refit);
+    c.refit_measured = c.refit_not_measured.empty();
+    if ((c.mse_observer.empty() && !c.refit_measured) || in_set.contains(mi)) continue;
     MeasureSet u;
     u.modules = m.amax_set ? plan.amax_sets[*m.amax_set] : std::vector<std::size_t>{mi};
     u.minmax = g.weights;
     u.minmax.observer = "memoryless_minmax";
     u.minmax.observer_kwargs = nlohmann::json::object();
-    u.mse = mse;
+    if (!c.mse_observer.empty()) u.mse = mse;
+    if (c.refit_measured) u.refit = refit;
     // Each observer reads a module once, the MSE one up to twice more (its
-    // cutoff and a set's global scale): the estimate only drives progress.
+    // cutoff and a set's global scale), refit once more for a set's global
+    // scale: the estimate only drives progress.
     for (const std::size_t k : u.modules) {
       in_set.insert(k);
       const WeightRows rows(checkpoint, plan.modules[k].source);
-      u.bytes += (m.amax_set ? 4 : 2) * rows.rows() * rows.row_bytes();
+      const std::uint64_t reads = (m.amax_set ? 2 : 1) * (1 + (u.mse ? 2 : 0) + (u.refit ? 1 : 0));
+      u.bytes += reads * rows.rows() * rows.row_bytes();
     }
     sets.push_back(std::move(u));
   }
   // The kwargs are checked once, before any weight is read.
   if (!sets.empty()) {
-    observer_params(sets.front().mse.observer, sets.front().mse.observer_kwargs,
-                    "--observer-kwarg");
+    observer_params(auto_mse_observer(sets.front().minmax), mse_kwargs, "--observer-kwarg");
+    observer_params(kRefitObserver, refit_kwargs, "--observer-kwarg");
   }
 
   std::uint64_t bytes_total = 0;
@@ -352,29 +362,31 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
   };
   const std::function<void()> progress_fn = progress;
   const std::function<void()> no_progress;
-  std::vector<std::vector<QuantError>> minmax(sets.size());
-  std::vector<std::vector<QuantError>> mse(sets.size());
-  using Measured = std::pair<std::vector<QuantError>, std::vector<QuantError>>;
-  // Each set with min-max, then with its MSE observer, on the threads of
-  // ordered_parallel (the calling thread one of them).
+  // Per set: the errors with min-max, the MSE observer and refit (empty
+  // when not measured).
+  using Measured = std::array<std::vector<QuantError>, 3>;
+  std::vector<Measured> measured(sets.size());
+  // Each set with each of its observers, on the threads of ordered_parallel
+  // (the calling thread one of them).
   const unsigned threads = static_cast<unsigned>(
       std::max<std::size_t>(1, std::min<std::size_t>(options.threads, sets.size())));
   detail::ordered_parallel<Measured>(
       sets.size(), threads,
       [&](std::size_t u, unsigned worker) {
         const std::function<void()>& after_chunk = worker == 0 ? progress_fn : no_progress;
+        const auto run = [&](const QuantArgs& args) {
+          return SetMeasure(checkpoint, plan, sets[u].modules, args, options, bytes_done,
+                            after_chunk)
+              .run();
+        };
         Measured m;
-        m.first = SetMeasure(checkpoint, plan, sets[u].modules, sets[u].minmax, options,
-                             bytes_done, after_chunk)
-                      .run();
-        m.second = SetMeasure(checkpoint, plan, sets[u].modules, sets[u].mse, options,
-                              bytes_done, after_chunk)
-                       .run();
+        m[0] = run(sets[u].minmax);
+        if (sets[u].mse) m[1] = run(*sets[u].mse);
+        if (sets[u].refit) m[2] = run(*sets[u].refit);
         return m;
       },
       [&](std::size_t u, Measured m) {
-        minmax[u] = std::move(m.first);
-        mse[u] = std::move(m.second);
+        measured[u] = std::move(m);
         modules_done += sets[u].modules.size();
         progress();
       },
@@ -387,39 +399,52 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
   for (std::size_t u = 0; u < sets.size(); ++u) {
     for (std::size_t k = 0; k < sets[u].modules.size(); ++k) {
       ModuleObserverChoice& c = choices.modules[slot.at(sets[u].modules[k])];
-      c.minmax = minmax[u][k];
-      c.mse = mse[u][k];
+      c.minmax = measured[u][0][k];
+      if (!measured[u][1].empty()) c.mse = measured[u][1][k];
+      if (!measured[u][2].empty()) c.refit = measured[u][2][k];
     }
   }
-  // A unit keeps the MSE scales when all its modules were measured and
-  // their ||W - Q|| together is strictly lower (a tie keeps the default).
+  // A unit keeps the scales whose ||W - Q|| together is lowest, another
+  // observer's only when all its modules were measured with it and it is
+  // strictly lower (min-max first, then the MSE observer, then refit: a
+  // tie keeps the earlier).
   struct Sum {
     QuantError minmax;
     QuantError mse;
-    bool measured = true;
+    QuantError refit;
+    bool mse_measured = true;
+    bool refit_measured = true;
   };
   std::map<std::size_t, Sum> sums;
   for (const ModuleObserverChoice& c : choices.modules) {
     Sum& s = sums[units.find(c.module)];
     s.minmax.add(c.minmax);
     s.mse.add(c.mse);
-    s.measured = s.measured && !c.mse_observer.empty();
+    s.refit.add(c.refit);
+    s.mse_measured = s.mse_measured && !c.mse_observer.empty();
+    s.refit_measured = s.refit_measured && c.refit_measured;
   }
   for (ModuleObserverChoice& c : choices.modules) {
     const Sum& s = sums.at(units.find(c.module));
-    c.use_mse = s.measured && s.mse.err2 < s.minmax.err2;
+    double best = s.minmax.err2;
+    c.chosen = "memoryless_minmax";
+    if (s.mse_measured && s.mse.err2 < best) {
+      best = s.mse.err2;
+      c.chosen = c.mse_observer;
+    }
+    if (s.refit_measured && s.refit.err2 < best) c.chosen = kRefitObserver;
   }
   return choices;
 }
 
 PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePlan& plan,
-                                     const ObserverChoices& choices,
-                                     const nlohmann::json& mse_kwargs) {
-  std::vector<std::vector<std::string>> keep(plan.options.groups.size());
-  std::vector<std::vector<std::string>> use_mse(plan.options.groups.size());
+                                     const ObserverChoices& choices, const nlohmann::json& kwargs) {
+  const auto [mse_kwargs, refit_kwargs] = split_auto_kwargs(kwargs);
+  // Per group, the modules of each observer: min-max, the MSE observer, refit.
+  std::vector<std::array<std::vector<std::string>, 3>> by(plan.options.groups.size());
   for (const ModuleObserverChoice& c : choices.modules) {
     const PlannedModule& m = plan.modules[c.module];
-    (c.use_mse ? use_mse : keep)[m.group].push_back(m.name);
+    by[m.group][c.use_mse() ? 1 : c.use_refit() ? 2 : 0].push_back(m.name);
   }
   std::set<std::string> names;
   for (const SchemeGroup& g : plan.options.groups) names.insert(g.name);
@@ -427,28 +452,28 @@ PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePla
   out.groups.clear();
   for (std::size_t gi = 0; gi < plan.options.groups.size(); ++gi) {
     const SchemeGroup& g = plan.options.groups[gi];
-    if (use_mse[gi].empty()) {
-      out.groups.push_back(g);
-      continue;
+    std::array<SchemeGroup, 3> split{g, g, g};
+    split[1].weights.observer = auto_mse_observer(g.weights);
+    split[1].weights.observer_kwargs = mse_kwargs;
+    split[2].weights.observer = kRefitObserver;
+    split[2].weights.observer_kwargs = refit_kwargs;
+    const auto used = std::count_if(by[gi].begin(), by[gi].end(),
+                                    [](const auto& modules) { return !modules.empty(); });
+    for (std::size_t k = 0; k < 3; ++k) {
+      if (by[gi][k].empty() && !(used == 0 && k == 0)) continue;
+      SchemeGroup& part = split[k];
+      if (used > 1) {
+        part.targets = by[gi][k];
+        if (k > 0) {
+          part.name = g.name + "_" + part.weights.observer;
+          for (int n = 2; names.contains(part.name); ++n) {
+            part.name = fmt::format("{}_{}_{}", g.name, part.weights.observer, n);
+          }
+          names.insert(part.name);
+        }
+      }
+      out.groups.push_back(std::move(part));
     }
-    SchemeGroup mse = g;
-    mse.weights.observer = auto_mse_observer(g.weights);
-    mse.weights.observer_kwargs =
-        mse_kwargs.is_null() ? nlohmann::json::object() : mse_kwargs;
-    if (keep[gi].empty()) {
-      out.groups.push_back(std::move(mse));
-      continue;
-    }
-    SchemeGroup minmax = g;
-    minmax.targets = keep[gi];
-    mse.targets = use_mse[gi];
-    mse.name = g.name + "_" + mse.weights.observer;
-    for (int n = 2; names.contains(mse.name); ++n) {
-      mse.name = fmt::format("{}_{}_{}", g.name, mse.weights.observer, n);
-    }
-    names.insert(mse.name);
-    out.groups.push_back(std::move(minmax));
-    out.groups.push_back(std::move(mse));
   }
   return out;
 }

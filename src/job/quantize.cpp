@@ -120,7 +120,7 @@ void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs
 }
 
 // --observer auto (observer_choice.hpp): before anything is written, every
-// module is measured with min-max and with its MSE observer, and the plan is
+// module is measured with min-max, its MSE observer and refit, and the plan is
 // made again with the groups split by the observer each module keeps. The
 // first plan's blocking lint findings stop the run before the weights are
 // read. A dry run does not read the weights: its plan keeps min-max.
@@ -131,8 +131,9 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
   const auto& log = options.logger;
   if (options.dry_run) {
     if (log) {
-      log->info("--observer auto: a dry run does not read the weights, so its plan shows every "
-                "group with min-max; the run measures each module with both observers");
+      log->info(
+          "--observer auto: a dry run does not read the weights, so its plan shows every "
+          "group with min-max; the run measures each module with each observer");
     }
     return;
   }
@@ -142,13 +143,14 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
   ObserverChoiceOptions choose;
   choose.threads = options.threads;
   choose.chunk_bytes = options.chunk_bytes;
-  choose.mse_kwargs = options.auto_observer_kwargs;
+  choose.kwargs = options.auto_observer_kwargs;
   choose.on_progress = options.on_progress;
   choose.cancel = options.cancel;
   if (log) {
-    log->info("--observer auto: measuring the weight error of {} module(s) with min-max and with "
-              "an MSE observer (each module read about four times)",
-              summary.plan.n_quantized);
+    log->info(
+        "--observer auto: measuring the weight error of {} module(s) with min-max, an MSE "
+        "observer and refit (each module read about five times)",
+        summary.plan.n_quantized);
   }
   summary.observer_choice = choose_observers(checkpoint, summary.plan, choose);
   summary.phases.choose_observer = lap();

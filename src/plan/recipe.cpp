@@ -103,7 +103,7 @@ std::string yaml_list(const std::vector<std::string>& items) {
 }
 
 // --observer over the recipe's weight_observer; --observer-kwarg KEY=VALUE
-// (VALUE a JSON number, as observer_kwargs hold them).
+// (VALUE a JSON number, as observer_kwargs hold them, or a word, a string).
 void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
                              const CommandLinePlan& cli) {
   if (cli.observer) {
@@ -137,7 +137,19 @@ void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
             "must be a finite number)",
             kv, kv.substr(0, eq), text));
       }
-      throw usage_error(fmt::format("--observer-kwarg '{}': VALUE must be a number", kv));
+      // A word is a string kwarg (refit's weight=x2); the observer checks
+      // each kwarg's type.
+      const bool word = !text.empty() && std::isalpha(static_cast<unsigned char>(text[0])) &&
+                        std::all_of(text.begin(), text.end(),
+                                    [](unsigned char ch) { return std::isalnum(ch) || ch == '_'; });
+      if (!word) {
+        throw usage_error(
+            fmt::format("--observer-kwarg '{}': VALUE must be a number (or a word, such as refit's "
+                        "weight=x2)",
+                        kv));
+      }
+      r.observer_kwargs[kv.substr(0, eq)] = text;
+      continue;
     }
     r.observer_kwargs[kv.substr(0, eq)] = value;
   }
@@ -155,7 +167,9 @@ void apply_observer(PlanOptions& options, const EffectiveRecipe& r) {
       g.weights.observer_kwargs = json::object();
     }
     if (!r.observer_kwargs.is_null()) {
-      observer_params("memoryless_mse", r.observer_kwargs, "--observer-kwarg");
+      const auto [mse, refit] = split_auto_kwargs(r.observer_kwargs);
+      observer_params("memoryless_mse", mse, "--observer-kwarg");
+      observer_params(kRefitObserver, refit, "--observer-kwarg");
     }
     return;
   }

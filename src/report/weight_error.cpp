@@ -105,17 +105,24 @@ json observer_choice_json(const QuantizePlan& plan, const ObserverChoices& choic
     const PlannedModule& m = plan.modules[c.module];
     const bool measured = !c.mse_observer.empty();
     const auto mse_figure = [&](double v) { return measured ? finite_or_null(v) : json(nullptr); };
+    const auto refit_figure = [&](double v) {
+      return c.refit_measured ? finite_or_null(v) : json(nullptr);
+    };
     modules.push_back(json{
         {"module", m.name},
         {"scheme", plan.group_of(m).name},
         {"observer", plan.group_of(m).weights.observer},
         {"mse_observer", measured ? json(c.mse_observer) : json(nullptr)},
         {"not_measured", measured ? json(nullptr) : json(c.not_measured)},
+        {"refit_not_measured", c.refit_measured ? json(nullptr) : json(c.refit_not_measured)},
         {"rel_frobenius_minmax", finite_or_null(c.minmax.rel_frobenius())},
         {"rel_frobenius_mse", mse_figure(c.mse.rel_frobenius())},
+        {"rel_frobenius_refit", refit_figure(c.refit.rel_frobenius())},
         {"max_abs_error_minmax", finite_or_null(c.minmax.max_abs_error())},
         {"max_abs_error_mse", mse_figure(c.mse.max_abs_error())},
-        {"change", mse_figure(change(c.minmax.rel_frobenius(), c.mse.rel_frobenius()))}});
+        {"max_abs_error_refit", refit_figure(c.refit.max_abs_error())},
+        {"change", mse_figure(change(c.minmax.rel_frobenius(), c.mse.rel_frobenius()))},
+        {"change_refit", refit_figure(change(c.minmax.rel_frobenius(), c.refit.rel_frobenius()))}});
   }
   const QuantError minmax = choices.total_minmax();
   const QuantError chosen = choices.total_chosen();
@@ -123,6 +130,7 @@ json observer_choice_json(const QuantizePlan& plan, const ObserverChoices& choic
   return json{
       {"modules", choices.modules.size()},
       {"modules_using_mse", choices.modules_using_mse()},
+      {"modules_using_refit", choices.modules_using_refit()},
       {"rel_frobenius_minmax", any ? finite_or_null(minmax.rel_frobenius()) : json(nullptr)},
       {"rel_frobenius_chosen", any ? finite_or_null(chosen.rel_frobenius()) : json(nullptr)},
       {"change", any ? finite_or_null(change(minmax.rel_frobenius(), chosen.rel_frobenius()))
@@ -136,27 +144,27 @@ std::string render_observer_choice(const QuantizePlan& plan, const ObserverChoic
   const QuantError minmax = choices.total_minmax();
   const QuantError chosen = choices.total_chosen();
   std::string text = fmt::format(
-      "--observer auto: {} of {} quantized module(s) use their MSE observer's scales; weight "
-      "error ||W-Q||/||W|| {} with min-max, {} as chosen ({})\n",
-      choices.modules_using_mse(), choices.modules.size(), figure(minmax.rel_frobenius()),
-      figure(chosen.rel_frobenius()),
+      "--observer auto: {} of {} quantized module(s) use their MSE observer's scales, {} "
+      "refit's; weight error ||W-Q||/||W|| {} with min-max, {} as chosen ({})\n",
+      choices.modules_using_mse(), choices.modules.size(), choices.modules_using_refit(),
+      figure(minmax.rel_frobenius()), figure(chosen.rel_frobenius()),
       percent(change(minmax.rel_frobenius(), chosen.rel_frobenius())));
   std::vector<const ModuleObserverChoice*> changed;
   for (const ModuleObserverChoice& c : choices.modules) {
-    if (c.use_mse) changed.push_back(&c);
+    if (c.use_mse() || c.use_refit()) changed.push_back(&c);
   }
   // The largest reductions first, then plan order.
-  std::stable_sort(changed.begin(), changed.end(), [](const auto* a, const auto* b) {
-    return change(a->minmax.rel_frobenius(), a->mse.rel_frobenius()) <
-           change(b->minmax.rel_frobenius(), b->mse.rel_frobenius());
-  });
+  const auto reduction = [](const ModuleObserverChoice* c) {
+    return change(c->minmax.rel_frobenius(), c->chosen_error().rel_frobenius());
+  };
+  std::stable_sort(changed.begin(), changed.end(),
+                   [&](const auto* a, const auto* b) { return reduction(a) < reduction(b); });
   if (changed.size() > count) changed.resize(count);
-  if (!changed.empty()) text += "  largest reductions (min-max -> MSE):\n";
+  if (!changed.empty()) text += "  largest reductions (min-max -> the observer kept):\n";
   for (const ModuleObserverChoice* c : changed) {
-    text += fmt::format("  {}  {} -> {}  {}  {}\n",
-                        percent(change(c->minmax.rel_frobenius(), c->mse.rel_frobenius())),
-                        figure(c->minmax.rel_frobenius()), figure(c->mse.rel_frobenius()),
-                        c->mse_observer, plan.modules[c->module].name);
+    text += fmt::format(
+        "  {}  {} -> {}  {}  {}\n", percent(reduction(c)), figure(c->minmax.rel_frobenius()),
+        figure(c->chosen_error().rel_frobenius()), c->chosen, plan.modules[c->module].name);
   }
   return text;
 }

@@ -121,10 +121,13 @@ std::uint64_t row_alignment(const QuantArgs& args) {
 
 bool needs_tensor_amax(const QuantArgs&) { return false; }
 
-// Zero points of asymmetric schemes; with an MSE observer, the zero points
-// and one unpacked code per weight (quantize_ranges_fast).
+// Zero points of asymmetric schemes; with an observer that chooses ranges
+// (MSE, refit), the zero points and one unpacked code per weight
+// (quantize_ranges_fast).
 std::uint64_t scratch_bytes(const QuantArgs& args, std::uint64_t n_rows, std::uint64_t n_cols) {
-  if (is_mse_observer(args.observer)) return n_rows * n_groups(args, n_cols) + n_rows * n_cols;
+  if (is_mse_observer(args.observer) || is_refit_observer(args.observer)) {
+    return n_rows * n_groups(args, n_cols) + n_rows * n_cols;
+  }
   return args.symmetric ? 0 : n_rows * n_groups(args, n_cols);
 }
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/minifloat.hpp"
+#include "ctquant/scheme/refit.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/util/error.hpp"
 #include "scheme/microscale.hpp"
@@ -28,7 +29,7 @@ using S = QuantArgs::Strategy;
 
 ObserverChoice resolve_observer(const std::string& name, const std::string& where) {
   if (name == "memoryless_minmax" || name == "static_minmax" || name == "memoryless_mse" ||
-      name == "nvfp4_expanded_mse") {
+      name == "nvfp4_expanded_mse" || name == kRefitObserver) {
     return {name, ""};
   }
   if (name == "minmax") return {"static_minmax", ""};
@@ -55,8 +56,8 @@ ObserverChoice resolve_observer(const std::string& name, const std::string& wher
   }
   throw usage_error(fmt::format(
       "{}: observer \"{}\" is not a weight observer ctquant knows (memoryless_minmax, "
-      "static_minmax, minmax, memoryless_mse, mse, nvfp4_expanded_mse; imatrix_mse needs "
-      "calibration data; --observer auto chooses per module)",
+      "static_minmax, minmax, memoryless_mse, mse, nvfp4_expanded_mse, refit; imatrix_mse "
+      "needs calibration data; --observer auto chooses per module)",
       where, name));
 }
 
@@ -97,6 +98,8 @@ bool is_mse_observer(const std::string& observer) {
   return observer == "memoryless_mse" || observer == "nvfp4_expanded_mse";
 }
 
+bool is_refit_observer(const std::string& observer) { return observer == kRefitObserver; }
+
 std::uint32_t ObserverParams::steps() const {
   const double n = maxshrink * grid;  // Python int(): truncation toward zero
   if (!(n >= 1.0)) return 0;          // also NaN
@@ -135,6 +138,11 @@ ObserverParams observer_params(const std::string& observer, const json& kwargs,
     throw usage_error(fmt::format("{}: observer_kwargs {} is not an object", where, kwargs.dump()));
   }
   const bool has_kwargs = kwargs.is_object() && !kwargs.empty();
+  if (is_refit_observer(observer)) {
+    p.refit = true;
+    p.refit_params = refit_params(kwargs, where);
+    return p;
+  }
   if (!is_mse_observer(observer)) {
     if (has_kwargs) {
       throw usage_error(fmt::format("{}: observer_kwargs {}: {} takes none", where, kwargs.dump(),
@@ -245,6 +253,36 @@ std::string mse_unsupported(const QuantArgs& args) {
     return "a scale_dtype outside NVFP4 and MX";
   }
   return {};
+}
+
+std::string refit_unsupported(const QuantArgs& args) {
+  if (args.strategy == S::kTensor) {
+    return "refit with one scale per tensor: refit chooses each group's scale, and a per-tensor "
+           "scale has no groups; use strategy channel or group";
+  }
+  if (args.type == QuantArgs::Type::kFloat && args.strategy != S::kTensorGroup &&
+      !detail::is_mx(args)) {
+    return "refit with FP8 weights: refit searches integer grids and the NVFP4 and MX scale "
+           "codes, and FP8's own grid is left to round-to-nearest; use memoryless_minmax or "
+           "memoryless_mse";
+  }
+  if (args.type == QuantArgs::Type::kFloat && !args.symmetric) {
+    return "asymmetric float weights";
+  }
+  return {};
+}
+
+std::pair<json, json> split_auto_kwargs(const json& kwargs) {
+  json mse = json::object();
+  json refit = json::object();
+  if (kwargs.is_object()) {
+    for (const auto& [key, value] : kwargs.items()) {
+      const bool of_refit =
+          std::find(kRefitKwargs.begin(), kRefitKwargs.end(), key) != kRefitKwargs.end();
+      (of_refit ? refit : mse)[key] = value;
+    }
+  }
+  return {mse, refit};
 }
 
 std::uint64_t observed_groups(const QuantArgs& args, std::uint64_t n_rows, std::uint64_t n_cols) {
@@ -410,6 +448,10 @@ float group_error(const detail::Candidate& cand, const QuantArgs& args, DType w,
 
 void observe_ranges_ref(const QuantArgs& args, const ObserverParams& params, std::uint32_t cutoff,
                         const ObserveIo& io, ImprovedSteps* improved) {
+  if (params.refit) {
+    observe_refit_ref(args, params.refit_params, io);
+    return;
+  }
   const DType w = io.dtype;
   const std::size_t esize = static_cast<std::size_t>(dtype_bits(w) / 8);
   const detail::GroupLayout layout = detail::group_layout(args, io.n_rows, io.n_cols);

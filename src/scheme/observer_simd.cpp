@@ -56,6 +56,7 @@
 #include <hwy/aligned_allocator.h>
 
 #include "ctquant/scheme/observer.hpp"
+#include "ctquant/scheme/refit.hpp"
 #include "scheme/kernel_steps.hpp"
 #include "scheme/observer_steps.hpp"
 
@@ -743,6 +744,10 @@ bool int_codes_from_ranges_at(const SimdLevel& level, const QuantArgs& args, DTy
 
 void observe_ranges(const QuantArgs& args, const ObserverParams& params, std::uint32_t cutoff,
                     const ObserveIo& io, ImprovedSteps* improved) {
+  if (params.refit) {
+    observe_refit(args, params.refit_params, io);
+    return;
+  }
   if (!detail::observe_ranges_at(detail::simd_best_level(), args, params, cutoff, io, improved)) {
     observe_ranges_ref(args, params, cutoff, io, improved);
   }

@@ -185,8 +185,9 @@ class AgainstSource : TensorChecks {
     }
   }
 
-  // The MSE observer's ranges of rows [r0, r1) of module mi (already
-  // loaded), searched up to candidate `cutoff` (observer.hpp), in `ranges`.
+  // The observer's ranges of rows [r0, r1) of module mi (already loaded):
+  // an MSE search up to candidate `cutoff` (observer.hpp), or refit's, in
+  // `ranges`.
   // With `improved`: the candidates that improve some group ORed into it
   // (the cutoff's own pass, which searches every candidate). Thread-safe.
   const float* observe(std::size_t mi, const WeightRows& source, const std::byte* rows,
@@ -195,12 +196,8 @@ class AgainstSource : TensorChecks {
     const QuantArgs& args = plan_.group_of(plan_.modules[mi]).weights;
     const ObserverParams params = observer_params(args.observer, args.observer_kwargs, "verify");
     ranges.resize(2 * observed_groups(args, n, source.cols()));
-    ObserveIo io;
-    io.dtype = source.dtype();
-    io.n_rows = n;
-    io.n_cols = source.cols();
-    io.weight = rows;
-    io.ranges = ranges.data();
+    // tensor_amax: refit refits NVFP4 group scales under the set's global scale.
+    const ObserveIo io{source.dtype(), n, source.cols(), rows, ranges.data(), set_amax_[mi]};
     observe_ranges(args, params, improved != nullptr ? params.steps() : cutoff, io, improved);
     return ranges.data();
   }
@@ -268,8 +265,10 @@ class AgainstSource : TensorChecks {
     float amax = 0;  // of the module's amax set
     std::uint64_t scale_rows = 1;
     std::uint64_t scale_cols = 1;
-    std::size_t index = 0;                       // into plan_.modules
-    std::optional<std::uint32_t> mse_cutoff;     // with an MSE observer: its last candidate
+    std::size_t index = 0;  // into plan_.modules
+    // With an observer that chooses ranges: an MSE search's last candidate
+    // (0 for refit, which has no cutoff).
+    std::optional<std::uint32_t> mse_cutoff;
   };
   // One worker's buffers for check_chunk, reused from chunk to chunk.
   struct ChunkScratch {
@@ -524,7 +523,8 @@ class AgainstSource : TensorChecks {
                               q.index,
                               is_mse_observer(q.args.observer)
                                   ? std::optional<std::uint32_t>(mse_cutoff_of(q.index))
-                                  : std::nullopt};
+                              : is_refit_observer(q.args.observer) ? std::optional<std::uint32_t>(0)
+                                                                   : std::nullopt};
     std::vector<ChunkScratch> scratch(threads_);
     ordered_parallel<ChunkFindings>(
         static_cast<std::size_t>((rows + step - 1) / step), threads_,

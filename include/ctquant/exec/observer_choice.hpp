@@ -1,34 +1,37 @@
-// `--observer auto`: choose, module by module, between the scales of
-// min-max (the default observer) and those of an MSE observer
-// (scheme/observer.hpp) by their weight error, before the run writes
+// `--observer auto`: choose, module by module, among the scales of min-max
+// (the default observer), of an MSE observer (scheme/observer.hpp) and of
+// refit (scheme/refit.hpp) by their weight error, before the run writes
 // anything.
 //
-// choose_observers() reads every module the plan quantizes whose scheme can
-// take an MSE observer, quantizes it in memory once with each observer,
-// chunk by chunk exactly as the executor would (the MSE search's cutoff
-// pre-pass, the fused set's max |w| or chosen ranges for a global scale,
-// the family's kernel), and measures each result with the shared error
-// function (quant_error.hpp: the same figures as the run report, `verify
-// --against-source` and `inspect --errors`). A module keeps the MSE scales
-// when their ||W - Q|| is strictly lower. The modules vLLM builds as one
-// layer (the shards of a fused q/k/v or gate/up, the experts of a MoE
+// choose_observers() reads every module the plan quantizes, quantizes it in
+// memory once with min-max and once with each of the other two its scheme
+// can take, chunk by chunk exactly as the executor would (the MSE search's
+// cutoff pre-pass, the fused set's max |w| or chosen ranges for a global
+// scale, the family's kernel), and measures each result with the shared
+// error function (quant_error.hpp: the same figures as the run report,
+// `verify --against-source` and `inspect --errors`). A module keeps the
+// scales with the lowest ||W - Q||, another observer's only when strictly
+// lower than min-max's (a tie between the MSE observer and refit keeps the
+// MSE observer, which the library reproduces). The modules vLLM builds as
+// one layer (the shards of a fused q/k/v or gate/up, the experts of a MoE
 // layer: ModuleInfo::vllm_layer) and those that share a global scale are
 // decided together, by their error together: vLLM reads such a layer with
-// one config group. The MSE observer is nvfp4_expanded_mse for NVFP4 (strategy
-// tensor_group) and memoryless_mse otherwise, with the run's
-// --observer-kwarg values.
+// one config group. The MSE observer is nvfp4_expanded_mse for NVFP4
+// (strategy tensor_group) and memoryless_mse otherwise; the run's
+// --observer-kwarg values go to whichever of the MSE observer and refit
+// takes them (split_auto_kwargs).
 //
 // split_groups_by_observer() then writes the choice into the plan's scheme
 // groups, as compressed-tensors expresses it: one config group per
 // observer. A group whose modules all keep min-max is unchanged; one whose
-// modules all chose MSE keeps its name and targets with the MSE observer; a
-// group whose modules differ becomes two groups whose targets are the
-// exact names of their modules ("NAME" with min-max, "NAME_<observer>" with
-// the MSE observer), so that compressed-tensors, vLLM and ctquant's own
-// planner assign every module the same way whatever the order of the groups
-// (exact names take precedence over class names in compressed-tensors
-// `match_targets` and vLLM `find_matched_target`, and the two lists are
-// disjoint).
+// modules all chose one other observer keeps its name and targets with that
+// observer; a group whose modules differ becomes one group per observer
+// whose targets are the exact names of its modules ("NAME" with min-max,
+// "NAME_<observer>" with the others), so that compressed-tensors, vLLM and
+// ctquant's own planner assign every module the same way whatever the order
+// of the groups (exact names take precedence over class names in
+// compressed-tensors `match_targets` and vLLM `find_matched_target`, and
+// the lists are disjoint).
 #pragma once
 
 #include <atomic>
@@ -42,6 +45,7 @@
 
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/checkpoint.hpp"
 
@@ -52,8 +56,9 @@ inline constexpr const char* kAutoObserver = "auto";
 struct ObserverChoiceOptions {
   unsigned threads = 1;                  // modules measured at once (>= 1)
   std::uint64_t chunk_bytes = 4u << 20;  // rows read at a time, as ExecuteOptions
-  // observer_kwargs of the MSE observer (--observer-kwarg), an object.
-  nlohmann::json mse_kwargs = nlohmann::json::object();
+  // The --observer-kwarg values, an object: each goes to the MSE observer
+  // or to refit, whichever takes it (split_auto_kwargs).
+  nlohmann::json kwargs = nlohmann::json::object();
   // Called from the calling thread about every 200 ms and at the end with
   // the input bytes read so far (each module is read once per observer).
   std::function<void(const Progress&)> on_progress;
@@ -65,9 +70,19 @@ struct ModuleObserverChoice {
   std::size_t module = 0;    // index into QuantizePlan::modules
   std::string mse_observer;  // the MSE observer measured; "" when none was
   std::string not_measured;  // why no MSE observer was measured ("" when one was)
-  QuantError minmax;         // weight error with min-max scales
-  QuantError mse;            // with the MSE observer's scales (when measured)
-  bool use_mse = false;      // the module (with the rest of its layer) keeps the MSE scales
+  bool refit_measured = false;
+  std::string refit_not_measured;  // why refit was not measured ("" when it was)
+  QuantError minmax;               // weight error with min-max scales
+  QuantError mse;                  // with the MSE observer's scales (when measured)
+  QuantError refit;                // with refit's scales (when measured)
+  // The observer whose scales the module (with the rest of its layer)
+  // keeps: "memoryless_minmax", mse_observer or "refit".
+  std::string chosen = "memoryless_minmax";
+
+  bool use_mse() const { return !mse_observer.empty() && chosen == mse_observer; }
+  bool use_refit() const { return chosen == kRefitObserver; }
+  // The weight error with the scales kept.
+  const QuantError& chosen_error() const { return use_mse() ? mse : use_refit() ? refit : minmax; }
 };
 
 // Every quantized module of the plan, in plan order.
@@ -75,6 +90,7 @@ struct ObserverChoices {
   std::vector<ModuleObserverChoice> modules;
 
   std::size_t modules_using_mse() const;
+  std::size_t modules_using_refit() const;
   // The weight error over all modules with min-max scales, and with the
   // scales chosen (quant_error.hpp step 6, modules in plan order).
   QuantError total_minmax() const;
@@ -89,16 +105,17 @@ std::string auto_mse_observer(const QuantArgs& weights);
 // Measures and decides (see above). The plan's groups must use min-max.
 // Throws Error{kBadInput} for a weight element that is not finite (as the
 // run itself would), Error{kUsage} for --observer-kwarg values the MSE
-// observer refuses, Error{kInterrupted} on cancel, Error{kIo} on a read
+// observer or refit refuses, Error{kInterrupted} on cancel, Error{kIo} on a read
 // error.
 ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePlan& plan,
                                  const ObserverChoiceOptions& options);
 
 // `given` (the options the plan was made from) with its groups split as
 // described above; plan is make_plan(checkpoint, given).
+// kwargs: the --observer-kwarg values (split_auto_kwargs gives each
+// observer its own).
 PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePlan& plan,
-                                     const ObserverChoices& choices,
-                                     const nlohmann::json& mse_kwargs);
+                                     const ObserverChoices& choices, const nlohmann::json& kwargs);
 
 // One measurement for measure_errors: the modules of a set that shares a
 // global scale (QuantizePlan::amax_sets), or one module, quantized with

@@ -54,9 +54,10 @@ struct QuantizeOptions {
   std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job
   std::uint64_t fp8_band_bytes = 256u << 10;  // ExecuteOptions::fp8_band_bytes
   // --observer auto (observer_choice.hpp): every module measured with
-  // min-max and with its MSE observer (observer_kwargs auto_observer_kwargs,
-  // an object or null) before anything is written; each keeps the scales
-  // with the lower weight error. The plan's groups must use min-max.
+  // min-max, its MSE observer and refit (observer_kwargs
+  // auto_observer_kwargs, an object or null, split between them) before
+  // anything is written; each keeps the scales with the lowest weight
+  // error. The plan's groups must use min-max.
   bool auto_observer = false;
   nlohmann::json auto_observer_kwargs;
   // --target-bits B (plan/bit_allocation.hpp, exec/bit_choice.hpp): every
@@ -128,7 +129,7 @@ QuantizeOptions default_quantize_options();
 struct PhaseTimes {
   double open = 0;      // list the input, read and validate every header
   double plan = 0;      // make_plan (twice with --observer auto, --target-bits, --more-bits)
-  double choose_observer = 0;  // --observer auto: measuring every module with both observers
+  double choose_observer = 0;  // --observer auto: measuring every module with each observer
   double choose_bits = 0;      // --target-bits: measuring every module with each option
   double lint = 0;      // run_lint
   double stream = 0;    // execute_plan's jobs: read, quantize, write (page cache)

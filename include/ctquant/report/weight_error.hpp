@@ -1,7 +1,7 @@
 // The weight error of the quantized modules (scheme/quant_error.hpp) as
 // reports give it: JSON for the quantize report and `inspect --errors
 // --json`, text for the summary on stderr and `inspect --errors`, and
-// `--observer auto`'s comparison of min-max and MSE scales.
+// `--observer auto`'s comparison of min-max, MSE and refit scales.
 #pragma once
 
 #include <cstddef>
@@ -37,19 +37,22 @@ std::string render_weight_error_table(const QuantizePlan& plan,
                                       const std::vector<ModuleError>& errors);
 
 // --observer auto's choice (exec/observer_choice.hpp) for the report:
-// {"modules", "modules_using_mse", "rel_frobenius_minmax",
-// "rel_frobenius_chosen" (over all modules, in plan order), "change"
-// (chosen / min-max - 1), "per_module": one {"module", "scheme" (its group
-// in plan), "observer" (the one its scales come from), "mse_observer" (null
-// when none was measured), "not_measured" (why, or null),
-// "rel_frobenius_minmax", "rel_frobenius_mse", "max_abs_error_minmax",
-// "max_abs_error_mse", "change" (MSE / min-max - 1)} per module, in plan
-// order}. Non-finite or absent figures are null.
+// {"modules", "modules_using_mse", "modules_using_refit",
+// "rel_frobenius_minmax", "rel_frobenius_chosen" (over all modules, in plan
+// order), "change" (chosen / min-max - 1), "per_module": one {"module",
+// "scheme" (its group in plan), "observer" (the one its scales come from),
+// "mse_observer" (null when none was measured), "not_measured" (why, or
+// null), "refit_not_measured" (why refit was not measured, or null),
+// "rel_frobenius_minmax", "rel_frobenius_mse", "rel_frobenius_refit",
+// "max_abs_error_minmax", "max_abs_error_mse", "max_abs_error_refit",
+// "change" (MSE / min-max - 1), "change_refit" (refit / min-max - 1)} per
+// module, in plan order}. Non-finite or absent figures are null.
 nlohmann::json observer_choice_json(const QuantizePlan& plan, const ObserverChoices& choices);
 
 // The summary line of --observer auto for stderr: how many modules use the
-// MSE scales and the weight error over all modules both ways, then the
-// modules whose error changed most (count of them), one line each.
+// MSE and the refit scales and the weight error over all modules with
+// min-max and as chosen, then the modules whose error changed most (count
+// of them), one line each.
 std::string render_observer_choice(const QuantizePlan& plan, const ObserverChoices& choices,
                                    std::size_t count = 5);
 

@@ -16,17 +16,24 @@
 //   with the smallest error is kept. The search stops after `patience`
 //   consecutive candidates that improve no group of the whole tensor
 //   (`mse_cutoff`).
+// - refit (ctquant's own; the library cannot reproduce it): per group the
+//   scale (and integer zero point) with the lowest weighted squared error
+//   of what compressed-tensors dequantizes, expressed as a range, with no
+//   change of format (scheme/refit.hpp; docs/observers.md, "refit").
 //
 // The search is exact for BF16 and F16 weights (every pow of a W value is
 // tabulated); for F32 weights PyTorch's pow is SLEEF's (1 ulp), which this
 // does not reproduce, so near-ties may pick another candidate.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,10 +43,41 @@
 
 namespace ctquant {
 
+// The observer_kwargs of refit (scheme/refit.hpp; docs/observers.md says
+// what each does and why its default).
+struct RefitParams {
+  // Int: candidate k = 0 .. steps is the min-max scale (asymmetric: range)
+  // times 1 + span * (2k / steps - 1) (span in [0, 1): positive scales
+  // only). Each is evaluated, and the least-squares refit of its codes
+  // predicted; the best predicted refit is evaluated, and refitted again,
+  // `refits` times in all. span unset: span_for's default.
+  std::uint32_t steps = 8;
+  std::optional<double> span;
+  std::uint32_t refits = 2;
+  // The importance weight of each element in the error: 1, or x^2 ("x2").
+  bool weight_x2 = false;
+  // Asymmetric int: HQQ's half-quadratic zero-point search (lp norm p,
+  // penalty beta growing by kappa per iteration, iters iterations).
+  double p = 0.7;
+  double beta = 10.0;
+  double kappa = 1.01;
+  std::uint32_t iters = 20;
+  // NVFP4: the E4M3 group-scale codes tried on either side of min-max's.
+  std::uint32_t codes = 4;
+
+  // The span of an integer format of num_bits bits: the one given, else
+  // 0.2 up to 4 bits and 0.05 above (the finer grid of 8-bit codes makes
+  // their best scale lie closer to min-max's: measured on the Laguna-S-2.1
+  // layout, docs/observers.md).
+  double span_for(int num_bits) const { return span ? *span : num_bits <= 4 ? 0.2 : 0.05; }
+};
+
 // The parameters of an observer, from its name and observer_kwargs
 // (defaults of llm-compressor `observers/mse.py`).
 struct ObserverParams {
-  bool mse = false;         // false: min-max
+  bool mse = false;    // false: min-max (or refit)
+  bool refit = false;  // refit: its kwargs in refit_params
+  RefitParams refit_params;
   double maxshrink = 0.20;  // memoryless_mse; nvfp4_expanded_mse 1 - 0.8 / 1.8
   double grid = 100.0;      // nvfp4_expanded_mse 200
   double norm = 2.4;
@@ -49,6 +87,10 @@ struct ObserverParams {
   // int(maxshrink * grid): the number of candidates (0 when not positive,
   // saturated at the largest uint32).
   std::uint32_t steps() const;
+  // Whether the observer chooses ranges before the kernel runs (an MSE
+  // search or refit): false for min-max, whose kernels take each group's
+  // own min and max.
+  bool chooses_ranges() const { return mse || refit; }
 };
 
 // What an observer name means to ctquant.
@@ -90,6 +132,11 @@ inline constexpr std::uint32_t kExpandedMseSteps = 111;
 inline constexpr std::uint32_t kMseCostWarningFactor = 10;
 
 bool is_mse_observer(const std::string& observer);
+inline constexpr const char* kRefitObserver = "refit";
+// The observer_kwargs refit takes (RefitParams; refit_params of refit.hpp).
+inline constexpr std::array<std::string_view, 9> kRefitKwargs = {
+    "steps", "span", "refits", "weight", "p", "beta", "kappa", "iters", "codes"};
+bool is_refit_observer(const std::string& observer);
 
 // The info lines of resolve_observer's mappings ("mse" runs as
 // memoryless_mse) met while reading options, each once, for the CLI to print;
@@ -105,6 +152,19 @@ std::vector<std::string> take_observer_warnings();
 // error of the whole tensor in an order that depends on PyTorch's thread
 // count, so its bytes depend on the machine.
 std::string mse_unsupported(const QuantArgs& args);
+
+// Why refit cannot choose the scales of these args, or "" when it can:
+// integer weights with group or channel scales (symmetric or asymmetric),
+// NVFP4 and MX. Refused: per-tensor scales (one scale for the whole tensor,
+// no groups to refit) and FP8 weights (channel, block, tensor: refit
+// searches integer grids and the NVFP4 and MX scale codes; use
+// memoryless_mse for FP8).
+std::string refit_unsupported(const QuantArgs& args);
+
+// The kwargs given to --observer auto split between the two searches it
+// measures: {MSE observer's, refit's} (the keys are disjoint; a key
+// neither takes goes to the MSE observer, which refuses it).
+std::pair<nlohmann::json, nlohmann::json> split_auto_kwargs(const nlohmann::json& kwargs);
 
 // A family row's `supports` with the observer's rule added
 // (SchemeFamily::supports): the family's own reason, else mse_unsupported
@@ -131,9 +191,14 @@ struct ObserveIo {
   std::uint64_t n_rows = 0;
   std::uint64_t n_cols = 0;
   const std::byte* weight = nullptr;
-  // Per scale group, row-major over the chunk's groups: lo, hi (values of
-  // dtype). Written by observe_ranges.
+  // Per scale group, row-major over the chunk's groups: lo, hi. Written by
+  // observe_ranges. The MSE searches give values of dtype; refit gives
+  // floats that calculate_qparams turns into exactly the scale (and zero
+  // point) it chose (scheme/refit.hpp).
   float* ranges = nullptr;
+  // refit under NVFP4: max |w| of the module's fused set (KernelIo's
+  // tensor_amax), whose global scale the group scales are refitted under.
+  float tensor_amax = 0.0f;
 };
 
 // Scale groups of a chunk of n_rows rows (the size of ObserveIo::ranges / 2).
@@ -143,11 +208,13 @@ std::uint64_t observed_groups(const QuantArgs& args, std::uint64_t n_rows, std::
 using ImprovedSteps = std::vector<std::uint64_t>;
 
 // Search every group of the chunk over candidates 0 .. cutoff and write
-// the chosen ranges; or the group's min and max for min-max. When improved
-// is given, OR into it the candidates that improved some group. The
-// scalar reference and the vector kernel (same results, bit for bit).
-void observe_ranges_ref(const QuantArgs& args, const ObserverParams& params,
-                        std::uint32_t cutoff, const ObserveIo& io, ImprovedSteps* improved);
+// the chosen ranges; or the group's min and max for min-max; refit
+// (params.refit) runs observe_refit_ref / observe_refit of
+// scheme/refit.hpp, whatever cutoff and improved say. When improved is
+// given, OR into it the candidates that improved some group. The scalar
+// reference and the vector kernel (same results, bit for bit).
+void observe_ranges_ref(const QuantArgs& args, const ObserverParams& params, std::uint32_t cutoff,
+                        const ObserveIo& io, ImprovedSteps* improved);
 void observe_ranges(const QuantArgs& args, const ObserverParams& params, std::uint32_t cutoff,
                     const ObserveIo& io, ImprovedSteps* improved);
 
@@ -175,6 +242,7 @@ template <std::string (*Supports)(const QuantArgs&)>
 std::string supports_with_observer(const QuantArgs& args) {
   std::string why = Supports(args);
   if (why.empty() && is_mse_observer(args.observer)) why = mse_unsupported(args);
+  if (why.empty() && is_refit_observer(args.observer)) why = refit_unsupported(args);
   return why;
 }
 
