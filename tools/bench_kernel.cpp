@@ -12,8 +12,10 @@
 // each as reference and fast path for every dtype and, for BF16, at every
 // level; and the input side: the FP8 E4M3 decode of FP8 inputs and the
 // max |w| pre-pass of NVFP4, at every level. Last, the MSE observer's
-// search (MseSearch/DTYPE/PATH) at W4A16's args, and the executor's scale
-// check after the fast kernels (ScaleCheck/PRESET/BF16/fast+scale_check).
+// search (MseSearch/DTYPE/PATH) at W4A16's args, the refit observer
+// (RefitSearch/PRESET/BF16/PATH) at W4A16's and W4A16_ASYM's, and the
+// executor's scale check after the fast kernels
+// (ScaleCheck/PRESET/BF16/fast+scale_check).
 //
 // Each thread quantizes its own block of kRows x kCols weights (about the
 // executor's chunk: 3 MiB of BF16), so the working set is what a worker
@@ -43,6 +45,7 @@
 #include "ctquant/scheme/int8.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"
+#include "ctquant/scheme/refit.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/scheme/scale_check.hpp"
 #include "ctquant/scheme/scheme.hpp"
@@ -51,6 +54,7 @@
 #include "scheme/kernel_simd.hpp"
 #include "scheme/microscale_simd.hpp"
 #include "scheme/observer_steps.hpp"
+#include "scheme/refit_steps.hpp"
 #include "simd/simd.hpp"
 #include "source/fp8_simd.hpp"
 
@@ -540,6 +544,51 @@ void register_mse_search() {
   }
 }
 
+// The refit observer (observe_refit) over the same block at W4A16's args
+// (symmetric) or W4A16_ASYM's (asymmetric) with its default kwargs: the
+// scalar reference, or the vector kernel at one level.
+void run_refit_search(benchmark::State& state, DType dtype, bool symmetric,
+                      const ctquant::detail::SimdLevel* level) {
+  if (skipped(state, level)) return;
+  ctquant::QuantArgs args;
+  args.type = ctquant::QuantArgs::Type::kInt;
+  args.num_bits = 4;
+  args.symmetric = symmetric;
+  args.strategy = ctquant::QuantArgs::Strategy::kGroup;
+  args.group_size = 128;
+  args.observer = ctquant::kRefitObserver;
+  const ctquant::RefitParams params = ctquant::refit_params(nlohmann::json::object(), "bench");
+  const std::uint64_t rows = level == nullptr ? kRows / 16 : kRows;
+  const std::vector<std::byte> weights = thread_weights(state, dtype);
+  std::vector<float> ranges(2 * ctquant::observed_groups(args, rows, kCols));
+  const ctquant::ObserveIo io{dtype, rows, kCols, weights.data(), ranges.data(), 0.0f};
+  for (auto _ : state) {
+    if (level == nullptr) {
+      ctquant::observe_refit_ref(args, params, io);
+    } else if (!ctquant::detail::observe_refit_at(*level, args, params, io)) {
+      state.SkipWithError("the vector kernel does not cover these args");
+      return;
+    }
+    benchmark::DoNotOptimize(ranges.data());
+  }
+  set_rates(state, rows * kCols * 2);
+}
+
+void register_refit_search() {
+  for (const bool symmetric : {true, false}) {
+    const std::string prefix =
+        std::string("RefitSearch/") + (symmetric ? "W4A16" : "W4A16_ASYM") + "/BF16/";
+    benchmark::RegisterBenchmark((prefix + "reference").c_str(), run_refit_search, DType::kBF16,
+                                 symmetric, nullptr)
+        ->UseRealTime();
+    for (const ctquant::detail::SimdLevel& level : ctquant::detail::simd_levels()) {
+      benchmark::RegisterBenchmark((prefix + level.name).c_str(), run_refit_search, DType::kBF16,
+                                   symmetric, &level)
+          ->UseRealTime();
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -547,6 +596,7 @@ int main(int argc, char** argv) {
   register_rows();
   register_input_side();
   register_mse_search();
+  register_refit_search();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
