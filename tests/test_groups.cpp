@@ -515,6 +515,24 @@ TEST(VerifyLoadability, ZeroPointsOfAnAsymmetricSchemeForGroupBesideASymmetricOn
   EXPECT_TRUE(named);
 }
 
+// --allow L9 let a run that quantizes nothing write a quantization_config
+// with empty config_groups, which verify and inspect then refused.
+TEST(QuantizeNothing, AllowL9DoesNotWriteAConfigWithNoGroup) {
+  test::TempDir dir;
+  write_small_llama(dir / "in");
+  const auto q = test::run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(),
+                                    "--allow", "L9", "--targets", "nomatch"});
+  EXPECT_EQ(q.exit_code, 2) << q.err;
+  EXPECT_TRUE(contains(q.err, "no tensor would be quantized (of 21 tensors; lint L9), so there "
+                              "is no scheme group to write"))
+      << q.err;
+  EXPECT_TRUE(contains(q.err, "--allow L9 does not write it (nothing was written)")) << q.err;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  const auto d = test::run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(),
+                                    "--allow", "L9", "--targets", "nomatch", "--dry-run"});
+  EXPECT_EQ(d.exit_code, 2) << d.err;
+}
+
 // ---- config.json with a repeated key ----
 
 TEST(ConfigJson, RepeatedKeyIsRefusedByQuantizeAndVerifyNamingTheKey) {
