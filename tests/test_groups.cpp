@@ -470,6 +470,13 @@ TEST(VerifyLoadability, GroupWithFormatNullIsANoteNotAJsonError) {
       {"verify", (dir / "out").string(), (dir / "in").string(), "--against-source"});
   EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
   EXPECT_FALSE(contains(v.err, "json.exception")) << v.err;
+  // A top-level format null is said as null, not as ''.
+  config["quantization_config"]["format"] = nullptr;
+  test::write_json(dir / "out" / "config.json", config);
+  const VerifyReport null_top = verify_against_source(dir / "out", dir / "in", VerifyOptions{});
+  EXPECT_TRUE(std::any_of(null_top.notes.begin(), null_top.notes.end(), [](const auto& n) {
+    return contains(n.message, "readers take the top-level format null");
+  }));
 }
 
 // verify reads each packed module's zero point, format and bit width from

@@ -205,6 +205,13 @@ std::string check_config_block(const json& qc, Checks& c) {
   return top_format;
 }
 
+// The top-level format as a note quotes it: 'name', or null / absent.
+std::string top_format_text(const json& qc) {
+  const auto it = qc.find("format");
+  if (it == qc.end()) return "(absent)";
+  return it->is_string() ? fmt::format("'{}'", it->get<std::string>()) : it->dump();
+}
+
 // The config groups, each checked for a format vLLM reads it with and for
 // actorder.
 std::vector<Group> read_groups(const json& qc, const std::string& top_format, Checks& c) {
@@ -236,8 +243,8 @@ std::vector<Group> read_groups(const json& qc, const std::string& top_format, Ch
     } else if (own != group.end() && own->is_null()) {
       c.note(kConfigFileName, "",
              fmt::format("config group '{}' has format null (model_free_ptq writes a group "
-                         "that quantized no module so): readers take the top-level format '{}'",
-                         name, top_format));
+                         "that quantized no module so): readers take the top-level format {}",
+                         name, top_format_text(qc)));
     } else if (own != group.end() && !has_format) {
       c.diff(kConfigFileName, "",
              fmt::format("config group '{}': format is {}, not a string", name, own->dump()));
