@@ -470,6 +470,74 @@ TEST(VerifyLoadability, GroupWithFormatNullIsANoteNotAJsonError) {
       {"verify", (dir / "out").string(), (dir / "in").string(), "--against-source"});
   EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
   EXPECT_FALSE(contains(v.err, "json.exception")) << v.err;
+  // A top-level format null is said as null, not as ''.
+  config["quantization_config"]["format"] = nullptr;
+  test::write_json(dir / "out" / "config.json", config);
+  const VerifyReport null_top = verify_against_source(dir / "out", dir / "in", VerifyOptions{});
+  EXPECT_TRUE(std::any_of(null_top.notes.begin(), null_top.notes.end(), [](const auto& n) {
+    return contains(n.message, "readers take the top-level format null");
+  }));
+}
+
+// verify reads each packed module's zero point, format and bit width from
+// the group the readers give that module, not from the first group of
+// config.json ("W4A16", targets Linear, sorts before "W4A16_ASYM").
+TEST(VerifyLoadability, ZeroPointsOfAnAsymmetricSchemeForGroupBesideASymmetricOneAreLoadable) {
+  test::TempDir dir;
+  write_small_llama(dir / "in");
+  const std::vector<std::vector<std::string>> runs = {
+      {"--scheme-for", "re:.*down_proj$=W4A16_ASYM"},
+      {"--scheme", "W8A16", "--scheme-for", "re:.*self_attn.*=W4A16_ASYM"},
+      {"--scheme", "FP8_DYNAMIC", "--scheme-for", "re:.*mlp.*=W4A16_ASYM"},
+      {"--scheme", "W4A16_ASYM", "--scheme-for", "re:.*mlp.*=NVFP4A16"}};
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const fs::path out = dir / fmt::format("out{}", i);
+    std::vector<std::string> args = {"quantize", (dir / "in").string(), out.string()};
+    args.insert(args.end(), runs[i].begin(), runs[i].end());
+    const auto q = test::run_ctquant(args);
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    const VerifyReport report = verify_against_source(out, dir / "in", VerifyOptions{});
+    for (const auto& d : report.differences) {
+      ADD_FAILURE() << runs[i].back() << ": " << d.kind << " " << d.tensor << ": " << d.message;
+    }
+    const auto v =
+        test::run_ctquant({"verify", out.string(), (dir / "in").string(), "--against-source"});
+    EXPECT_EQ(v.exit_code, 0) << runs[i].back() << "\n" << v.out << v.err;
+    // OUTPUT against itself as GOLDEN: codes unpacked with each group's bits.
+    const VerifyReport self = verify_checkpoints(out, out, VerifyOptions{});
+    EXPECT_TRUE(self.same()) << runs[i].back();
+  }
+  // A zero point where the module's own group is symmetric is still found.
+  const fs::path out = dir / "out0";
+  json config = test::read_json(out / "config.json");
+  config["quantization_config"]["config_groups"]["W4A16_ASYM"]["weights"]["symmetric"] = true;
+  test::write_json(out / "config.json", config);
+  const VerifyReport report = verify_against_source(out, dir / "in", VerifyOptions{});
+  const bool named =
+      std::any_of(report.differences.begin(), report.differences.end(), [](const auto& d) {
+        return d.kind == "loadability" &&
+               d.tensor == "model.layers.0.mlp.down_proj.weight_zero_point" &&
+               contains(d.message, "but the scheme is symmetric");
+      });
+  EXPECT_TRUE(named);
+}
+
+// --allow L9 let a run that quantizes nothing write a quantization_config
+// with empty config_groups, which verify and inspect then refused.
+TEST(QuantizeNothing, AllowL9DoesNotWriteAConfigWithNoGroup) {
+  test::TempDir dir;
+  write_small_llama(dir / "in");
+  const auto q = test::run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(),
+                                    "--allow", "L9", "--targets", "nomatch"});
+  EXPECT_EQ(q.exit_code, 2) << q.err;
+  EXPECT_TRUE(contains(q.err, "no tensor would be quantized (of 21 tensors; lint L9), so there "
+                              "is no scheme group to write"))
+      << q.err;
+  EXPECT_TRUE(contains(q.err, "--allow L9 does not write it (nothing was written)")) << q.err;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  const auto d = test::run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(),
+                                    "--allow", "L9", "--targets", "nomatch", "--dry-run"});
+  EXPECT_EQ(d.exit_code, 2) << d.err;
 }
 
 // ---- config.json with a repeated key ----

@@ -523,6 +523,31 @@ TEST(ObserverKwargs, SearchOverTenTimesTheDefaultCostIsWarnedWithTheEstimate) {
   EXPECT_TRUE(take_observer_warnings().empty());
 }
 
+// expand=1000 exited 0 with every weight rounded to 0, expand=10 with a
+// weight error of 0.81, both without a word.
+TEST(ObserverKwargs, CandidateRangesWiderThanTwiceTheMinMaxRangeAreWarnedNamingExpand) {
+  take_observer_warnings();
+  observer_params("memoryless_mse", json::object(), "g");
+  observer_params("nvfp4_expanded_mse", json::object(), "g");  // narrowest 1.8 * 0.45
+  observer_params("memoryless_mse", {{"expand", 2.4}}, "g");    // narrowest 2.4 * 0.81
+  EXPECT_TRUE(take_observer_warnings().empty());
+  observer_params("memoryless_mse", {{"expand", 10}}, "--observer-kwarg");
+  std::vector<std::string> w = take_observer_warnings();
+  ASSERT_EQ(w.size(), 1u);
+  expect_message(w[0], {"--observer-kwarg: observer_kwargs make every candidate range of "
+                        "memoryless_mse at least 8.1x the weights' min-max range",
+                        "give observer_kwargs.expand at most 2.47 (its default for "
+                        "memoryless_mse is 1)"});
+  observer_params("nvfp4_expanded_mse", {{"expand", 3.4e38}}, "g");
+  w = take_observer_warnings();
+  ASSERT_EQ(w.size(), 1u);
+  expect_message(w[0], {"every candidate range of nvfp4_expanded_mse", "(its default for "
+                                                                       "nvfp4_expanded_mse is 1.8)"});
+  // No candidates: the expanded range itself is kept.
+  observer_params("memoryless_mse", {{"expand", 5}, {"grid", 1}}, "g");
+  EXPECT_EQ(take_observer_warnings().size(), 1u);
+}
+
 TEST(ObserverRows, PerTensorScalesRefuseMseObservers) {
   json w = {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"},
             {"observer", "memoryless_mse"}};

@@ -332,6 +332,18 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_cancel(options.cancel);
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, policy, log);
+  // What --allow L9 lets through would be a quantization_config with no
+  // config group: nothing quantized, and an output that vLLM, transformers
+  // and ctquant verify all refuse. Only --allow-unloadable, which asks for
+  // an output loaders may refuse, writes it.
+  if (summary.plan.n_quantized == 0 && !policy.allow_unloadable) {
+    throw usage_error(fmt::format(
+        "no tensor would be quantized (of {}; lint L9), so there is no scheme group to write: "
+        "the output would be a quantization_config with empty config_groups, which vLLM, "
+        "transformers and `ctquant verify` refuse; --allow L9 does not write it (nothing was "
+        "written). Check INPUT and --ignore / --targets with `ctquant inspect INPUT --plan`",
+        plural(summary.plan.decisions.size(), "tensor")));
+  }
   summary.tensors_quantized = summary.plan.n_quantized;
   summary.tensors_copied = summary.plan.n_copied;
   summary.tensors_dequantized = summary.plan.n_dequantized;

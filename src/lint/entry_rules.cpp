@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
+#include <unordered_map>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -35,7 +36,63 @@ std::string last_word(const std::string& entry) {
   return begin < end ? text.substr(begin, end - begin) : std::string();
 }
 
+// The modules whose names contain a word, found through the distinct
+// [A-Za-z0-9_] runs of the names (few: the layer numbers and the
+// components), each word's answer kept: a list of N entries costs O(N)
+// lookups, not O(N x modules) substring searches.
+class WordIndex {
+ public:
+  explicit WordIndex(const std::vector<std::string>& modules) : modules_(modules) {
+    for (std::size_t m = 0; m < modules.size(); ++m) {
+      const std::string& name = modules[m];
+      std::size_t i = 0;
+      while (i < name.size()) {
+        if (!is_word(name[i])) {
+          ++i;
+          continue;
+        }
+        std::size_t j = i;
+        while (j < name.size() && is_word(name[j])) ++j;
+        auto& list = runs_[name.substr(i, j - i)];
+        if (list.empty() || list.back() != m) list.push_back(m);
+        i = j;
+      }
+    }
+  }
+  // The modules whose names contain word (made of [A-Za-z0-9_]), in input
+  // order.
+  const std::vector<std::string>& containing(const std::string& word) {
+    const auto cached = cache_.find(word);
+    if (cached != cache_.end()) return cached->second;
+    std::vector<std::size_t> hits;
+    for (const auto& [run, list] : runs_) {
+      if (run.find(word) != std::string::npos) hits.insert(hits.end(), list.begin(), list.end());
+    }
+    std::sort(hits.begin(), hits.end());
+    hits.erase(std::unique(hits.begin(), hits.end()), hits.end());
+    std::vector<std::string> out;
+    out.reserve(hits.size());
+    for (const std::size_t m : hits) out.push_back(modules_[m]);
+    return cache_.emplace(word, std::move(out)).first->second;
+  }
+
+ private:
+  static bool is_word(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+  const std::vector<std::string>& modules_;
+  std::unordered_map<std::string, std::vector<std::size_t>> runs_;
+  std::unordered_map<std::string, std::vector<std::string>> cache_;
+};
+
 }  // namespace
+
+ModuleNameIndex::ModuleNameIndex(const std::vector<std::string>& modules) {
+  for (std::size_t i = 0; i < modules.size(); ++i) position.try_emplace(modules[i], i);
+  for (const std::string& m : modules) {
+    for (std::size_t dot = m.find('.'); dot != std::string::npos; dot = m.find('.', dot + 1)) {
+      by_suffix[m.substr(dot + 1)].push_back(m);
+    }
+  }
+}
 
 bool looks_like_regex(const std::string& entry) {
   // '.' aside: every dotted module name has one.
@@ -71,6 +128,8 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
   for (std::size_t i = first_given; i < entries.size() && !any; ++i) any = unmatched(i);
   if (!any) return;
   const ModuleMatcher matcher(entries, role);
+  const ModuleNameIndex names(ctx.modules);
+  WordIndex words(ctx.modules);
   // A group's only targets entry cannot simply go: its fix is to correct it.
   const bool removable = role == ModuleMatcher::Role::kIgnore || entries.size() > 1;
   for (std::size_t i = first_given; i < entries.size(); ++i) {
@@ -123,20 +182,18 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
     }
     f.severity = Severity::kWarning;
     const std::string word = last_word(entry);
-    std::vector<std::string> near;
-    if (!word.empty()) {
-      for (const auto& m : ctx.modules) {
-        if (m.find(word) != std::string::npos) near.push_back(m);
-      }
-    }
-    for (const auto& m : near) {
-      if (const TensorDecision* w = ctx.weight_of(m)) f.tensors.push_back(w->name);
+    static const std::vector<std::string> kNone;
+    const std::vector<std::string>& near = word.empty() ? kNone : words.containing(word);
+    // The tensors of the near misses the message shows (not of every module
+    // containing the word: N entries x every layer would be quadratic).
+    for (std::size_t k = 0; k < near.size() && k < kMaxNearMisses; ++k) {
+      if (const TensorDecision* w = ctx.weight_of(near[k])) f.tensors.push_back(w->name);
     }
     if (removable) {
       f.fix_removes = entry;
       f.fix_removes_target = role == ModuleMatcher::Role::kTargets;
     }
-    if (const auto hint = detail::entry_near_miss(ctx.plan, ctx.modules, entry, what)) {
+    if (const auto hint = detail::entry_near_miss(ctx.plan, names, entry, what)) {
       f.message = fmt::format("{} entry '{}' matched 0 modules: {}", what, entry, hint->found);
       f.fix = hint->fix;
       (f.fix_removes_target ? f.fix_targets : f.fix_ignore) = hint->entries;
@@ -153,10 +210,29 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
           what, entry, word, join(near, kMaxNearMisses));
       // A literal that differs from a stored name by a prefix (`model.` added
       // or missing) gets the re: entry that matches it both here and in vLLM.
-      const auto prefixed = std::find_if(near.begin(), near.end(), [&](const std::string& m) {
-        return !regex_pattern(entry) && (entry.ends_with("." + m) || m.ends_with("." + entry));
-      });
-      if (prefixed != near.end()) {
+      // The first such module in input order, found through the index (a
+      // module that is a dotted suffix of the entry, or has the entry as
+      // one), not by a search of every near miss.
+      const std::string* prefixed = nullptr;
+      std::size_t at = 0;
+      const auto consider = [&](const std::string& m) {
+        const auto it = names.position.find(m);
+        if (it == names.position.end() || m.find(word) == std::string::npos) return;
+        if (prefixed == nullptr || it->second < at) {
+          prefixed = &it->first;
+          at = it->second;
+        }
+      };
+      if (!regex_pattern(entry)) {
+        for (std::size_t dot = entry.find('.'); dot != std::string::npos;
+             dot = entry.find('.', dot + 1)) {
+          consider(entry.substr(dot + 1));
+        }
+        if (const auto it = names.by_suffix.find(entry); it != names.by_suffix.end()) {
+          for (const std::string& m : it->second) consider(m);
+        }
+      }
+      if (prefixed != nullptr) {
         const std::string both =
             "re:.*" + regex_escape(prefixed->size() < entry.size() ? *prefixed : entry) + "$";
         f.fix = fmt::format("the names differ by a prefix: use --{} '{}' instead", what, both);

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_set>
 #include <stdexcept>
 #include <string_view>
 
@@ -199,6 +200,54 @@ constexpr LintRule kLintRules[] = {
 std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options, bool check_fixes);
 
+// The first error that planning and linting `changed` brings and the run
+// did not have (a tensor of an error of the same rule), or "".
+std::string new_error(const Checkpoint& checkpoint, const LintOptions& options,
+                      const std::vector<Finding>& findings, const PlanOptions& changed) {
+  std::map<std::string, std::set<std::string>> before;  // rule -> tensors of its errors
+  for (const Finding& g : findings) {
+    if (g.severity == Severity::kError) before[g.id].insert(g.tensors.begin(), g.tensors.end());
+  }
+  try {
+    const QuantizePlan again = make_plan(checkpoint, changed);
+    for (const Finding& g : lint_all(checkpoint, again, options, /*check_fixes=*/false)) {
+      if (g.severity != Severity::kError) continue;
+      const auto it = before.find(g.id);
+      const bool known =
+          it != before.end() && std::all_of(g.tensors.begin(), g.tensors.end(),
+                                            [&](const std::string& t) { return it->second.contains(t); });
+      if (!known) return fmt::format("{} error: {}", g.id, g.message);
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// The options the user gave (without the default entries make_plan adds).
+PlanOptions given_options(const QuantizePlan& plan) {
+  PlanOptions given = plan.options;
+  given.ignore.assign(plan.options.ignore.begin() +
+                          static_cast<std::ptrdiff_t>(plan.n_default_ignore),
+                      plan.options.ignore.end());
+  return given;
+}
+
+// Whether taking all these entries out at once brings no new error.
+bool check_removals_fix(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                        const LintOptions& options, const std::vector<Finding>& findings,
+                        const std::vector<std::string>& ignore,
+                        const std::vector<std::string>& targets) {
+  PlanOptions changed = given_options(plan);
+  const std::unordered_set<std::string> out_ignore(ignore.begin(), ignore.end());
+  const std::unordered_set<std::string> out_targets(targets.begin(), targets.end());
+  std::erase_if(changed.ignore, [&](const std::string& e) { return out_ignore.contains(e); });
+  for (SchemeGroup& g : changed.groups) {
+    std::erase_if(g.targets, [&](const std::string& e) { return out_targets.contains(e); });
+  }
+  return new_error(checkpoint, options, findings, changed).empty();
+}
+
 // A fix that takes an entry out (or rewrites it) or sets an option can
 // quantize modules the run keeps, and so lead into an error of its own (an
 // unanchored pattern anchored, an ignore entry removed, --quantize-vision):
@@ -210,32 +259,9 @@ void check_option_fix(const Checkpoint& checkpoint, const QuantizePlan& plan,
                       const LintOptions& options, const std::vector<Finding>& findings,
                       Finding& f) {
   if (f.fix_removes.empty() && f.fix_options.empty()) return;
-  PlanOptions given = plan.options;  // without the default entries make_plan adds
-  given.ignore.assign(plan.options.ignore.begin() +
-                          static_cast<std::ptrdiff_t>(plan.n_default_ignore),
-                      plan.options.ignore.end());
-  const PlanOptions changed = apply_fix(std::move(given), f);
-  std::map<std::string, std::set<std::string>> before;  // rule -> tensors of its errors
-  for (const Finding& g : findings) {
-    if (g.severity == Severity::kError) before[g.id].insert(g.tensors.begin(), g.tensors.end());
-  }
-  std::string stopped;
-  try {
-    const QuantizePlan again = make_plan(checkpoint, changed);
-    for (const Finding& g : lint_all(checkpoint, again, options, /*check_fixes=*/false)) {
-      if (g.severity != Severity::kError) continue;
-      const auto it = before.find(g.id);
-      const bool known =
-          it != before.end() && std::all_of(g.tensors.begin(), g.tensors.end(),
-                                            [&](const std::string& t) { return it->second.contains(t); });
-      if (!known) {
-        stopped = fmt::format("{} error: {}", g.id, g.message);
-        break;
-      }
-    }
-  } catch (const Error& e) {
-    stopped = e.what();
-  }
+  PlanOptions given = given_options(plan);
+  std::string stopped =
+      new_error(checkpoint, options, findings, apply_fix(std::move(given), f));
   if (stopped.empty()) return;
   constexpr std::size_t kShown = 200;
   if (stopped.size() > kShown) stopped = stopped.substr(0, kShown) + " ...";
@@ -259,7 +285,31 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
   }
   if (check_fixes) {
     const std::vector<Finding> as_found = findings;
-    for (Finding& f : findings) check_option_fix(checkpoint, plan, options, as_found, f);
+    // Fixes that only take an entry out are checked together first, with
+    // one plan and lint (a list of N unmatched entries would otherwise be
+    // planned N times): when all of them out bring no new error, each is
+    // kept; otherwise each is checked alone.
+    std::size_t n_removals = 0;
+    const auto removal_only = [](const Finding& f) {
+      return !f.fix_removes.empty() && f.fix_ignore.empty() && f.fix_targets.empty() &&
+             f.fix_options.empty();
+    };
+    std::vector<std::string> removed_ignore;
+    std::vector<std::string> removed_targets;
+    for (const Finding& f : findings) {
+      if (!removal_only(f)) continue;
+      ++n_removals;
+      (f.fix_removes_target ? removed_targets : removed_ignore).push_back(f.fix_removes);
+    }
+    bool removals_pass = false;
+    if (n_removals > 1) {
+      removals_pass = check_removals_fix(checkpoint, plan, options, as_found, removed_ignore,
+                                         removed_targets);
+    }
+    for (Finding& f : findings) {
+      if (removals_pass && removal_only(f)) continue;
+      check_option_fix(checkpoint, plan, options, as_found, f);
+    }
   }
   return findings;
 }

@@ -752,12 +752,11 @@ void RolesLint::missing_config(std::vector<Finding>& out) const {
   out.push_back(std::move(f));
 }
 
-std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan,
-                                        const std::vector<std::string>& modules,
+std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan, const ModuleNameIndex& index,
                                         const std::string& entry, const char* option) {
   if (regex_pattern(entry)) return std::nullopt;
   const bool ignore = std::string(option) == "ignore";
-  const std::set<std::string> known(modules.begin(), modules.end());
+
   // A tensor or wrapper name: drop trailing components until a module.
   std::string cut = entry;
   while (true) {
@@ -765,7 +764,7 @@ std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan,
     if (dot == std::string::npos) break;
     const std::string tail = entry.substr(dot + 1);
     cut = cut.substr(0, dot);
-    if (known.contains(cut)) {
+    if (index.position.contains(cut)) {
       const bool tensor = tail == "weight" || tail == "bias" || tail.starts_with("weight_");
       NearMiss miss;
       miss.found = fmt::format("'{}' names {} of module '{}'; entries name modules", entry,
@@ -779,10 +778,9 @@ std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan,
     }
   }
   // The module's name without the prefix the checkpoint has.
-  std::vector<std::string> suffixed;
-  for (const std::string& m : modules) {
-    if (m.ends_with("." + entry)) suffixed.push_back(m);
-  }
+  const auto found = index.by_suffix.find(entry);
+  const std::vector<std::string> suffixed =
+      found == index.by_suffix.end() ? std::vector<std::string>{} : found->second;
   if (!suffixed.empty() && ignore) {
     NearMiss miss;
     miss.found = fmt::format("this checkpoint's {} '{}'",

@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,8 +72,16 @@ struct NearMiss {
   std::vector<std::string> entries;
   std::string fix;
 };
-std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan,
-                                        const std::vector<std::string>& modules,
+// The module names entry_near_miss looks entries up in, indexed once per
+// list of entries (so that a list of N entries costs O(N), not O(N x
+// modules)): every module, and every module by each of its dotted suffixes
+// ("mlp.down_proj" of "model.layers.0.mlp.down_proj"), in input order.
+struct ModuleNameIndex {
+  explicit ModuleNameIndex(const std::vector<std::string>& modules);
+  std::unordered_map<std::string, std::size_t> position;  // module -> its index
+  std::unordered_map<std::string, std::vector<std::string>> by_suffix;
+};
+std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan, const ModuleNameIndex& modules,
                                         const std::string& entry, const char* option);
 
 // Every targets entry of every scheme group.

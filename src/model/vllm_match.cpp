@@ -1,6 +1,7 @@
 #include "ctquant/model/vllm_match.hpp"
 
 #include <algorithm>
+#include <cctype>
 
 #include <fmt/format.h>
 
@@ -40,6 +41,17 @@ VllmLoadRules::VllmLoadRules(const RoleAnalysis& roles, std::vector<std::string>
       targets_(mapped(roles, targets)),
       ignore_matcher_(ignore_, ModuleMatcher::Role::kIgnore),
       target_matcher_(targets_, ModuleMatcher::Role::kIgnore) {
+  // The first literal target that is a case-insensitive substring of
+  // "linear": every class vLLM builds these layers with ends in "Linear",
+  // so that target takes them (found once, not per layer).
+  for (std::size_t i = 0; i < targets_.size() && !linear_class_target_; ++i) {
+    const std::string& t = targets_[i];
+    if (t.empty() || t.size() > 6 || regex_pattern(t)) continue;
+    std::string lower = t;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (std::string("linear").find(lower) != std::string::npos) linear_class_target_ = i;
+  }
   // packed_modules_mapping: the fused layers whose shards the role analysis
   // tests under their own names.
   for (const ModuleInfo& m : roles.modules) {
@@ -102,17 +114,7 @@ std::vector<std::string> VllmLoadRules::moe_probes(const std::string& moe_layer)
 std::optional<std::string> VllmLoadRules::matched_target(const std::string& layer,
                                                          bool linear_class) const {
   if (const auto i = target_matcher_.first_match(layer)) return targets_[*i];
-  if (linear_class) {
-    for (const std::string& t : targets_) {
-      if (regex_pattern(t)) continue;
-      std::string lower = t;
-      std::transform(lower.begin(), lower.end(), lower.begin(),
-                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-      // Every class vLLM builds these layers with ends in "Linear"; a
-      // target that is a case-insensitive substring of "linear" takes them.
-      if (!lower.empty() && std::string("linear").find(lower) != std::string::npos) return t;
-    }
-  }
+  if (linear_class && linear_class_target_) return targets_[*linear_class_target_];
   // _match_fused_layer: every shard must match some target.
   const std::string proj = last_component(layer);
   if (const auto fused = packed_.find(proj); fused != packed_.end()) {

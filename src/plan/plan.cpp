@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <unordered_set>
 #include <unordered_map>
 #include <utility>
 
@@ -87,8 +88,10 @@ IgnoreList effective_ignore(const RoleAnalysis& roles, const PlanOptions& option
     }
   }
   list.n_default = list.entries.size();
+  // Each entry once (a set, not a search of the list: N entries cost O(N)).
+  std::unordered_set<std::string> listed(list.entries.begin(), list.entries.end());
   for (const std::string& e : options.ignore) {
-    if (std::find(list.entries.begin(), list.entries.end(), e) != list.entries.end()) continue;
+    if (!listed.insert(e).second) continue;
     list.entries.push_back(e);
     list.reasons.push_back("--ignore");
     list.keeps.emplace_back();

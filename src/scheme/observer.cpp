@@ -234,6 +234,24 @@ ObserverParams observer_params(const std::string& observer, const json& kwargs,
         static_cast<double>(p.steps()) / default_steps, default_steps,
         static_cast<double>(p.steps()) / default_steps));
   }
+  // The narrowest candidate range, as a multiple of the group's min-max
+  // range: expand times the shrink factor 1 - i / grid nearest 0 (with no
+  // candidates the search keeps the expanded range itself).
+  double narrowest = std::fabs(p.expand);
+  for (std::uint32_t i = 0; i < p.steps(); ++i) {
+    narrowest = std::min(narrowest, std::fabs(p.expand * (1.0 - i / p.grid)));
+  }
+  if (narrowest > kObserverRangeWarningFactor) {
+    const double default_expand = expanded ? 1.8 : 1.0;
+    add_observer_warning(fmt::format(
+        "{}: observer_kwargs make every candidate range of {} at least {:.3g}x the weights' "
+        "min-max range (expand {} times the shrink factors 1 - i / grid): scales that wide "
+        "leave most quantization levels unused and the weights lose most of their precision "
+        "(every weight rounds to 0 when expand is large); give observer_kwargs.expand at most "
+        "{:.3g} (its default for {} is {})",
+        where, observer, narrowest, p.expand,
+        p.expand * kObserverRangeWarningFactor / narrowest, observer, default_expand));
+  }
   return p;
 }
 

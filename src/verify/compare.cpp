@@ -280,41 +280,53 @@ bool compare_zero_points(const Ref& a, const Ref& b, int num_bits, std::uint64_t
 // The quantization_config of a side: num_bits per module.
 
 
-std::vector<GroupScheme> config_groups(const std::optional<json>& config) {
-  std::vector<GroupScheme> out;
+GroupSchemes config_groups(const std::optional<json>& config) {
+  GroupSchemes out;
   if (!config || !config->is_object()) return out;
   const auto qc = config->find("quantization_config");
   if (qc == config->end() || !qc->is_object()) return out;
   const auto groups = qc->find("config_groups");
   if (groups == qc->end() || !groups->is_object()) return out;
+  std::vector<std::vector<std::string>> targets;
+  std::vector<std::string> names;
   for (const auto& [name, group] : groups->items()) {
-    if (!group.is_object() || !group.contains("targets") || !group["targets"].is_array() ||
-        !group.contains("weights") || !group["weights"].is_object()) {
-      continue;
+    if (!group.is_object()) continue;
+    std::vector<std::string> listed;
+    if (const auto t = group.find("targets"); t != group.end() && t->is_array()) {
+      for (const auto& e : *t) {
+        if (e.is_string()) listed.push_back(e.get<std::string>());
+      }
     }
-    std::vector<std::string> targets;
-    for (const auto& t : group["targets"]) {
-      if (t.is_string()) targets.push_back(t.get<std::string>());
-    }
-    try {
-      out.push_back(
-          GroupScheme{ModuleMatcher(targets, ModuleMatcher::Role::kTargets), group["weights"]});
-    } catch (const Error&) {
-      // A target that does not compile matches nothing here.
-    }
+    const auto w = group.find("weights");
+    out.weights.push_back(w != group.end() && w->is_object() ? *w : json());
+    targets.push_back(std::move(listed));
+    names.push_back(name);
+  }
+  if (names.empty()) return out;
+  try {
+    out.targets.emplace(targets, names);
+  } catch (const Error&) {
+    // A target that does not compile: no module's group is known here
+    // (loadability reports the targets).
   }
   return out;
 }
 
-std::optional<int> bits_from_groups(const std::vector<GroupScheme>& groups,
-                                    const std::string& module) {
-  for (const auto& g : groups) {
-    if (!g.targets.first_match(module)) continue;
-    const auto it = g.weights.find("num_bits");
-    if (it != g.weights.end() && it->is_number_integer()) {
-      const int bits = it->get<int>();
-      if (bits >= 1 && bits <= 32) return bits;
-    }
+std::optional<int> bits_from_groups(const GroupSchemes& groups, const std::string& module) {
+  if (!groups.targets) return std::nullopt;
+  GroupResolution r;
+  try {
+    r = groups.targets->resolve(module);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const std::optional<std::size_t> g = r.vllm ? r.vllm : r.compressed_tensors;
+  if (!g) return std::nullopt;
+  const json& weights = groups.weights[*g];
+  const auto it = weights.find("num_bits");
+  if (it != weights.end() && it->is_number_integer()) {
+    const int bits = it->get<int>();
+    if (bits >= 1 && bits <= 32) return bits;
   }
   return std::nullopt;
 }

@@ -19,7 +19,7 @@ namespace {
 // One tensor present on both sides: dtype, shape, then the bytes, with the
 // comparison its role calls for.
 void compare_tensor(const std::string& name, const Side& a, const Side& b,
-                    const std::vector<GroupScheme>& groups, const Labels& labels,
+                    const GroupSchemes& groups, const Labels& labels,
                     const VerifyOptions& options, Collector& c) {
   const Ref ra = a.find(name);
   const Ref rb = b.find(name);
@@ -129,8 +129,8 @@ void list_tensor(const std::string& name, const Side& a, const Side& b, const La
 // it, so the report does not depend on the thread count.
 void compare_tensors(const Side& a, const Side& b, const Labels& labels,
                      const VerifyOptions& options, bool placement_is_note, Collector& c) {
-  std::vector<GroupScheme> groups = config_groups(b.config);
-  if (groups.empty()) groups = config_groups(a.config);
+  GroupSchemes groups = config_groups(b.config);
+  if (!groups.targets) groups = config_groups(a.config);
   std::set<std::string> name_set;
   for (const auto& [n, w] : a.where) name_set.insert(n);
   for (const auto& [n, w] : b.where) name_set.insert(n);

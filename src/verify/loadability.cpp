@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/matcher.hpp"
+#include "ctquant/format/targets.hpp"
 #include "ctquant/model/roles.hpp"
 #include "ctquant/model/vllm_match.hpp"
 #include "ctquant/plan/plan.hpp"
@@ -65,8 +66,46 @@ struct Group {
   std::string name;
   json weights;
   std::vector<std::string> targets;
+  std::string format;  // its own, or the top-level one readers then take
   bool symmetric = true;
   int bits = 4;
+};
+
+// The group of each module as vLLM reads config.json (GroupTargets, the
+// resolver quantize and lint use; vLLM's reading is the one loadability
+// checks against).
+class ModuleGroups {
+ public:
+  explicit ModuleGroups(const std::vector<Group>& groups) : groups_(groups) {
+    std::vector<std::vector<std::string>> targets;
+    std::vector<std::string> names;
+    for (const Group& g : groups) {
+      targets.push_back(g.targets);
+      names.push_back(g.name);
+    }
+    try {
+      resolver_.emplace(targets, names);
+    } catch (const Error&) {
+      // Reported with vLLM's reading of the targets (check_loadability).
+    }
+  }
+  // nullptr when no group's targets match the module (or they cannot be
+  // evaluated).
+  const Group* of(const std::string& module) const {
+    if (!resolver_) return nullptr;
+    GroupResolution r;
+    try {
+      r = resolver_->resolve(module);
+    } catch (const Error&) {
+      return nullptr;  // a pattern that cannot be matched: reported by vLLM's reading
+    }
+    const std::optional<std::size_t> g = r.vllm ? r.vllm : r.compressed_tensors;
+    return g ? &groups_[*g] : nullptr;
+  }
+
+ private:
+  const std::vector<Group>& groups_;
+  std::optional<GroupTargets> resolver_;
 };
 
 class Checks {
@@ -166,6 +205,13 @@ std::string check_config_block(const json& qc, Checks& c) {
   return top_format;
 }
 
+// The top-level format as a note quotes it: 'name', or null / absent.
+std::string top_format_text(const json& qc) {
+  const auto it = qc.find("format");
+  if (it == qc.end()) return "(absent)";
+  return it->is_string() ? fmt::format("'{}'", it->get<std::string>()) : it->dump();
+}
+
 // The config groups, each checked for a format vLLM reads it with and for
 // actorder.
 std::vector<Group> read_groups(const json& qc, const std::string& top_format, Checks& c) {
@@ -188,6 +234,7 @@ std::vector<Group> read_groups(const json& qc, const std::string& top_format, Ch
     const auto own = group.find("format");
     const bool has_format = own != group.end() && own->is_string();
     const std::string format = has_format ? own->get<std::string>() : top_format;
+    g.format = format;
     if (!has_format && top_format == "mixed-precision") {
       c.diff(kConfigFileName, "",
              fmt::format("config group '{}' has no format ({}) while the top-level format is "
@@ -196,8 +243,8 @@ std::vector<Group> read_groups(const json& qc, const std::string& top_format, Ch
     } else if (own != group.end() && own->is_null()) {
       c.note(kConfigFileName, "",
              fmt::format("config group '{}' has format null (model_free_ptq writes a group "
-                         "that quantized no module so): readers take the top-level format '{}'",
-                         name, top_format));
+                         "that quantized no module so): readers take the top-level format {}",
+                         name, top_format_text(qc)));
     } else if (own != group.end() && !has_format) {
       c.diff(kConfigFileName, "",
              fmt::format("config group '{}': format is {}, not a string", name, own->dump()));
@@ -256,9 +303,10 @@ std::vector<std::string> written_ignore(const json& qc) {
 // the shape, for a format that records it), a zero point exactly when the
 // scheme is asymmetric.
 void check_packed_modules(const WrittenTensors& w, const std::string& top_format,
-                          const Group* scheme, Checks& c) {
-  const SchemeFamily* family = family_by_format(top_format);
+                          const ModuleGroups& groups, Checks& c) {
   for (const std::string& m : w.packed) {
+    const Group* scheme = groups.of(m);
+    const SchemeFamily* family = family_by_format(scheme != nullptr ? scheme->format : top_format);
     const std::string& file = w.tensors.at(m + ".weight_packed").first;
     if (w.tensors.contains(m + ".weight")) {
       c.diff(file, m + ".weight",
@@ -291,13 +339,15 @@ void check_packed_modules(const WrittenTensors& w, const std::string& top_format
 // .weight, with the unpacked column count (codes of `bits` bits); a
 // quantized module's other tensors left out.
 std::vector<std::pair<std::string, std::vector<std::uint64_t>>> role_listing(
-    const WrittenTensors& w, int bits) {
+    const WrittenTensors& w, const ModuleGroups& groups) {
   std::vector<std::pair<std::string, std::vector<std::uint64_t>>> listed;
   for (const auto& [name, at] : w.tensors) {
     const std::string module = module_of(name);
     if (w.quantized.contains(module)) {
       const auto& shape = at.second->shape;
       if (name.ends_with(".weight_packed") && shape.size() == 2) {
+        const Group* g = groups.of(module);
+        const int bits = g != nullptr && g->bits > 0 && g->bits <= 32 ? g->bits : 4;
         const std::uint64_t word_bits = static_cast<std::uint64_t>(dtype_bits(at.second->dtype));
         listed.emplace_back(module + ".weight",
                             std::vector<std::uint64_t>{
@@ -375,10 +425,9 @@ void check_loadability(const std::optional<json>& config,
   }
   const std::string top_format = check_config_block(*qc, c);
   const std::vector<Group> groups = read_groups(*qc, top_format, c);
-  const Group* scheme = groups.empty() ? nullptr : &groups.front();
-  check_packed_modules(written, top_format, scheme, c);
-  const int bits = scheme != nullptr && scheme->bits > 0 && scheme->bits <= 32 ? scheme->bits : 4;
-  const RoleAnalysis roles = analyze_roles(config, role_listing(written, bits));
+  const ModuleGroups module_groups(groups);
+  check_packed_modules(written, top_format, module_groups, c);
+  const RoleAnalysis roles = analyze_roles(config, role_listing(written, module_groups));
   std::optional<VllmLoadRules> rules;
   try {
     rules.emplace(roles, written_ignore(*qc), written_targets(groups));

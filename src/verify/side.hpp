@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctquant/format/matcher.hpp"
+#include "ctquant/format/targets.hpp"
 #include "ctquant/format/safetensors.hpp"
 #include "ctquant/plan/plan.hpp"
 #include "ctquant/verify/verify.hpp"
@@ -166,14 +167,16 @@ bool compare_scales(const Ref& a, const Ref& b, std::uint64_t scale_ulp, const L
 bool compare_zero_points(const Ref& a, const Ref& b, int num_bits, std::uint64_t rows,
                          const Labels& labels, std::uint64_t chunk_bytes, Collector& c);
 
-// The weights block of the config group whose targets match a module.
-struct GroupScheme {
-  ModuleMatcher targets;
-  nlohmann::json weights;
+// The weights blocks of config.json's config groups, and the group each
+// module is read with (GroupTargets, the resolver quantize and lint use:
+// vLLM's reading, else compressed-tensors').
+struct GroupSchemes {
+  std::optional<GroupTargets> targets;  // nullopt: no groups, or targets that do not compile
+  std::vector<nlohmann::json> weights;  // per group, in config.json's order
 };
-std::vector<GroupScheme> config_groups(const std::optional<nlohmann::json>& config);
-std::optional<int> bits_from_groups(const std::vector<GroupScheme>& groups,
-                                    const std::string& module);
+GroupSchemes config_groups(const std::optional<nlohmann::json>& config);
+// The num_bits of the module's group (1 to 32), or nullopt.
+std::optional<int> bits_from_groups(const GroupSchemes& groups, const std::string& module);
 // [R, C] of M.weight_shape on a side, when present and well-formed.
 std::optional<std::array<std::uint64_t, 2>> read_weight_shape(const Side& side,
                                                               const std::string& module);

@@ -103,6 +103,9 @@ class VllmLoadRules {
   std::vector<std::string> targets_;  // mapped
   ModuleMatcher ignore_matcher_;
   ModuleMatcher target_matcher_;
+  // The target vLLM's class-name step takes a *Linear layer with (index
+  // into targets_), if any.
+  std::optional<std::size_t> linear_class_target_;
   std::map<std::string, std::vector<std::string>> packed_;
   // expect()'s answer for each MoE layer, made at its first expert (every
   // expert of a layer gets the layer's answer). Not thread-safe.

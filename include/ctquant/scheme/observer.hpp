@@ -118,7 +118,10 @@ ObserverChoice resolve_observer(const std::string& name, const std::string& wher
 // Adds an info line (add_observer_note) when the kwargs leave no candidates,
 // and a warning (add_observer_warning) when they make the search cost more
 // than kMseCostWarningFactor times the observer's default candidates, with
-// the estimate.
+// the estimate, or when every candidate range is wider than
+// kObserverRangeWarningFactor times the group's min-max range (expand too
+// large: the scales then leave most levels unused), naming the kwarg and the
+// expand that would not be.
 ObserverParams observer_params(const std::string& observer, const nlohmann::json& kwargs,
                                const std::string& where);
 inline constexpr std::uint32_t kMaxMseSteps = 1024;
@@ -130,6 +133,9 @@ inline constexpr std::uint32_t kExpandedMseSteps = 111;
 // announced with a warning (the cost of a group's search is proportional to
 // its candidates).
 inline constexpr std::uint32_t kMseCostWarningFactor = 10;
+// A search whose narrowest candidate range is more than this many times the
+// group's min-max range is announced with a warning.
+inline constexpr double kObserverRangeWarningFactor = 2.0;
 
 bool is_mse_observer(const std::string& observer);
 inline constexpr const char* kRefitObserver = "refit";
