@@ -2,7 +2,8 @@
 // GOLDEN that is the source (--against-source), a lower-case preset written
 // canonically, the Hugging Face cache's five places, a directory given as
 // --report, a file given as OUTPUT, PyTorch .bin weights, a checkpoint
-// without config.json (lint L19, behind --allow-unloadable). Each with its
+// without config.json (lint L19, behind --allow-unloadable), an empty path
+// argument. Each with its
 // exit code and the fragments of its message.
 #include <gtest/gtest.h>
 
@@ -139,6 +140,30 @@ TEST(CliMessages, MissingConfigJsonStopsTheRunUnlessAllowed) {
     EXPECT_TRUE(fs::exists(tmp / "out" / "config.json"));
     fs::remove_all(tmp / "out");
   }
+}
+
+TEST(CliMessages, EmptyPathArgumentsAreUsageErrorsNamingTheArgument) {
+  TempDir tmp;
+  const std::string in = sample_input().string();
+  const std::string out = (tmp / "out").string();
+  const struct {
+    std::vector<std::string> args;
+    std::string argument;
+  } cases[] = {
+      {{"quantize", in, ""}, "OUTPUT"},
+      {{"quantize", "", out}, "INPUT"},
+      {{"inspect", ""}, "INPUT"},
+      {{"verify", "", in}, "OUTPUT"},
+      {{"verify", in, "", "--against-source"}, "GOLDEN"},
+      {{"finalize", ""}, "OUTPUT"},
+  };
+  for (const auto& c : cases) {
+    const CommandResult r = run_ctquant(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args.front() << " " << c.argument << ": " << r.err;
+    expect_message(r.err, {c.argument, "is empty: an empty path names no file or directory"},
+                   {"filesystem error", "Invalid argument"});
+  }
+  EXPECT_FALSE(fs::exists(out));
 }
 
 }  // namespace

@@ -197,7 +197,8 @@ struct CommandLine {
 void add_finalize_options(CLI::App* finalize, CommandLine& line) {
   FinalizeArgs& fin = line.finalize;
   finalize->add_option("OUTPUT", fin.output, "Output directory (created; must not exist)")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   finalize->add_option_function<std::string>(
       "--stage", [&fin](const std::string& value) { fin.stage = value; },
       "Staging directory the parts wrote into (default .OUTPUT.ctquant-parts beside OUTPUT)");
@@ -217,7 +218,8 @@ void add_inspect_options(CLI::App* inspect, CommandLine& line) {
       ->add_option("INPUT", in.input,
                    "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
                    "cache")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   add_revision_option(inspect, in.revision);
   line.inspect_plan_options = add_plan_options(inspect, in.plan);
   inspect->add_flag("--plan", in.show_plan,
@@ -235,9 +237,12 @@ void add_inspect_options(CLI::App* inspect, CommandLine& line) {
 void add_verify_options(CLI::App* verify, CommandLine& line) {
   VerifyArgs& ver = line.verify;
   verify->add_option("OUTPUT", ver.output, "Checkpoint directory or .safetensors file to check")
-      ->required();
-  verify->add_option("GOLDEN", ver.reference,
-                     "Golden checkpoint; with --against-source, the INPUT it was made from");
+      ->required()
+      ->check(non_empty_path());
+  verify
+      ->add_option("GOLDEN", ver.reference,
+                   "Golden checkpoint; with --against-source, the INPUT it was made from")
+      ->check(non_empty_path());
   add_revision_option(verify, ver.revision);
   verify->add_flag(
       "--against-source", ver.against_source,

@@ -33,6 +33,14 @@ CLI::Validator whole_number(long long min, long long max) {
       "INT", "whole_number");
 }
 
+CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "is empty: an empty path names no file or directory" : "";
+      },
+      "PATH", "non_empty_path");
+}
+
 std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
   std::vector<CLI::Option*> options;
   options.push_back(app->add_option_function<std::string>(

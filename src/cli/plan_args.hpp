@@ -40,6 +40,12 @@ constexpr long long kMaxScaleUlp = 1LL << 32;
 // unsigned options.
 CLI::Validator whole_number(long long min, long long max);
 
+// A check that a path argument is not empty (`ctquant quantize A ""`): an
+// empty path names no file, and std::filesystem would report it as
+// "cannot make absolute path: Invalid argument". CLI11 puts the option
+// name before the message; the run ends with exit status 2.
+CLI::Validator non_empty_path();
+
 // Adds the plan options to a command; the options added, in order.
 std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args);
 

@@ -50,9 +50,11 @@ void add_quantize_options(CLI::App* quantize, QuantizeArgs& q, int& verbosity) {
       ->add_option("INPUT", q.input,
                    "Checkpoint directory, a .safetensors file, or ORG/NAME in the Hugging Face "
                    "cache")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   quantize->add_option("OUTPUT", q.output, "Output directory (created; must not exist)")
-      ->required();
+      ->required()
+      ->check(non_empty_path());
   add_revision_option(quantize, q.revision);
   add_plan_options(quantize, q.plan);
   quantize->add_option(
