@@ -63,11 +63,12 @@ struct RefitSearch {
 
 #endif  // CTQUANT_SCHEME_REFIT_SIMD_ONCE
 
-// SVE's vectors are sizeless and cannot be members of the structs below:
-// those levels run the reference.
-#define CTQUANT_REFIT_SIZELESS_                                                    \
-  (HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2 || HWY_TARGET == HWY_SVE_256 || \
-   HWY_TARGET == HWY_SVE2_128)
+// SVE's vectors are sizeless and cannot be members of the structs below,
+// and at NEON g++ 12 does not give the structs' implicit constructors the
+// target's attributes (aarch64 cross build: "inlining failed in call to
+// always_inline Vec128(): target specific option mismatch"): every Arm
+// level runs the reference.
+#define CTQUANT_REFIT_SIZELESS_ (!HWY_ARCH_X86)
 
 HWY_BEFORE_NAMESPACE();
 namespace ctquant::detail::HWY_NAMESPACE {
