@@ -547,5 +547,18 @@ TEST(BitOptions, BadInputIsAUsageErrorNamingTheReasonAndWritesNothing) {
   }
 }
 
+TEST(TargetBits, RefusesSplitGroupsVllmDoesNotFindOnADflashDraft) {
+  // The DFlash draft's modules have no `model.` prefix, which vLLM's model
+  // adds: exact-name groups would match nothing there (lint L13).
+  TempDir tmp;
+  const std::string in = (test::golden_dir() / "dflash-bf16-sharded" / "input").string();
+  const test::CommandResult r =
+      test::run_ctquant({"quantize", in, (tmp / "out").string(), "--target-bits", "5"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {"--target-bits: the split groups name modules vLLM does not find",
+                         "lint L13", "'model.fc'", "Nothing was written", "--allow-unloadable"});
+  EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
+}
+
 }  // namespace
 }  // namespace ctquant

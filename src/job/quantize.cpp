@@ -332,6 +332,26 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_cancel(options.cancel);
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, policy, log);
+  // The groups that --observer auto, --target-bits and --more-bits split
+  // name their modules as the checkpoint does. Where vLLM names a module
+  // otherwise (a DFlash draft's `fc` is vLLM's `model.fc`), the name
+  // matches nothing in vLLM, which builds the module unquantized beside a
+  // packed weight (lint L13; verify --against-source reports it): refused
+  // unless --allow-unloadable asks for such an output.
+  if ((options.auto_observer || options.target_bits || options.more_bits_layers) &&
+      !policy.allow_unloadable) {
+    for (const Finding& f : summary.findings) {
+      if (f.id != "L13") continue;
+      throw usage_error(fmt::format(
+          "{}: the split groups name modules vLLM does not find (lint L13: {}); vLLM would "
+          "build them unquantized beside packed weights. Nothing was written. Run without the "
+          "option, or pass --allow-unloadable to write it anyway",
+          options.auto_observer      ? "--observer auto"
+          : options.target_bits      ? "--target-bits"
+                                     : "--more-bits",
+          f.message));
+    }
+  }
   // What --allow L9 lets through would be a quantization_config with no
   // config group: nothing quantized, and an output that vLLM, transformers
   // and ctquant verify all refuse. Only --allow-unloadable, which asks for
