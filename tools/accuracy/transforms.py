@@ -3,17 +3,21 @@ torch: column balancing absorbed into the producers, offline Hadamard
 rotations (R1 on the residual stream, R2 per head), and both.
 
   chroot.sh transforms.py run MODEL OUT.json [--blocks N]
-  chroot.sh transforms.py calib MODEL OUT.json        (Pre-SINQ's grid, on calibration text)
   chroot.sh transforms.py table RUN.json... [--out RESULTS.json]   (markdown tables)
 
 `run` loads /mnt/models/MODEL, rewrites it with every transform of
 TRANSFORMS (in float64, cast once to BF16), checks that each rewritten BF16
 model computes the function of the original (logits on the held-out
-blocks; also in float64 without the cast, on 4 blocks: transformers'
-RMSNorm computes in float32 even in a float64 model, so a rotation, which
-changes the residual stream, differs there by float32 rounding), then fake-quantizes each (fakequant.py) with every preset
-of PRESETS and measures it against the ORIGINAL BF16 model on the held-out
-blocks (kld.py's per-block sums, so run.py's paired bootstrap applies).
+blocks, against the BF16 rounding floor of `noise_floor`; also in float64
+without the cast, on 4 blocks: transformers' RMSNorm computes in float32
+even in a float64 model, so a rotation, which changes the residual stream,
+differs there by float32 rounding), then fake-quantizes each
+(fakequant.py) with every preset of PRESETS and measures it against the
+ORIGINAL BF16 model on the held-out blocks (kld.py's per-block sums and
+paired bootstrap). --transforms and --presets choose a subset (variants:
+balance-nncf05, rotate-r1, rotate-b32); --outliers K,F runs the stress
+test of `inject_outliers_` (then the source is the injected model);
+`table` merges runs and prints the tables of docs/accuracy.md.
 
 These are torch prototypes: the weights are replaced by what
 compressed-tensors would dequantize (fakequant.py), not ctquant's output.
@@ -40,10 +44,11 @@ balance (W <- W diag(1/t), the producer absorbs t), for each group of
            clamped) and keeps the column scales of the least imbalanced
            iterate (max std / min std over rows and columns); the row
            scales are dropped (they would change the function); t divided
-           by its median; n_repeat passes over the model.
+           by its median; n_repeat passes over the model (8 iterations,
+           one pass by default).
 rotate: untie the head; fold every norm's g into its consumers (q/k/v,
   gate/up, lm_head) and set g to 1; x -> x Q on the residual stream with
-  Q = H D / sqrt(n) (Sylvester Hadamard, D random signs of a fixed seed):
+  Q = D H / sqrt(n) (Sylvester Hadamard, D random signs of a fixed seed):
   embedding E Q, o_proj and down_proj Q^T W, consumers W Q. R2 per head:
   v_proj rows R^T per KV head, o_proj columns R per query head, R a
   head_dim Hadamard. Sizes that are not a power of two: H = H_k (x) H_2^m
@@ -65,8 +70,6 @@ import torch
 import common
 import fakequant as fq
 import kld
-
-CALIB_BLOCKS = 8  # calibration text: held-out tokens after the evaluation blocks
 
 
 # --- presets: fake quantization of every Linear but lm_head ---------------
@@ -108,9 +111,10 @@ def layers(model):
 
 # --- balance ----------------------------------------------------------------
 
-def scale_nncf(ws, group=None):
-    """t_j = mean over every consumer row of |W_ij|, over its median."""
-    t = torch.cat(ws, 0).abs().mean(0).clamp_min(1e-12)
+def scale_nncf(ws, group=None, alpha=1.0):
+    """t_j = (mean over every consumer row of |W_ij|)^alpha, over its median
+    (alpha 1: NNCF's data-free scale; 0.5: half-way, as SmoothQuant's)."""
+    t = torch.cat(ws, 0).abs().mean(0).clamp_min(1e-12) ** alpha
     return t / t.median()
 
 
@@ -160,6 +164,7 @@ def balance_(model, method, group=128, iters=8, repeat=1, scope=("down", "vo", "
     rep = cfg.num_attention_heads // cfg.num_key_value_heads
     nkv = cfg.num_key_value_heads
     fn = {"nncf": scale_nncf,
+          "nncf05": lambda ws, g: scale_nncf(ws, g, 0.5),
           "sinq": lambda ws, g: scale_sinq(ws, g, iters)}[method]
     with torch.no_grad():
         for _ in range(repeat):
@@ -262,6 +267,24 @@ def rotate_(model, seed=0, r2=True, block=None):
                 wo = a.o_proj.weight.reshape(-1, nh, hd)
                 a.o_proj.weight.copy_((wo @ r).reshape(-1, nh * hd))
         model.lm_head.weight.copy_(model.lm_head.weight @ q)
+    return model
+
+
+def inject_outliers_(model, k, f, seed=1):
+    """A stress test, not a real model: per layer, k hidden channels of
+    each norm (seeded) get g / f and the columns of its consumers W * f,
+    which keeps the function and makes the outlier weight columns that
+    large LLMs have and these small models lack."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for L in layers(model):
+            a, m = L.self_attn, L.mlp
+            for norm, cons in ((L.input_layernorm, (a.q_proj, a.k_proj, a.v_proj)),
+                               (L.post_attention_layernorm, (m.gate_proj, m.up_proj))):
+                idx = torch.randperm(norm.weight.shape[0], generator=g)[:k]
+                norm.weight[idx] /= f
+                for lin in cons:
+                    lin.weight[:, idx] *= f
     return model
 
 
@@ -372,14 +395,13 @@ def stats(source, models, blocks, batch=8, dtype=torch.float32):
     return out, maxdiff
 
 
-def calib_blocks(n=CALIB_BLOCKS):
-    ids = np.fromfile(common.HELDOUT, dtype=np.uint16).astype(np.int64)
-    start = common.EVAL_BLOCKS * common.CONTEXT
-    return ids[start:start + n * common.CONTEXT].reshape(n, common.CONTEXT)
-
-
 def quantized(model, fn):
     return fq.quantize_model_(copy.deepcopy(model), fn)
+
+
+def variant_key(name, group):
+    """Only Pre-SINQ's scale depends on the group (its Sinkhorn blocks)."""
+    return name if group == 128 or "sinq" not in name else f"{name} (block {group})"
 
 
 def cmd_run(args):
@@ -388,6 +410,9 @@ def cmd_run(args):
     t0 = time.time()
     blocks = common.heldout_blocks()[:args.blocks]
     base = load_base(args.model)
+    if args.outliers:
+        k, f = args.outliers.split(",")
+        base = to_bf16_(inject_outliers_(copy.deepcopy(base).double(), int(k), float(f)))
     source = copy.deepcopy(base).float()
     base64 = copy.deepcopy(base).double()
     names = ["none"] + [n for n in args.transforms.split(",") if n != "none"]
@@ -396,22 +421,26 @@ def cmd_run(args):
            "sinq": {"iters": args.sinq_iters, "repeat": args.sinq_repeat}, "seed": 0,
            "function": {}, "quant": {}}
 
+    res["outliers"] = args.outliers or None
     # 1. function kept: float64 without a cast (4 blocks), and BF16
-    few = blocks[:4]
+    few = blocks[:0 if args.no_function else 4]
     fwd64 = {}
     bf16 = {"bf16 rounding floor": noise_floor(base64)}
+    groups = sorted({g for g, _ in presets.values()}, key=lambda g: (g != 128, g))
     for name in names[1:]:
-        for grp in sorted({g for g, _ in presets.values()}):
-            if "sinq" not in name and grp != 128:
+        for grp in groups:
+            key = variant_key(name, grp)
+            if key in bf16:
                 continue  # nncf and rotate do not depend on the group
-            key = name if grp == 128 else f"{name} (block {grp})"
             m = rewrite(base64, name, grp, (args.sinq_iters, args.sinq_repeat))
-            if grp == 128:
+            if grp == groups[0]:
                 fwd64[key] = m
             bf16[key] = to_bf16_(copy.deepcopy(m))
     s64, d64 = stats(base64, fwd64, few, dtype=torch.float64)
-    sbf, dbf = stats(source, bf16, blocks)
+    sbf, dbf = stats(source, bf16, blocks[:0 if args.no_function else len(blocks)])
     for k in bf16:
+        if args.no_function:
+            continue
         sm = kld.summary(sbf[k])
         res["function"][k] = {"bf16": {"max_abs_logit_diff": dbf[k], "kld": sm["kld"],
                                        "kld_ci": kld.bootstrap(sbf[k]), "top1": sm["top1"]}}
@@ -428,8 +457,7 @@ def cmd_run(args):
             if name == "none":
                 rewritten[(name, grp)] = source
             else:
-                key = name if grp == 128 or "sinq" not in name else f"{name} (block {grp})"
-                rewritten[(name, grp)] = bf16[key]
+                rewritten[(name, grp)] = bf16[variant_key(name, grp)]
     models = {}
     res["weights"] = {}
     for preset, (grp, fn) in presets.items():
@@ -461,33 +489,6 @@ def cmd_run(args):
     common.write_json(args.out, res)
 
 
-def cmd_calib(args):
-    """Pre-SINQ's own selection (its scripts pick n_iter x n_repeat by the KL
-    of the quantized model on a calibration text): the same grid, on
-    CALIB_BLOCKS held-out blocks that follow the evaluation blocks (never
-    the evaluation text). Diagnostic: the measured rows use a fixed
-    setting, as a data-free tool would."""
-    torch.set_num_threads(1)
-    blocks = calib_blocks()
-    base = load_base(args.model)
-    source = copy.deepcopy(base).float()
-    base64 = copy.deepcopy(base).double()
-    res = {}
-    for preset in ("W4A16 min-max", "MXFP4A16 min-max"):
-        grp, fn = PRESETS[preset]
-        models = {"none": quantized(source, fn)}
-        for it in (2, 4, 8, 16):
-            for rep in (1, 2, 3):
-                for pre in ("", "rotate+"):
-                    m = to_bf16_(rewrite(base64, pre + "balance-sinq", grp, (it, rep)))
-                    models[f"{pre}sinq it{it} rep{rep}"] = quantized(m, fn)
-        st, _ = stats(source, models, blocks)
-        res[preset] = {k: kld.summary(v)["kld"] for k, v in st.items()}
-        for k, v in sorted(res[preset].items(), key=lambda kv: kv[1]):
-            print(preset, k, f"{v:.5f}", flush=True)
-    common.write_json(args.out, res)
-
-
 def _fmt_ci(ci):
     return f"[{ci[0]:.4f}, {ci[1]:.4f}]"
 
@@ -499,6 +500,8 @@ def cmd_table(args):
     for p in args.runs:
         with open(p) as f:
             r = json.load(f)
+        if r.get("outliers"):  # the stress test: its own columns
+            r["model"] += f" + outliers {r['outliers']}"
         if r["model"] in runs:  # a further run of the same model: merge its rows
             old = runs[r["model"]]
             old["function"].update(r["function"])
@@ -510,16 +513,21 @@ def cmd_table(args):
             runs[r["model"]] = r
     if args.out:
         common.write_json(args.out, runs)
-    models = list(runs)
+    models = [m for m in runs if not args.models or m in args.models.split(",")]
+
+    def ordered(keys, first):
+        return [k for k in first if k in keys] + sorted(k for k in keys if k not in first)
     print("| preset | transform | " + " | ".join(
         f"{m}: KLD [95% CI] | {m}: × none | {m}: ΔKLD vs none [95% CI]" for m in models) + " |")
     print("|---|---|" + "---|---|---|" * len(models))
-    for preset in runs[models[0]]["quant"]:
-        for name in runs[models[0]]["quant"][preset]:
+    for preset in ordered(runs[models[0]]["quant"], list(PRESETS)):
+        for name in ordered(runs[models[0]]["quant"][preset], TRANSFORMS):
             cells = []
             for m in models:
-                e = runs[m]["quant"][preset][name]
-                if name == "none":
+                e = runs[m]["quant"].get(preset, {}).get(name)
+                if e is None:
+                    cells += ["-", "-", "-"]
+                elif name == "none":
                     cells += [f"{e['kld']:.4f} {_fmt_ci(e['kld_ci'])}", "1", "baseline"]
                 else:
                     d, ci = e["vs_none"]
@@ -532,10 +540,13 @@ def cmd_table(args):
         f"{m}: max abs logit diff (BF16) | {m}: mean KLD (BF16) | {m}: max abs logit diff (float64)"
         for m in models) + " |")
     print("|---|" + "---|---|---|" * len(models))
-    for k in runs[models[0]]["function"]:
+    for k in ordered(runs[models[0]]["function"], ["bf16 rounding floor"] + TRANSFORMS):
         cells = []
         for m in models:
-            f = runs[m]["function"][k]
+            f = runs[m]["function"].get(k)
+            if f is None:
+                cells += ["-", "-", "-"]
+                continue
             f64 = f.get("float64", {}).get("max_abs_logit_diff")
             cells += [f"{f['bf16']['max_abs_logit_diff']:.3f}", f"{f['bf16']['kld']:.2e}",
                       "-" if f64 is None else f"{f64:.1e}"]
@@ -544,11 +555,14 @@ def cmd_table(args):
     print("| preset | transform | " + " | ".join(
         f"{m}: row kurtosis | {m}: rel. weight error" for m in models) + " |")
     print("|---|---|" + "---|---|" * len(models))
-    for preset in runs[models[0]].get("weights", {}):
-        for name in runs[models[0]]["weights"][preset]:
+    for preset in ordered(runs[models[0]].get("weights", {}), list(PRESETS)):
+        for name in ordered(runs[models[0]]["weights"][preset], TRANSFORMS):
             cells = []
             for m in models:
-                w = runs[m]["weights"][preset][name]
+                w = runs[m]["weights"].get(preset, {}).get(name)
+                if w is None:
+                    cells += ["-", "-"]
+                    continue
                 cells += [f"{w['row_kurtosis']:.2f}", f"{w['rel_weight_err']:.5f}"]
             print(f"| {preset} | {name} | " + " | ".join(cells) + " |")
 
@@ -563,15 +577,15 @@ def main(argv):
     r.add_argument("--sinq-iters", type=int, default=8)
     r.add_argument("--sinq-repeat", type=int, default=1)
     r.add_argument("--transforms", default=",".join(TRANSFORMS))
+    r.add_argument("--outliers", default="", help="K,F: the stress test of inject_outliers_")
+    r.add_argument("--no-function", action="store_true", help="skip the function-kept check")
     r.add_argument("--presets", default="", help="comma-separated keys of PRESETS (default all)")
-    c = sub.add_parser("calib")
-    c.add_argument("model")
-    c.add_argument("out")
     t = sub.add_parser("table")
     t.add_argument("runs", nargs="+")
     t.add_argument("--out")
+    t.add_argument("--models", default="", help="comma-separated columns (default every run)")
     args = ap.parse_args(argv)
-    {"run": cmd_run, "calib": cmd_calib, "table": cmd_table}[args.cmd](args)
+    {"run": cmd_run, "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":
