@@ -140,3 +140,36 @@ def int_mse(w, bits=4, group=128, symmetric=True, grid=100, maxshrink=0.2, norm=
             best = torch.where(m, e, best)
             best_dq = torch.where(m, dq, best_dq)
     return best_dq.to(torch.bfloat16).float().reshape(o, i)
+
+
+def _cast_fp4(v):
+    """cast_to_fp4 of compressed-tensors (spec/schemes.md 2.2): RNE on the
+    E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties as the table there."""
+    a = v.abs()
+    q = torch.zeros_like(a)
+    q = torch.where((a > 0.25) & (a < 0.75), 0.5, q)
+    q = torch.where((a >= 0.75) & (a <= 1.25), 1.0, q)
+    q = torch.where((a > 1.25) & (a < 1.75), 1.5, q)
+    q = torch.where((a >= 1.75) & (a <= 2.5), 2.0, q)
+    q = torch.where((a > 2.5) & (a < 3.5), 3.0, q)
+    q = torch.where((a >= 3.5) & (a <= 5.0), 4.0, q)
+    q = torch.where(a > 5.0, 6.0, q)
+    return q * torch.sign(v)
+
+
+def mxfp4(w, group=32):
+    """MXFP4A16 min-max (spec/schemes.md 6.1, 6.2): per group of 32 input
+    columns an E8M0 scale 2^(E' - 2), E' the exponent of the BF16 amax
+    plus one when its mantissa is >= 1.75; codes FP4 E2M1 of the BF16
+    quotient clamped to +-6. Returns the dequantized weight."""
+    o, i = w.shape
+    g = w.to(torch.bfloat16).reshape(o, i // group, group)
+    amax = g.abs().amax(-1, keepdim=True)
+    u = amax.view(torch.int16).to(torch.int32) & 0xFFFF
+    p2 = ((u + 32) & 0xFF80).to(torch.int16).view(torch.bfloat16).float()
+    e = torch.where(p2 > 0, 127 + torch.floor(torch.log2(p2.clamp_min(2.0 ** -133))) - 2,
+                    torch.zeros_like(p2))
+    e = e.clamp(0, 255)
+    scale = torch.pow(2.0, e - 127)
+    v = (g.float() / scale).to(torch.bfloat16).float().clamp(-6, 6)
+    return (_cast_fp4(v) * scale).to(torch.bfloat16).float().reshape(o, i)
