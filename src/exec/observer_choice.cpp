@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/source/weight_rows.hpp"
@@ -463,7 +464,8 @@ PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePla
       if (by[gi][k].empty() && !(used == 0 && k == 0)) continue;
       SchemeGroup& part = split[k];
       if (used > 1) {
-        part.targets = by[gi][k];
+        // Entries each engine finds under its own names (model/roles.hpp).
+        part.targets = exact_target_entries(plan.roles, by[gi][k]);
         if (k > 0) {
           part.name = g.name + "_" + part.weights.observer;
           for (int n = 2; names.contains(part.name); ++n) {

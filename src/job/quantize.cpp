@@ -237,6 +237,51 @@ void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& opti
   check_cancel(options.cancel);
 }
 
+// The groups --observer auto, --target-bits and --more-bits split name
+// each module in entries vLLM finds under its own names
+// (exact_target_entries, model/roles.hpp). Where vLLM would still not find
+// a module, it would build it unquantized beside packed weights: a draft
+// whose vLLM layer numbers are not known (RoleAnalysis::vllm_layers_unknown)
+// when the split groups name a decoder layer, or any L13 finding on the
+// split plan (verify --against-source reports such an output). Refused
+// (exit 2, nothing written) unless --allow-unloadable asks for it.
+void check_split_groups_found(const QuantizeOptions& options, const LintPolicy& policy,
+                              const QuantizeSummary& summary) {
+  if (!(options.auto_observer || options.target_bits || options.more_bits_layers) ||
+      policy.allow_unloadable) {
+    return;
+  }
+  const char* option = options.auto_observer ? "--observer auto"
+                       : options.target_bits ? "--target-bits"
+                                             : "--more-bits";
+  const RoleAnalysis& roles = summary.plan.roles;
+  const bool split = summary.plan.options.groups.size() > options.plan.groups.size();
+  if (split && !roles.vllm_layers_unknown.empty()) {
+    for (const PlannedModule& m : summary.plan.modules) {
+      const ModuleInfo* info = roles.find(m.name);
+      if (m.kind != PlannedModule::Kind::kQuantize || info == nullptr ||
+          !info->vllm_name.starts_with("model.layers.")) {
+        continue;
+      }
+      throw usage_error(fmt::format(
+          "{}: the split groups name the draft's decoder layers by number, and vLLM's numbers "
+          "are not known: {}; vLLM would not find '{}' and would build it unquantized beside "
+          "packed weights. Nothing was written. Add num_target_layers (the target model's "
+          "num_hidden_layers) to config.json, run without the option, or pass "
+          "--allow-unloadable to write it anyway",
+          option, roles.vllm_layers_unknown, m.name));
+    }
+  }
+  for (const Finding& f : summary.findings) {
+    if (f.id != "L13") continue;
+    throw usage_error(fmt::format(
+        "{}: the split groups name modules vLLM does not find (lint L13: {}); vLLM would "
+        "build them unquantized beside packed weights. Nothing was written. Run without the "
+        "option, or pass --allow-unloadable to write it anyway",
+        option, f.message));
+  }
+}
+
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
@@ -332,26 +377,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_cancel(options.cancel);
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, policy, log);
-  // The groups that --observer auto, --target-bits and --more-bits split
-  // name their modules as the checkpoint does. Where vLLM names a module
-  // otherwise (a DFlash draft's `fc` is vLLM's `model.fc`), the name
-  // matches nothing in vLLM, which builds the module unquantized beside a
-  // packed weight (lint L13; verify --against-source reports it): refused
-  // unless --allow-unloadable asks for such an output.
-  if ((options.auto_observer || options.target_bits || options.more_bits_layers) &&
-      !policy.allow_unloadable) {
-    for (const Finding& f : summary.findings) {
-      if (f.id != "L13") continue;
-      throw usage_error(fmt::format(
-          "{}: the split groups name modules vLLM does not find (lint L13: {}); vLLM would "
-          "build them unquantized beside packed weights. Nothing was written. Run without the "
-          "option, or pass --allow-unloadable to write it anyway",
-          options.auto_observer      ? "--observer auto"
-          : options.target_bits      ? "--target-bits"
-                                     : "--more-bits",
-          f.message));
-    }
-  }
+  check_split_groups_found(options, policy, summary);
   // What --allow L9 lets through would be a quantization_config with no
   // config group: nothing quantized, and an output that vLLM, transformers
   // and ctquant verify all refuse. Only --allow-unloadable, which asks for
