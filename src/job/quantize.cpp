@@ -119,6 +119,24 @@ void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs
   }
 }
 
+// What --observer auto and --target-bits do before they read the weights:
+// the first plan's blocking lint findings stop the run; then the options
+// of the measuring (observer_choice.hpp), from the run's.
+template <class Lap>
+ObserverChoiceOptions start_measuring(const Checkpoint& checkpoint, const QuantizeOptions& options,
+                                      const LintOptions& lint, const LintPolicy& policy,
+                                      QuantizeSummary& summary, Lap& lap) {
+  const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
+  if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
+  summary.phases.lint = lap();
+  ObserverChoiceOptions measure;
+  measure.threads = options.threads;
+  measure.chunk_bytes = options.chunk_bytes;
+  measure.on_progress = options.on_progress;
+  measure.cancel = options.cancel;
+  return measure;
+}
+
 // --observer auto (observer_choice.hpp): before anything is written, every
 // module is measured with min-max, its MSE observer and refit, and the plan is
 // made again with the groups split by the observer each module keeps. The
@@ -137,15 +155,8 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
     }
     return;
   }
-  const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
-  if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
-  summary.phases.lint = lap();
-  ObserverChoiceOptions choose;
-  choose.threads = options.threads;
-  choose.chunk_bytes = options.chunk_bytes;
+  ObserverChoiceOptions choose = start_measuring(checkpoint, options, lint, policy, summary, lap);
   choose.kwargs = options.auto_observer_kwargs;
-  choose.on_progress = options.on_progress;
-  choose.cancel = options.cancel;
   if (log) {
     log->info(
         "--observer auto: measuring the weight error of {} module(s) with min-max, an MSE "
@@ -213,14 +224,8 @@ void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& opti
       }
       return;
     }
-    const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
-    if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
-    summary.phases.lint = lap();
-    ObserverChoiceOptions measure;
-    measure.threads = options.threads;
-    measure.chunk_bytes = options.chunk_bytes;
-    measure.on_progress = options.on_progress;
-    measure.cancel = options.cancel;
+    const ObserverChoiceOptions measure =
+        start_measuring(checkpoint, options, lint, policy, summary, lap);
     if (log) {
       log->info("--target-bits: measuring the weight error of {} module(s) with each of {} "
                 "scheme(s)",
