@@ -219,6 +219,32 @@ TEST(VllmMatch, ExactTargetEntriesNameEachModuleAsVllmAndTheCheckpointDo) {
   EXPECT_EQ(state_of(llama, fused, "model.layers.0.self_attn.k_proj"), State::kPacked);
 }
 
+// vLLM's qwen3_dflash.py (DFlashDraftModel) numbers the draft's layers
+// after the target's: layers.N is model.layers.{N + num_target_layers}.
+// Without num_target_layers those names are unknown, and a number past 64
+// bits is left alone (it threw once).
+TEST(VllmMatch, Qwen3DflashLayersAreNumberedAfterTheTargets) {
+  const Tensors t = {{"layers.1.mlp.down_proj.weight", {256, 512}},
+                     {"layers.99999999999999999999999.mlp.down_proj.weight", {256, 512}},
+                     {"fc.weight", {256, 768}}};
+  json config = {
+      {"architectures", {"DFlashDraftModel"}}, {"hidden_size", 256}, {"num_target_layers", 36}};
+  const RoleAnalysis offset = analyze_roles(config, t);
+  EXPECT_EQ(offset.vllm_layer_offset, 36u);
+  EXPECT_EQ(offset.find("layers.1.mlp.down_proj")->vllm_name, "model.layers.37.mlp.down_proj");
+  EXPECT_EQ(offset.find("layers.99999999999999999999999.mlp.down_proj")->vllm_name,
+            "model.layers.99999999999999999999999.mlp.down_proj");
+  EXPECT_EQ(offset.find("fc")->vllm_name, "model.fc");
+  config.erase("num_target_layers");
+  const RoleAnalysis unknown = analyze_roles(config, t);
+  EXPECT_FALSE(unknown.vllm_layer_offset.has_value());
+  EXPECT_NE(unknown.vllm_layers_unknown.find("no num_target_layers"), std::string::npos);
+  config["architectures"] = {"DFlashLagunaForCausalLM"};  // laguna_dflash.py: no offset
+  const RoleAnalysis laguna = analyze_roles(config, t);
+  EXPECT_TRUE(laguna.vllm_layers_unknown.empty());
+  EXPECT_EQ(laguna.find("layers.1.mlp.down_proj")->vllm_name, "model.layers.1.mlp.down_proj");
+}
+
 // A MoE layer's experts: vLLM decides the layer by its experts.0 probes,
 // which Mixtral's checkpoint names (w1/w3/w2) are not; the entries name the
 // probes beside the experts.

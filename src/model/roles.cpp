@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <set>
 
 #include <fmt/format.h>
@@ -449,7 +451,13 @@ std::string after_target(const std::string& name, std::uint64_t offset) {
   std::size_t end = kLayers.size();
   while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
   if (end == kLayers.size() || (end < name.size() && name[end] != '.')) return name;
-  const std::uint64_t n = std::stoull(name.substr(kLayers.size(), end - kLayers.size()));
+  std::uint64_t n = 0;
+  const char* digits = name.data() + kLayers.size();
+  // A number past 64 bits, or one the offset would carry past them, is no
+  // layer vLLM builds: left as it is.
+  if (std::from_chars(digits, name.data() + end, n).ec != std::errc() || n > UINT64_MAX - offset) {
+    return name;
+  }
   return fmt::format("{}{}{}", kLayers, n + offset, name.substr(end));
 }
 
