@@ -547,17 +547,106 @@ TEST(BitOptions, BadInputIsAUsageErrorNamingTheReasonAndWritesNothing) {
   }
 }
 
-TEST(TargetBits, RefusesSplitGroupsVllmDoesNotFindOnADflashDraft) {
-  // The DFlash draft's modules have no `model.` prefix, which vLLM's model
-  // adds: exact-name groups would match nothing there (lint L13).
+// The bundled DFlash draft (DFlashLagunaForCausalLM: its modules have no
+// `model.` prefix, which vLLM's model class adds), copied into dir with
+// config.json's architecture set and, unless keep_target_layers,
+// dflash_config.num_target_layers removed.
+void copy_dflash(const fs::path& dir, const std::string& architecture,
+                 bool keep_target_layers = true) {
+  test::copy_dir(test::golden_dir() / "dflash-bf16-sharded" / "input", dir);
+  json config = test::read_json(dir / "config.json");
+  config["architectures"] = {architecture};
+  if (!keep_target_layers) config["dflash_config"].erase("num_target_layers");
+  test::write_file(dir / "config.json", config.dump(2));
+}
+
+// What a DFlash run with split groups must hold: no L13 finding, and
+// verify --against-source finds OUTPUT the same as its config.json plans.
+void expect_dflash_split_verifies(const TempDir& tmp, const BitsRun& run) {
+  EXPECT_EQ(run.result.err.find("L13"), std::string::npos) << run.result.err;
+  const test::CommandResult v = test::run_ctquant(
+      {"verify", (tmp / "out").string(), (tmp / "in").string(), "--against-source"});
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+  expect_message(v.out, {"result: SAME"});
+}
+
+// The bundled DFlash draft's quantized modules but layers.1.mlp.down_proj,
+// each by an entry matching its checkpoint name and vLLM's (model.fc;
+// gate/up also vLLM's fused gate_up_proj, which the role table's drafts
+// build), in plan order.
+json dflash_targets_but_layer_1_down_proj() {
+  return json::array({"re:^(model\\.)?fc$", "re:^(model\\.)?layers\\.0\\.mlp\\.down_proj$",
+                      "re:^(layers\\.0\\.mlp\\.gate_proj|model\\.layers\\.0\\.mlp\\.gate_proj|"
+                      "model\\.layers\\.0\\.mlp\\.gate_up_proj)$",
+                      "re:^(layers\\.0\\.mlp\\.up_proj|model\\.layers\\.0\\.mlp\\.gate_up_proj|"
+                      "model\\.layers\\.0\\.mlp\\.up_proj)$",
+                      "re:^(model\\.)?layers\\.0\\.self_attn\\.o_proj$",
+                      "re:^(layers\\.1\\.mlp\\.gate_proj|model\\.layers\\.1\\.mlp\\.gate_proj|"
+                      "model\\.layers\\.1\\.mlp\\.gate_up_proj)$",
+                      "re:^(layers\\.1\\.mlp\\.up_proj|model\\.layers\\.1\\.mlp\\.gate_up_proj|"
+                      "model\\.layers\\.1\\.mlp\\.up_proj)$",
+                      "re:^(model\\.)?layers\\.1\\.self_attn\\.o_proj$"});
+}
+
+TEST(TargetBits, SplitsADflashDraftIntoGroupsVllmFinds) {
+  // Each module is named by an entry that matches both the checkpoint's
+  // name (transformers, ctquant) and vLLM's model.-prefixed one.
   TempDir tmp;
-  const std::string in = (test::golden_dir() / "dflash-bf16-sharded" / "input").string();
-  const test::CommandResult r =
-      test::run_ctquant({"quantize", in, (tmp / "out").string(), "--target-bits", "5"});
+  copy_dflash(tmp / "in", "DFlashLagunaForCausalLM");
+  const BitsRun run = run_bits(tmp, {"--target-bits", "5"});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  const json& groups = run.config.at("config_groups");
+  EXPECT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups.at("W4A16_g32").at("targets"), dflash_targets_but_layer_1_down_proj());
+  EXPECT_EQ(groups.at("W8A16").at("targets"),
+            json::array({"re:^(model\\.)?layers\\.1\\.mlp\\.down_proj$"}));
+  expect_dflash_split_verifies(tmp, run);
+}
+
+TEST(MoreBits, RaisesTheDownProjOfADflashDraftsOwnLayers) {
+  // The draft's decoder layers are layers.N (component draft): llama.cpp's
+  // rule for 2 layers picks layer 1.
+  TempDir tmp;
+  copy_dflash(tmp / "in", "DFlashLagunaForCausalLM");
+  const BitsRun run = run_bits(tmp, {"--more-bits", "layers"});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  const json& b = run.report.at("bit_allocation");
+  EXPECT_EQ(b.at("layers"), json::array({1}));
+  EXPECT_EQ(b.at("n_layers"), 2);
+  const json& groups = run.config.at("config_groups");
+  EXPECT_EQ(groups.at("W8A16").at("targets"),
+            json::array({"re:^(model\\.)?layers\\.1\\.mlp\\.down_proj$"}));
+  EXPECT_EQ(groups.at("W4A16").at("targets"), dflash_targets_but_layer_1_down_proj());
+  expect_dflash_split_verifies(tmp, run);
+}
+
+TEST(MoreBits, NamesAQwen3DflashDraftsLayersAfterTheTargetsAsVllmDoes) {
+  // vLLM builds DFlashDraftModel with qwen3_dflash.py, whose layer N is
+  // model.layers.{N + the target's layers} (num_target_layers: 8).
+  TempDir tmp;
+  copy_dflash(tmp / "in", "DFlashDraftModel");
+  const BitsRun run = run_bits(tmp, {"--more-bits", "layers"});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_EQ(
+      run.config.at("config_groups").at("W8A16").at("targets"),
+      json::array(
+          {"re:^(layers\\.1\\.|model\\.layers\\.1\\.|model\\.layers\\.9\\.)mlp\\.down_proj$"}));
+  expect_dflash_split_verifies(tmp, run);
+}
+
+TEST(MoreBits, RefusesSplitGroupsVllmCannotFindOnAQwen3DflashDraftWithoutTargetLayers) {
+  // Without num_target_layers vLLM's numbers of the draft's layers are
+  // unknown: a group naming layers.1 would match nothing in vLLM.
+  TempDir tmp;
+  copy_dflash(tmp / "in", "DFlashDraftModel", /*keep_target_layers=*/false);
+  const test::CommandResult r = test::run_ctquant(
+      {"quantize", (tmp / "in").string(), (tmp / "out").string(), "--more-bits", "layers"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  expect_message(r.err, {"--target-bits: the split groups name modules vLLM does not find",
-                         "lint L13", "'model.fc'", "Nothing was written", "--allow-unloadable"});
-  EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
+  expect_message(r.err, {"--more-bits: the split groups name the draft's decoder layers by "
+                         "number, and vLLM's numbers are not known",
+                         "qwen3_dflash.py", "no num_target_layers", "'layers.0.mlp.down_proj'",
+                         "Nothing was written", "--allow-unloadable"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
 }  // namespace

@@ -64,8 +64,8 @@ CommandResult run_part(const fs::path& in, const fs::path& out, const std::strin
 
 // Finalize fails with exit 1 naming each problem, creates no OUTPUT and
 // leaves the stage byte for byte as it was.
-void expect_finalize_refuses(const fs::path& out, const std::vector<std::string>& problems,
-                             const std::vector<std::string>& absent = {}) {
+CommandResult expect_finalize_refuses(const fs::path& out, const std::vector<std::string>& problems,
+                                      const std::vector<std::string>& absent = {}) {
   const auto before = test::snapshot_files(stage_of(out));
   const CommandResult r = test::run_ctquant({"finalize", out.string()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
@@ -77,6 +77,7 @@ void expect_finalize_refuses(const fs::path& out, const std::vector<std::string>
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(test::temp_leftovers(out.parent_path()), std::vector<std::string>{});
   EXPECT_EQ(test::snapshot_files(stage_of(out)), before);
+  return r;
 }
 
 TEST(Finalize, RefusesAMissingPart) {
@@ -145,8 +146,11 @@ TEST(Finalize, RefusesAForeignPart) {
 }
 
 // The same split, another plan: part 2's record was overwritten by a run
-// with other options. It is named as foreign, and its slot as to be rerun.
-TEST(Finalize, RefusesAPartOfAnotherPlan) {
+// with other options. It is named as foreign, and its slot as to be rerun;
+// each option's value says which part had it (the message once read "X
+// then, Y now", the foreign part's value first), and how to bring the part
+// in line.
+TEST(Finalize, RefusesAPartOfAnotherPlanSayingWhichPartHadWhichOptions) {
   TempDir tmp;
   const fs::path out = tmp / "out";
   for (const char* p : {"1/3", "3/3"}) {
@@ -156,11 +160,19 @@ TEST(Finalize, RefusesAPartOfAnotherPlan) {
       run_part(kThreeShards, out, "2/3", with(kThreeShardsIgnore, {"--ignore", "re:.*o_proj$"}))
           .exit_code,
       0);
-  expect_finalize_refuses(
+  const CommandResult r = expect_finalize_refuses(
       out,
       {"part-00002-of-00003.json: part 2/3 of another run", "options: quantization_config.ignore",
-       "part 2/3: its record is of another run (above)"},
-      {"part 2/3: no record"});
+       "part 2/3: its record is of another run (above)",
+       "rerun part 2/3 with the input and options of part 1/3 (--part 2/3 --resume), or remove "
+       "its record"},
+      {"part 2/3: no record", " then, "});
+  const std::size_t line = r.err.find("options: quantization_config.ignore: ");
+  const std::size_t two = r.err.find(" in part 2/3, ", line);
+  const std::size_t one = r.err.find(" in part 1/3", two);
+  ASSERT_NE(one, std::string::npos) << r.err;
+  EXPECT_NE(r.err.substr(line, two - line).find("o_proj"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.substr(two, one - two).find("o_proj"), std::string::npos) << r.err;
 }
 
 // A record another version of ctquant wrote (another record format) is

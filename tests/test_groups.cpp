@@ -574,5 +574,24 @@ TEST(ConfigJson, RepeatedKeyIsRefusedByQuantizeAndVerifyNamingTheKey) {
   EXPECT_TRUE(contains(o.out, key)) << o.out;
 }
 
+TEST(ConfigJson, RepeatedKeyInOutputsConfigNamesTheFileOnce) {
+  test::TempDir dir;
+  write_small_llama(dir / "in");
+  ASSERT_EQ(
+      test::run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string()}).exit_code, 0);
+  std::string text = test::read_file(dir / "out" / "config.json");
+  text.insert(text.find('{') + 1, "\"model_type\": \"mistral\", ");
+  test::write_file(dir / "out" / "config.json", text);
+  const auto v = test::run_ctquant(
+      {"verify", (dir / "out").string(), (dir / "in").string(), "--against-source"});
+  EXPECT_EQ(v.exit_code, 1) << v.out << v.err;
+  EXPECT_TRUE(contains(v.err,
+                       "OUTPUT config.json: key 'model_type' appears twice in the "
+                       "top-level object (JSON readers keep only the last one); "
+                       "--against-source needs the quantization_config quantize writes"))
+      << v.err;
+  EXPECT_EQ(v.err.find("config.json"), v.err.rfind("config.json")) << v.err;
+}
+
 }  // namespace
 }  // namespace ctquant

@@ -438,5 +438,27 @@ TEST(ObserverAuto, PerTensorScalesAreNotMeasuredAndKeepMinMax) {
   EXPECT_EQ(run.groups.begin()->at("weights").at("observer"), "memoryless_minmax");
 }
 
+// expand=10 makes every candidate range 8.1x the min-max range: a
+// warning, which --strict makes stop the run as it does lint warnings.
+TEST(ObserverKwargs, StrictMakesTheExpandWarningStopTheRunAndWriteNothing) {
+  TempDir tmp;
+  const std::string in = (test::golden_dir() / "llama-bf16" / "input").string();
+  const std::vector<std::string> args = {
+      "quantize",         in,         (tmp / "out").string(), "--observer", "memoryless_mse",
+      "--observer-kwarg", "expand=10"};
+  std::vector<std::string> strict = args;
+  strict.push_back("--strict");
+  const test::CommandResult r = test::run_ctquant(strict);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  expect_message(r.err, {"every candidate range of memoryless_mse at least 8.1x the weights' "
+                         "min-max range",
+                         "--strict makes warnings stop the run, and nothing was written",
+                         "run without --strict"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  const test::CommandResult warned = test::run_ctquant(args);
+  EXPECT_EQ(warned.exit_code, 0) << warned.err;
+  expect_message(warned.err, {"warning: --observer-kwarg: observer_kwargs make every candidate"});
+}
+
 }  // namespace
 }  // namespace ctquant

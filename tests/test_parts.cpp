@@ -401,7 +401,9 @@ TEST(Resume, DamagedFileIsWrittenAgain) {
   EXPECT_EQ(test::diff_golden(out, kGoldenExpected, false), "");
 }
 
-TEST(Resume, ChangedOptionsAreRefusedNamingThem) {
+// Each changed value says which run had it ("[...] then, [...] now" left
+// the reader to guess), and the message says how to go on.
+TEST(Resume, ChangedOptionsAreRefusedSayingWhichRunHadWhich) {
   TempDir tmp;
   const fs::path out = tmp / "out";
   ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
@@ -409,8 +411,20 @@ TEST(Resume, ChangedOptionsAreRefusedNamingThem) {
       with({"quantize", kGoldenInput.string(), out.string(), "--part", "1/2", "--resume"},
            with(kGoldenIgnore, {"--ignore", "re:.*o_proj$"})));
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
-                               "options: quantization_config.ignore"});
+  test::expect_message(
+      r.err,
+      {"cannot resume part 1/2: the plan changed", "options: quantization_config.ignore",
+       "resume with the input and options of the part written earlier "
+       "(--resume)",
+       "write every part into a fresh OUTPUT"},
+      {" then, "});
+  // The o_proj entry is this run's, not the earlier part's.
+  const std::size_t line = r.err.find("options: quantization_config.ignore: ");
+  const std::size_t earlier = r.err.find(" in the part written earlier, ", line);
+  const std::size_t now = r.err.find(" in this run", earlier);
+  ASSERT_NE(now, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.substr(line, earlier - line).find("o_proj"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.substr(earlier, now - earlier).find("o_proj"), std::string::npos) << r.err;
 }
 
 TEST(Resume, ChangedInputIsRefusedNamingIt) {

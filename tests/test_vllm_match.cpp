@@ -5,12 +5,15 @@
 // analyses of header-only layouts (no files).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/model/roles.hpp"
 #include "ctquant/model/vllm_match.hpp"
 
@@ -179,6 +182,95 @@ TEST(VllmMatch, DraftsTestFusedNamesWithoutShardsOrMapping) {
   const VllmLoadRules literal(roles, {"layers.0.self_attn.qkv_proj"}, {"Linear"});
   EXPECT_EQ(literal.expect(*qkv).state, State::kPacked);  // vLLM's name has "model."
   EXPECT_EQ(state_of(roles, regex, "fc"), State::kPacked);
+}
+
+// The targets of a split config group (exact_target_entries): each module
+// by a name vLLM finds and transformers' compressed-tensors too, and no
+// other module. A DFlash draft's fc is vLLM's model.fc: one anchored entry
+// for both names; a Llama's names agree: the names themselves.
+TEST(VllmMatch, ExactTargetEntriesNameEachModuleAsVllmAndTheCheckpointDo) {
+  const json config = {{"architectures", {"DFlashLagunaForCausalLM"}}, {"hidden_size", 256}};
+  const Tensors t = {{"layers.0.self_attn.o_proj.weight", {256, 256}},
+                     {"layers.0.mlp.down_proj.weight", {256, 512}},
+                     {"layers.1.mlp.down_proj.weight", {256, 512}},
+                     {"fc.weight", {256, 768}}};
+  const RoleAnalysis draft = analyze_roles(config, t);
+  const std::vector<std::string> entries =
+      exact_target_entries(draft, {"fc", "layers.1.mlp.down_proj"});
+  EXPECT_EQ(entries, (std::vector<std::string>{"re:^(model\\.)?fc$",
+                                               "re:^(model\\.)?layers\\.1\\.mlp\\.down_proj$"}));
+  const VllmLoadRules rules(draft, {}, entries);
+  EXPECT_EQ(state_of(draft, rules, "fc"), State::kPacked);
+  EXPECT_EQ(state_of(draft, rules, "layers.1.mlp.down_proj"), State::kPacked);
+  EXPECT_TRUE(rules.expect(*draft.find("layers.0.mlp.down_proj")).unmatched);
+  EXPECT_TRUE(rules.expect(*draft.find("layers.0.self_attn.o_proj")).unmatched);
+  // The checkpoint's names (what transformers and ctquant's planner match).
+  const ModuleMatcher matcher(entries, ModuleMatcher::Role::kTargets);
+  EXPECT_TRUE(matcher.first_match("fc").has_value());
+  EXPECT_TRUE(matcher.first_match("layers.1.mlp.down_proj").has_value());
+  EXPECT_FALSE(matcher.first_match("layers.0.mlp.down_proj").has_value());
+
+  const RoleAnalysis llama = analyze_roles(config_of("LlamaForCausalLM"), llama_layer(""));
+  const std::vector<std::string> qkv = {"model.layers.0.self_attn.q_proj",
+                                        "model.layers.0.self_attn.k_proj",
+                                        "model.layers.0.self_attn.v_proj"};
+  EXPECT_EQ(exact_target_entries(llama, qkv), qkv);
+  const VllmLoadRules fused(llama, {}, qkv);
+  EXPECT_EQ(state_of(llama, fused, "model.layers.0.self_attn.k_proj"), State::kPacked);
+}
+
+// vLLM's qwen3_dflash.py (DFlashDraftModel) numbers the draft's layers
+// after the target's: layers.N is model.layers.{N + num_target_layers}.
+// Without num_target_layers those names are unknown, and a number past 64
+// bits is left alone (it threw once).
+TEST(VllmMatch, Qwen3DflashLayersAreNumberedAfterTheTargets) {
+  const Tensors t = {{"layers.1.mlp.down_proj.weight", {256, 512}},
+                     {"layers.99999999999999999999999.mlp.down_proj.weight", {256, 512}},
+                     {"fc.weight", {256, 768}}};
+  json config = {
+      {"architectures", {"DFlashDraftModel"}}, {"hidden_size", 256}, {"num_target_layers", 36}};
+  const RoleAnalysis offset = analyze_roles(config, t);
+  EXPECT_EQ(offset.vllm_layer_offset, 36u);
+  EXPECT_EQ(offset.find("layers.1.mlp.down_proj")->vllm_name, "model.layers.37.mlp.down_proj");
+  EXPECT_EQ(offset.find("layers.99999999999999999999999.mlp.down_proj")->vllm_name,
+            "model.layers.99999999999999999999999.mlp.down_proj");
+  EXPECT_EQ(offset.find("fc")->vllm_name, "model.fc");
+  config.erase("num_target_layers");
+  const RoleAnalysis unknown = analyze_roles(config, t);
+  EXPECT_FALSE(unknown.vllm_layer_offset.has_value());
+  EXPECT_NE(unknown.vllm_layers_unknown.find("no num_target_layers"), std::string::npos);
+  config["architectures"] = {"DFlashLagunaForCausalLM"};  // laguna_dflash.py: no offset
+  const RoleAnalysis laguna = analyze_roles(config, t);
+  EXPECT_TRUE(laguna.vllm_layers_unknown.empty());
+  EXPECT_EQ(laguna.find("layers.1.mlp.down_proj")->vllm_name, "model.layers.1.mlp.down_proj");
+}
+
+// A MoE layer's experts: vLLM decides the layer by its experts.0 probes,
+// which Mixtral's checkpoint names (w1/w3/w2) are not; the entries name the
+// probes beside the experts.
+TEST(VllmMatch, ExactTargetEntriesOfAMoeLayerNameVllmsProbes) {
+  const json config = {{"architectures", {"MixtralForCausalLM"}},
+                       {"hidden_size", 256},
+                       {"num_local_experts", 4},
+                       {"intermediate_size", 128}};
+  const RoleAnalysis roles = analyze_roles(config, mixtral_layer());
+  std::vector<std::string> experts;
+  for (int e = 0; e < 4; ++e) {
+    for (const char* w : {"w1", "w3", "w2"}) {
+      experts.push_back(fmt::format("model.layers.0.block_sparse_moe.experts.{}.{}", e, w));
+    }
+  }
+  const std::vector<std::string> entries = exact_target_entries(roles, experts);
+  for (const std::string& e : experts) {
+    EXPECT_NE(std::find(entries.begin(), entries.end(), e), entries.end()) << e;
+  }
+  for (const std::string& probe :
+       VllmLoadRules::moe_probes("model.layers.0.block_sparse_moe.experts")) {
+    EXPECT_NE(std::find(entries.begin(), entries.end(), probe), entries.end()) << probe;
+  }
+  EXPECT_EQ(entries.size(), experts.size() + 3);
+  const VllmLoadRules rules(roles, {}, entries);
+  EXPECT_EQ(state_of(roles, rules, "model.layers.0.block_sparse_moe.experts.2.w1"), State::kPacked);
 }
 
 // A quantizable layer neither ignored nor targeted: newer vLLM leaves it

@@ -179,7 +179,18 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   };
   options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
   for (const std::string& note : ctquant::take_observer_notes()) options.logger->info("{}", note);
-  for (const std::string& w : ctquant::take_observer_warnings()) options.logger->warn("{}", w);
+  // An observer warning (kwargs that make the search cost much more, or
+  // leave most quantization levels unused) stops the run under --strict,
+  // as lint warnings do (exit 1), before anything is read.
+  const std::vector<std::string> observer_warnings = ctquant::take_observer_warnings();
+  if (args.strict && !observer_warnings.empty()) {
+    throw ctquant::Error(
+        ctquant::ErrorKind::kLint,
+        fmt::format("{}\n--strict makes warnings stop the run, and nothing was written: change "
+                    "the observer kwargs, or run without --strict",
+                    fmt::join(observer_warnings, "\n")));
+  }
+  for (const std::string& w : observer_warnings) options.logger->warn("{}", w);
 
   using Clock = std::chrono::steady_clock;
   const auto clock_start = Clock::now();

@@ -181,7 +181,10 @@ class Finalization {
     reference_ = by_part_.begin()->second;
     for (const Record& r : records_) {
       if (r.part.count == count_ && fingerprint_of(r.plan) == fingerprint_) continue;
-      const std::vector<std::string> changes = fingerprint_changes(r.plan, reference_->plan);
+      const std::vector<std::string> changes =
+          fingerprint_changes(r.plan, reference_->plan,
+                              {fmt::format("in part {}", part_name(r.part)),
+                               fmt::format("in part {}", part_name(reference_->part))});
       if (r.part.count == count_ && detail::only_input_data_changed(changes)) {
         other_input_.insert(r.part.index);
         problems_.push_back(fmt::format(
@@ -199,10 +202,18 @@ class Finalization {
       if (fingerprint_of(r.plan) != fingerprint_) {
         for (const std::string& c : changes) why.push_back(c);
       }
+      // The same split: the part can be run again as the others ran.
+      const std::string rerun =
+          r.part.count == count_
+              ? fmt::format(
+                    "rerun part {} with the input and options of part {} (--part {} "
+                    "--resume), or remove its record",
+                    part_name(r.part), part_name(reference_->part), part_name(r.part))
+              : std::string("remove it");
       problems_.push_back(fmt::format(
-          "{}: part {} of another run than part {} ({}); remove it, "
-          "or the staging directory, if that run is abandoned",
-          r.file_name, part_name(r.part), part_name(reference_->part), join(why, "; ")));
+          "{}: part {} of another run than part {} ({}); {}, or the staging directory, if that "
+          "run is abandoned",
+          r.file_name, part_name(r.part), part_name(reference_->part), join(why, "; "), rerun));
     }
   }
 

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/source/weight_rows.hpp"
@@ -278,6 +279,64 @@ struct Units {
   void join(std::size_t a, std::size_t b) { parent[find(a)] = find(b); }
 };
 
+// The input bytes a measurement reads from `modules`, `reads` times each.
+std::uint64_t bytes_read(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                         const std::vector<std::size_t>& modules, std::uint64_t reads) {
+  std::uint64_t bytes = 0;
+  for (const std::size_t k : modules) {
+    const WeightRows rows(checkpoint, plan.modules[k].source);
+    bytes += reads * rows.rows() * rows.row_bytes();
+  }
+  return bytes;
+}
+
+// What choose_observers and measure_errors share: `tasks` measurements run
+// by `run(i, after_chunk)` on the threads of ordered_parallel (the calling
+// thread one of them, at most options.threads), results in order. Progress
+// in `phase` from the calling thread only: between its own chunks
+// (after_chunk, which the other threads get empty), between results and
+// while it waits for the other threads, at most every 200 ms, and once at
+// the end; bytes_done is what SetMeasure adds as it reads. modules[i]: the
+// modules task i measures, for the module count.
+template <class Result, class Run>
+std::vector<Result> measure_in_parallel(std::size_t tasks, std::uint64_t bytes_total,
+                                        const std::vector<std::uint64_t>& modules,
+                                        const ObserverChoiceOptions& options, ProgressPhase phase,
+                                        std::atomic<std::uint64_t>& bytes_done, const Run& run) {
+  std::uint64_t modules_total = 0;
+  for (const std::uint64_t n : modules) modules_total += n;
+  std::uint64_t modules_done = 0;  // of the tasks whose results came (the calling thread's)
+  auto last_progress = std::chrono::steady_clock::now();
+  const auto progress = [&] {
+    if (!options.on_progress) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_progress < std::chrono::milliseconds(200)) return;
+    last_progress = now;
+    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total,
+                                 modules_done, modules_total, phase});
+  };
+  const std::function<void()> progress_fn = progress;
+  const std::function<void()> no_progress;
+  std::vector<Result> out(tasks);
+  const unsigned threads = static_cast<unsigned>(
+      std::max<std::size_t>(1, std::min<std::size_t>(options.threads, tasks)));
+  detail::ordered_parallel<Result>(
+      tasks, threads,
+      [&](std::size_t i, unsigned worker) {
+        return run(i, worker == 0 ? progress_fn : no_progress);
+      },
+      [&](std::size_t i, Result r) {
+        out[i] = std::move(r);
+        modules_done += modules[i];
+        progress();
+      },
+      progress, std::chrono::milliseconds(200));
+  if (options.on_progress) {
+    options.on_progress(Progress{bytes_total, bytes_total, modules_total, modules_total, phase});
+  }
+  return out;
+}
+
 }  // namespace
 
 ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePlan& plan,
@@ -327,12 +386,9 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
     // Each observer reads a module once, the MSE one up to twice more (its
     // cutoff and a set's global scale), refit once more for a set's global
     // scale: the estimate only drives progress.
-    for (const std::size_t k : u.modules) {
-      in_set.insert(k);
-      const WeightRows rows(checkpoint, plan.modules[k].source);
-      const std::uint64_t reads = (m.amax_set ? 2 : 1) * (1 + (u.mse ? 2 : 0) + (u.refit ? 1 : 0));
-      u.bytes += reads * rows.rows() * rows.row_bytes();
-    }
+    for (const std::size_t k : u.modules) in_set.insert(k);
+    const std::uint64_t reads = (m.amax_set ? 2 : 1) * (1 + (u.mse ? 2 : 0) + (u.refit ? 1 : 0));
+    u.bytes = bytes_read(checkpoint, plan, u.modules, reads);
     sets.push_back(std::move(u));
   }
   // The kwargs are checked once, before any weight is read.
@@ -342,38 +398,18 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
   }
 
   std::uint64_t bytes_total = 0;
-  std::uint64_t modules_total = 0;
+  std::vector<std::uint64_t> modules;
   for (const MeasureSet& u : sets) {
     bytes_total += u.bytes;
-    modules_total += u.modules.size();
+    modules.push_back(u.modules.size());
   }
   std::atomic<std::uint64_t> bytes_done{0};
-  std::uint64_t modules_done = 0;  // of the sets whose results came (the calling thread's)
-  // Progress from the calling thread only: between its own chunks, between
-  // results and while it waits for the other threads, at most every 200 ms.
-  auto last_progress = std::chrono::steady_clock::now();
-  const auto progress = [&] {
-    if (!options.on_progress) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_progress < std::chrono::milliseconds(200)) return;
-    last_progress = now;
-    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total,
-                                 modules_done, modules_total, ProgressPhase::kChooseObserver});
-  };
-  const std::function<void()> progress_fn = progress;
-  const std::function<void()> no_progress;
   // Per set: the errors with min-max, the MSE observer and refit (empty
   // when not measured).
   using Measured = std::array<std::vector<QuantError>, 3>;
-  std::vector<Measured> measured(sets.size());
-  // Each set with each of its observers, on the threads of ordered_parallel
-  // (the calling thread one of them).
-  const unsigned threads = static_cast<unsigned>(
-      std::max<std::size_t>(1, std::min<std::size_t>(options.threads, sets.size())));
-  detail::ordered_parallel<Measured>(
-      sets.size(), threads,
-      [&](std::size_t u, unsigned worker) {
-        const std::function<void()>& after_chunk = worker == 0 ? progress_fn : no_progress;
+  const std::vector<Measured> measured = measure_in_parallel<Measured>(
+      sets.size(), bytes_total, modules, options, ProgressPhase::kChooseObserver, bytes_done,
+      [&](std::size_t u, const std::function<void()>& after_chunk) {
         const auto run = [&](const QuantArgs& args) {
           return SetMeasure(checkpoint, plan, sets[u].modules, args, options, bytes_done,
                             after_chunk)
@@ -384,17 +420,7 @@ ObserverChoices choose_observers(const Checkpoint& checkpoint, const QuantizePla
         if (sets[u].mse) m[1] = run(*sets[u].mse);
         if (sets[u].refit) m[2] = run(*sets[u].refit);
         return m;
-      },
-      [&](std::size_t u, Measured m) {
-        measured[u] = std::move(m);
-        modules_done += sets[u].modules.size();
-        progress();
-      },
-      progress, std::chrono::milliseconds(200));
-  if (options.on_progress) {
-    options.on_progress(Progress{bytes_total, bytes_total, modules_total, modules_total,
-                                 ProgressPhase::kChooseObserver});
-  }
+      });
 
   for (std::size_t u = 0; u < sets.size(); ++u) {
     for (std::size_t k = 0; k < sets[u].modules.size(); ++k) {
@@ -463,7 +489,8 @@ PlanOptions split_groups_by_observer(const PlanOptions& given, const QuantizePla
       if (by[gi][k].empty() && !(used == 0 && k == 0)) continue;
       SchemeGroup& part = split[k];
       if (used > 1) {
-        part.targets = by[gi][k];
+        // Entries each engine finds under its own names (model/roles.hpp).
+        part.targets = exact_target_entries(plan.roles, by[gi][k]);
         if (k > 0) {
           part.name = g.name + "_" + part.weights.observer;
           for (int n = 2; names.contains(part.name); ++n) {
@@ -487,55 +514,25 @@ std::vector<std::vector<QuantError>> measure_errors(const Checkpoint& checkpoint
     observer_params(m.weights.observer, m.weights.observer_kwargs, "--observer");
   }
   std::uint64_t bytes_total = 0;
-  std::uint64_t modules_total = 0;
-  std::vector<std::uint64_t> reads(measures.size(), 0);
-  for (std::size_t i = 0; i < measures.size(); ++i) {
-    const ErrorMeasure& m = measures[i];
+  std::vector<std::uint64_t> modules;
+  for (const ErrorMeasure& m : measures) {
     const SchemeFamily* family =
         m.family != nullptr ? m.family : plan.group_of(plan.modules[m.modules.front()]).family();
     // Each module read once, once more for a global scale and for an MSE
     // search's cutoff: the estimate only drives progress.
     const std::uint64_t passes = 1 + (family->needs_tensor_amax(m.weights) ? 1 : 0) +
                                  (m.weights.observer == "memoryless_minmax" ? 0 : 1);
-    for (const std::size_t k : m.modules) {
-      const WeightRows rows(checkpoint, plan.modules[k].source);
-      bytes_total += passes * rows.rows() * rows.row_bytes();
-    }
-    modules_total += m.modules.size();
+    bytes_total += bytes_read(checkpoint, plan, m.modules, passes);
+    modules.push_back(m.modules.size());
   }
   std::atomic<std::uint64_t> bytes_done{0};
-  std::uint64_t modules_done = 0;
-  auto last_progress = std::chrono::steady_clock::now();
-  const auto progress = [&] {
-    if (!options.on_progress) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_progress < std::chrono::milliseconds(200)) return;
-    last_progress = now;
-    options.on_progress(Progress{std::min(bytes_done.load(), bytes_total), bytes_total,
-                                 modules_done, modules_total, phase});
-  };
-  const std::function<void()> progress_fn = progress;
-  const std::function<void()> no_progress;
-  std::vector<std::vector<QuantError>> out(measures.size());
-  const unsigned threads = static_cast<unsigned>(
-      std::max<std::size_t>(1, std::min<std::size_t>(options.threads, measures.size())));
-  detail::ordered_parallel<std::vector<QuantError>>(
-      measures.size(), threads,
-      [&](std::size_t i, unsigned worker) {
-        const std::function<void()>& after_chunk = worker == 0 ? progress_fn : no_progress;
+  const std::vector<std::vector<QuantError>> out = measure_in_parallel<std::vector<QuantError>>(
+      measures.size(), bytes_total, modules, options, phase, bytes_done,
+      [&](std::size_t i, const std::function<void()>& after_chunk) {
         return SetMeasure(checkpoint, plan, measures[i].modules, measures[i].weights, options,
                           bytes_done, after_chunk, measures[i].family)
             .run();
-      },
-      [&](std::size_t i, std::vector<QuantError> errors) {
-        out[i] = std::move(errors);
-        modules_done += measures[i].modules.size();
-        progress();
-      },
-      progress, std::chrono::milliseconds(200));
-  if (options.on_progress) {
-    options.on_progress(Progress{bytes_total, bytes_total, modules_total, modules_total, phase});
-  }
+      });
   return out;
 }
 

@@ -174,7 +174,7 @@ std::string short_value(const json& value) {
 // Paths where two JSON values differ ("ignore", "config_groups.group_0..."),
 // at most `limit`.
 void json_changes(const json& before, const json& now, const std::string& path,
-                  std::vector<std::string>& out, std::size_t limit) {
+                  const FingerprintSides& sides, std::vector<std::string>& out, std::size_t limit) {
   if (out.size() >= limit || before == now) return;
   if (before.is_object() && now.is_object()) {
     std::set<std::string> keys;
@@ -183,18 +183,20 @@ void json_changes(const json& before, const json& now, const std::string& path,
     for (const std::string& k : keys) {
       const std::string sub = path.empty() ? k : path + "." + k;
       if (!before.contains(k)) {
-        out.push_back(fmt::format("{}: added ({})", sub, short_value(now[k])));
+        out.push_back(
+            fmt::format("{}: absent {}, {} {}", sub, sides.before, short_value(now[k]), sides.now));
       } else if (!now.contains(k)) {
-        out.push_back(fmt::format("{}: removed (was {})", sub, short_value(before[k])));
+        out.push_back(fmt::format("{}: {} {}, absent {}", sub, short_value(before[k]), sides.before,
+                                  sides.now));
       } else {
-        json_changes(before[k], now[k], sub, out, limit);
+        json_changes(before[k], now[k], sub, sides, out, limit);
       }
       if (out.size() >= limit) return;
     }
     return;
   }
-  out.push_back(fmt::format("{}: {} then, {} now", path.empty() ? "(value)" : path,
-                            short_value(before), short_value(now)));
+  out.push_back(fmt::format("{}: {} {}, {} {}", path.empty() ? "(value)" : path,
+                            short_value(before), sides.before, short_value(now), sides.now));
 }
 
 }  // namespace
@@ -288,17 +290,17 @@ json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan& plan,
   return fingerprint;
 }
 
-std::vector<std::string> fingerprint_changes(const json& before, const json& now) {
+std::vector<std::string> fingerprint_changes(const json& before, const json& now,
+                                             const FingerprintSides& sides) {
   std::vector<std::string> changes;
   if (before.value("fingerprint", "") == now.value("fingerprint", "")) return changes;
   constexpr std::size_t kLimit = 12;
   if (before.value("ctquant_version", "") != now.value("ctquant_version", "") ||
       before.value("record_format", 0) != now.value("record_format", 0)) {
-    changes.push_back(
-        fmt::format("ctquant version: {} (record format {}) then, {} (record "
-                    "format {}) now",
-                    before.value("ctquant_version", "?"), before.value("record_format", 0),
-                    now.value("ctquant_version", "?"), now.value("record_format", 0)));
+    changes.push_back(fmt::format(
+        "ctquant version: {} (record format {}) {}, {} (record format {}) {}",
+        before.value("ctquant_version", "?"), before.value("record_format", 0), sides.before,
+        now.value("ctquant_version", "?"), now.value("record_format", 0), sides.now));
   }
   const json bi = before.value("input", json::object());
   const json ni = now.value("input", json::object());
@@ -318,10 +320,12 @@ std::vector<std::string> fingerprint_changes(const json& before, const json& now
       if (changes.size() >= kLimit) return;
       const auto it = n.find(name);
       if (it == n.end()) {
-        changes.push_back(fmt::format("input {} {}: gone", what, name));
+        changes.push_back(
+            fmt::format("input {} {}: present {}, absent {}", what, name, sides.before, sides.now));
       } else if (item.value("size", 0ull) != it->second.value("size", 0ull)) {
-        changes.push_back(fmt::format("input {} {}: {} bytes then, {} now", what, name,
-                                      item.value("size", 0ull), it->second.value("size", 0ull)));
+        changes.push_back(fmt::format("input {} {}: {} bytes {}, {} {}", what, name,
+                                      item.value("size", 0ull), sides.before,
+                                      it->second.value("size", 0ull), sides.now));
       } else if (item.value("header_sha256", "") != it->second.value("header_sha256", "")) {
         changes.push_back(fmt::format("input {} {}: its header differs", what, name));
       } else if (item.value("sample_sha256", "") != it->second.value("sample_sha256", "")) {
@@ -332,7 +336,10 @@ std::vector<std::string> fingerprint_changes(const json& before, const json& now
     }
     for (const auto& [name, item] : n) {
       if (changes.size() >= kLimit) return;
-      if (b.count(name) == 0) changes.push_back(fmt::format("input {} {}: new", what, name));
+      if (b.count(name) == 0) {
+        changes.push_back(
+            fmt::format("input {} {}: absent {}, present {}", what, name, sides.before, sides.now));
+      }
     }
   };
   compare_files("shards", "shard");
@@ -344,7 +351,8 @@ std::vector<std::string> fingerprint_changes(const json& before, const json& now
     changes.push_back(fmt::format("input {}: differs", kIndexFileName));
   }
   std::vector<std::string> options;
-  json_changes(before.value("options", json()), now.value("options", json()), "", options, kLimit);
+  json_changes(before.value("options", json()), now.value("options", json()), "", sides, options,
+               kLimit);
   for (const std::string& o : options) changes.push_back("options: quantization_config." + o);
   if (changes.empty()) changes.push_back("the output layout differs");
   return changes;

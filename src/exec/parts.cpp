@@ -261,11 +261,13 @@ class PartRun {
     const fs::path previous = stage_ / record_.file_name;
     if (fs::exists(previous, ec)) {
       const Record before = record_from_json(read_stage_json(previous), record_.file_name);
-      const std::vector<std::string> changes = fingerprint_changes(before.plan, fingerprint_);
+      const std::vector<std::string> changes = fingerprint_changes(
+          before.plan, fingerprint_, {"in the part written earlier", "in this run"});
       if (!changes.empty()) {
         const std::string message = fmt::format(
-            "cannot resume {}: the plan changed since {} was written:{}\nrerun without --resume "
-            "to write the part again, or with the earlier input and options",
+            "cannot resume {}: the plan changed since {} was written:{}\nto finish that run, "
+            "resume with the input and options of the part written earlier (--resume); to run "
+            "with this run's, write every part into a fresh OUTPUT",
             who_, previous.string(), bullet_list(changes));
         throw only_options_changed(changes) ? usage_error(message) : bad_input(message);
       }

@@ -119,6 +119,24 @@ void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs
   }
 }
 
+// What --observer auto and --target-bits do before they read the weights:
+// the first plan's blocking lint findings stop the run; then the options
+// of the measuring (observer_choice.hpp), from the run's.
+template <class Lap>
+ObserverChoiceOptions start_measuring(const Checkpoint& checkpoint, const QuantizeOptions& options,
+                                      const LintOptions& lint, const LintPolicy& policy,
+                                      QuantizeSummary& summary, Lap& lap) {
+  const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
+  if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
+  summary.phases.lint = lap();
+  ObserverChoiceOptions measure;
+  measure.threads = options.threads;
+  measure.chunk_bytes = options.chunk_bytes;
+  measure.on_progress = options.on_progress;
+  measure.cancel = options.cancel;
+  return measure;
+}
+
 // --observer auto (observer_choice.hpp): before anything is written, every
 // module is measured with min-max, its MSE observer and refit, and the plan is
 // made again with the groups split by the observer each module keeps. The
@@ -137,15 +155,8 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
     }
     return;
   }
-  const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
-  if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
-  summary.phases.lint = lap();
-  ObserverChoiceOptions choose;
-  choose.threads = options.threads;
-  choose.chunk_bytes = options.chunk_bytes;
+  ObserverChoiceOptions choose = start_measuring(checkpoint, options, lint, policy, summary, lap);
   choose.kwargs = options.auto_observer_kwargs;
-  choose.on_progress = options.on_progress;
-  choose.cancel = options.cancel;
   if (log) {
     log->info(
         "--observer auto: measuring the weight error of {} module(s) with min-max, an MSE "
@@ -213,14 +224,8 @@ void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& opti
       }
       return;
     }
-    const std::vector<Finding> first = run_lint(checkpoint, summary.plan, lint);
-    if (!blocking_findings(first, policy).empty()) enforce_lint(first, policy, options.logger);
-    summary.phases.lint = lap();
-    ObserverChoiceOptions measure;
-    measure.threads = options.threads;
-    measure.chunk_bytes = options.chunk_bytes;
-    measure.on_progress = options.on_progress;
-    measure.cancel = options.cancel;
+    const ObserverChoiceOptions measure =
+        start_measuring(checkpoint, options, lint, policy, summary, lap);
     if (log) {
       log->info("--target-bits: measuring the weight error of {} module(s) with each of {} "
                 "scheme(s)",
@@ -235,6 +240,51 @@ void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& opti
   summary.phases.plan += lap();
   summary.bit_allocation = std::move(allocation);
   check_cancel(options.cancel);
+}
+
+// The groups --observer auto, --target-bits and --more-bits split name
+// each module in entries vLLM finds under its own names
+// (exact_target_entries, model/roles.hpp). Where vLLM would still not find
+// a module, it would build it unquantized beside packed weights: a draft
+// whose vLLM layer numbers are not known (RoleAnalysis::vllm_layers_unknown)
+// when the split groups name a decoder layer, or any L13 finding on the
+// split plan (verify --against-source reports such an output). Refused
+// (exit 2, nothing written) unless --allow-unloadable asks for it.
+void check_split_groups_found(const QuantizeOptions& options, const LintPolicy& policy,
+                              const QuantizeSummary& summary) {
+  if (!(options.auto_observer || options.target_bits || options.more_bits_layers) ||
+      policy.allow_unloadable) {
+    return;
+  }
+  const char* option = options.auto_observer ? "--observer auto"
+                       : options.target_bits ? "--target-bits"
+                                             : "--more-bits";
+  const RoleAnalysis& roles = summary.plan.roles;
+  const bool split = summary.plan.options.groups.size() > options.plan.groups.size();
+  if (split && !roles.vllm_layers_unknown.empty()) {
+    for (const PlannedModule& m : summary.plan.modules) {
+      const ModuleInfo* info = roles.find(m.name);
+      if (m.kind != PlannedModule::Kind::kQuantize || info == nullptr ||
+          !info->vllm_name.starts_with("model.layers.")) {
+        continue;
+      }
+      throw usage_error(fmt::format(
+          "{}: the split groups name the draft's decoder layers by number, and vLLM's numbers "
+          "are not known: {}; vLLM would not find '{}' and would build it unquantized beside "
+          "packed weights. Nothing was written. Add num_target_layers (the target model's "
+          "num_hidden_layers) to config.json, run without the option, or pass "
+          "--allow-unloadable to write it anyway",
+          option, roles.vllm_layers_unknown, m.name));
+    }
+  }
+  for (const Finding& f : summary.findings) {
+    if (f.id != "L13") continue;
+    throw usage_error(fmt::format(
+        "{}: the split groups name modules vLLM does not find (lint L13: {}); vLLM would "
+        "build them unquantized beside packed weights. Nothing was written. Run without the "
+        "option, or pass --allow-unloadable to write it anyway",
+        option, f.message));
+  }
 }
 
 }  // namespace
@@ -332,26 +382,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   check_cancel(options.cancel);
   if (options.on_plan) options.on_plan(checkpoint, summary.plan, summary.findings);
   enforce_lint(summary.findings, policy, log);
-  // The groups that --observer auto, --target-bits and --more-bits split
-  // name their modules as the checkpoint does. Where vLLM names a module
-  // otherwise (a DFlash draft's `fc` is vLLM's `model.fc`), the name
-  // matches nothing in vLLM, which builds the module unquantized beside a
-  // packed weight (lint L13; verify --against-source reports it): refused
-  // unless --allow-unloadable asks for such an output.
-  if ((options.auto_observer || options.target_bits || options.more_bits_layers) &&
-      !policy.allow_unloadable) {
-    for (const Finding& f : summary.findings) {
-      if (f.id != "L13") continue;
-      throw usage_error(fmt::format(
-          "{}: the split groups name modules vLLM does not find (lint L13: {}); vLLM would "
-          "build them unquantized beside packed weights. Nothing was written. Run without the "
-          "option, or pass --allow-unloadable to write it anyway",
-          options.auto_observer      ? "--observer auto"
-          : options.target_bits      ? "--target-bits"
-                                     : "--more-bits",
-          f.message));
-    }
-  }
+  check_split_groups_found(options, policy, summary);
   // What --allow L9 lets through would be a quantization_config with no
   // config group: nothing quantized, and an output that vLLM, transformers
   // and ctquant verify all refuse. Only --allow-unloadable, which asks for

@@ -315,6 +315,13 @@ std::vector<FamilyRow> make_family_table() {
     r.load_prefix = "model.";
     r.top_level_quant_config = false;
     r.fused = llama_fused_groups();
+    // vLLM's registry builds DFlashDraftModel (the z-lab drafts) with
+    // qwen3_dflash.py's DFlashQwen3ForCausalLM, whose decoder layers get the
+    // prefix layers.{layer_idx + start_layer_id}, start_layer_id the
+    // target's get_total_num_hidden_layers(); DFlashLagunaForCausalLM
+    // (laguna_dflash.py@038481da) names its Linear layers layers.{layer_idx}
+    // (only its attention's KV-cache name is offset).
+    r.layers_after_target = {"DFlashDraftModel"};
     // transformers has no DFlash class: without the draft's own modeling
     // code it builds the class of config.json's model_type (Qwen3ForCausalLM
     // for the z-lab drafts), whose decoder layers are model.layers.N (the

@@ -488,4 +488,34 @@ std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
   return out;
 }
 
+std::vector<std::string> exact_target_entries(const RoleAnalysis& roles,
+                                              const std::vector<std::string>& modules) {
+  std::vector<std::string> out;
+  const auto add = [&](const std::string& e) {
+    if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+  };
+  for (const std::string& name : modules) {
+    const ModuleInfo* m = roles.find(name);
+    if (m == nullptr) {
+      add(name);  // no role (a split expert projection): its name as given
+      continue;
+    }
+    const std::vector<std::string> forms = name_forms(*m);
+    // A name every engine shares, and an expert of a MoE layer (vLLM
+    // decides the layer by its experts.0 probes, which are names of the
+    // same group: the layer's experts form one unit): each form literally.
+    if (forms.size() == 1 || m->role == ModuleRole::kExpert ||
+        m->role == ModuleRole::kStackedExperts) {
+      for (const std::string& f : forms) add(exact_entry(roles, f));
+      continue;
+    }
+    // Names that differ (a DFlash draft's fc is vLLM's model.fc): one
+    // anchored entry for every form, when it matches no other module.
+    Group one;
+    one.members = {m};
+    for (const std::string& e : group_entries(roles, one)) add(e);
+  }
+  return out;
+}
+
 }  // namespace ctquant

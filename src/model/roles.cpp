@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <set>
 
 #include <fmt/format.h>
@@ -418,6 +420,47 @@ RoleAnalysis identify_model(const std::optional<json>& config) {
   return a;
 }
 
+// Stage 1b, a draft that vLLM numbers after its target's layers
+// (FamilyRow::layers_after_target): the offset, or why it is unknown.
+void read_layer_offset(RoleAnalysis& a, const std::optional<json>& config) {
+  const FamilyRow* row = a.family;
+  if (row == nullptr ||
+      std::none_of(row->layers_after_target.begin(), row->layers_after_target.end(),
+                   [&](const char* arch) { return a.architecture == arch; })) {
+    return;
+  }
+  if (config && config->is_object()) {
+    a.vllm_layer_offset = uint_field(*config, "num_target_layers");
+    if (const auto it = row->config_key != nullptr ? config->find(row->config_key) : config->end();
+        !a.vllm_layer_offset && it != config->end() && it->is_object()) {
+      a.vllm_layer_offset = uint_field(*it, "num_target_layers");
+    }
+  }
+  if (!a.vllm_layer_offset) {
+    a.vllm_layers_unknown = fmt::format(
+        "{} ({}) names the draft's decoder layer N model.layers.{{N + the target's number of "
+        "layers}}, and config.json gives no num_target_layers",
+        a.architecture, family_source(*row));
+  }
+}
+
+// model.layers.N... as model.layers.{N + offset}...; other names unchanged.
+std::string after_target(const std::string& name, std::uint64_t offset) {
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!name.starts_with(kLayers)) return name;
+  std::size_t end = kLayers.size();
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == kLayers.size() || (end < name.size() && name[end] != '.')) return name;
+  std::uint64_t n = 0;
+  const char* digits = name.data() + kLayers.size();
+  // A number past 64 bits, or one the offset would carry past them, is no
+  // layer vLLM builds: left as it is.
+  if (std::from_chars(digits, name.data() + end, n).ec != std::errc() || n > UINT64_MAX - offset) {
+    return name;
+  }
+  return fmt::format("{}{}{}", kLayers, n + offset, name.substr(end));
+}
+
 // Stage 2, the row's name rules, compiled once.
 std::vector<CompiledRule> compile_rules(const FamilyRow* row) {
   std::vector<CompiledRule> rules;
@@ -650,6 +693,7 @@ RoleAnalysis analyze_roles(const Checkpoint& checkpoint, const RoleOptions& opti
 RoleAnalysis analyze_roles(const std::optional<json>& config, const TensorList& tensors,
                            const RoleOptions& options) {
   RoleAnalysis a = identify_model(config);
+  read_layer_offset(a, config);
   const FamilyRow* row = a.family;
   const std::vector<CompiledRule> rules = compile_rules(row);
   const FusedByShard shard_to_fused = fused_by_shard(row, config);
@@ -676,6 +720,10 @@ RoleAnalysis analyze_roles(const std::optional<json>& config, const TensorList& 
     m.rule = decision.rule;
     m.source = row != nullptr ? family_source(*row) : std::string();
     set_vllm_names(m, row, shard_to_fused, weight_modules);
+    if (a.vllm_layer_offset) {
+      m.vllm_name = after_target(m.vllm_name, *a.vllm_layer_offset);
+      m.vllm_layer = after_target(m.vllm_layer, *a.vllm_layer_offset);
+    }
     m.hf_name = hf_module_name(row, m.module);
     if (m.role == ModuleRole::kStackedExperts) {
       m.stacked = a.stacked.size();

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 
@@ -339,7 +340,12 @@ void allocate_more_bits(BitAllocation& a, const QuantizePlan& plan) {
   for (std::size_t i = 0; i < a.modules.size(); ++i) {
     const PlannedModule& m = plan.modules[a.modules[i].module];
     const ModuleInfo* info = role_of(plan, m);
-    if (info != nullptr && info->component != Component::kLanguage) continue;
+    // The language model's decoder layers, or a draft's own (a DFlash
+    // draft's layers.N, which vLLM builds as model.layers.N).
+    if (info != nullptr && info->component != Component::kLanguage &&
+        info->component != Component::kDraft) {
+      continue;
+    }
     const bool down =
         m.name.ends_with(".down_proj") ||
         (info != nullptr && info->role == ModuleRole::kExpert && m.name.ends_with(".w2"));
@@ -350,8 +356,9 @@ void allocate_more_bits(BitAllocation& a, const QuantizePlan& plan) {
   }
   if (downs.empty()) {
     throw usage_error(
-        "--more-bits layers raises the down_proj of decoder layers (model.layers.N...down_proj, "
-        "a MoE layer's experts' down_proj or w2), and this plan quantizes none");
+        "--more-bits layers raises the down_proj of decoder layers (model.layers.N...down_proj "
+        "or a draft's layers.N...down_proj, a MoE layer's experts' down_proj or w2), and this "
+        "plan quantizes none");
   }
   a.rule = "--more-bits layers";
   a.n_layers = n_layers;
@@ -381,7 +388,8 @@ PlanOptions split_groups_by_bits(const PlanOptions& given, const QuantizePlan& p
   for (std::size_t k = 0; k < a.options.size(); ++k) {
     if (names[k].empty()) continue;
     SchemeGroup g = a.options[k];
-    g.targets = names[k];
+    // Entries each engine finds under its own names (model/roles.hpp).
+    g.targets = exact_target_entries(plan.roles, names[k]);
     out.groups.push_back(std::move(g));
   }
   return out;

@@ -41,20 +41,25 @@ std::string read_text(const fs::path& path, const std::string& label) {
 
 
 PlanOptions plan_options_of_output(const Side& output, std::string_view command) {
+  // what: "config.json: <the problem>" (the JSON reader's message, which
+  // names the file) or the problem of its quantization_config.
   const auto fail = [&](const std::string& what) {
     return bad_input(
-        fmt::format("{} config.json: {}; {} needs the quantization_config quantize writes "
+        fmt::format("{} {}; {} needs the quantization_config quantize writes "
                     "(section 5 of the format spec, docs/format.md)",
                     output.label, what, command));
   };
   if (!output.config_error.empty()) throw fail(output.config_error);
-  if (!output.config || !output.config->is_object()) throw fail("missing");
+  const auto fail_config = [&](const std::string& what) {
+    return fail(fmt::format("{}: {}", kConfigFileName, what));
+  };
+  if (!output.config || !output.config->is_object()) throw fail_config("missing");
   const auto qc = output.config->find("quantization_config");
-  if (qc == output.config->end() || !qc->is_object()) throw fail("no quantization_config");
+  if (qc == output.config->end() || !qc->is_object()) throw fail_config("no quantization_config");
   try {
     return plan_options_from_config(*qc, "quantization_config");
   } catch (const Error& e) {
-    throw fail(e.what());
+    throw fail_config(e.what());
   }
 }
 

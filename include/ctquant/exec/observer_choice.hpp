@@ -26,12 +26,15 @@
 // observer. A group whose modules all keep min-max is unchanged; one whose
 // modules all chose one other observer keeps its name and targets with that
 // observer; a group whose modules differ becomes one group per observer
-// whose targets are the exact names of its modules ("NAME" with min-max,
-// "NAME_<observer>" with the others), so that compressed-tensors, vLLM and
-// ctquant's own planner assign every module the same way whatever the order
-// of the groups (exact names take precedence over class names in
-// compressed-tensors `match_targets` and vLLM `find_matched_target`, and
-// the lists are disjoint).
+// whose targets name exactly its modules ("NAME" with min-max,
+// "NAME_<observer>" with the others), each module by an entry that matches
+// its checkpoint, vLLM and transformers names and no other module
+// (exact_target_entries, model/roles.hpp: `re:^(model\.)?fc$` for a DFlash
+// draft's fc), so that compressed-tensors, vLLM and ctquant's own planner
+// assign every module the same way whatever the order of the groups (names
+// and patterns take precedence over class names in compressed-tensors
+// `match_targets` and vLLM `find_matched_target`, and the lists are
+// disjoint).
 #pragma once
 
 #include <atomic>

@@ -129,13 +129,24 @@ InputSample sample_input(const Checkpoint& checkpoint, unsigned threads,
 nlohmann::json plan_fingerprint(const Checkpoint& checkpoint, const QuantizePlan& plan,
                                 const InputSample& sample);
 
-// What changed between two fingerprints, one line each ("input shard
-// model-00002-of-00004.safetensors: its header differs", "input shard
-// model-00002-of-00004.safetensors: same size and header, other tensor
-// data", "options: quantization_config.ignore differs", ...); empty when
-// they are the same plan.
+// Whose each fingerprint is, as the lines of fingerprint_changes say it:
+// {"in the part written earlier", "in this run"} (--resume), {"in part
+// 2/3", "in part 1/3"} (finalize).
+struct FingerprintSides {
+  std::string before;
+  std::string now;
+};
+
+// What changed between two fingerprints, one line each, every value with
+// the side it is of ("input shard model-00002-of-00004.safetensors: its
+// header differs", "input shard model-00002-of-00004.safetensors: same
+// size and header, other tensor data", "options:
+// quantization_config.ignore: [...] in the part written earlier, [...] in
+// this run", "input shard S: present in part 2/3, absent in part 1/3",
+// ...); empty when they are the same plan.
 std::vector<std::string> fingerprint_changes(const nlohmann::json& before,
-                                             const nlohmann::json& now);
+                                             const nlohmann::json& now,
+                                             const FingerprintSides& sides);
 
 // Refuses a split whose parts would not each have an output shard to write:
 // part.count larger than the plan's output shards (a single-file checkpoint:

@@ -108,6 +108,10 @@ struct FamilyRow {
   // set): false for drafts, whose config comes from get_draft_quant_config.
   bool top_level_quant_config = true;
   std::vector<FusedSpec> fused;
+  // Draft architectures whose vLLM class numbers the draft's decoder layers
+  // after the target's: vLLM builds layers.N as model.layers.{N + T}, T the
+  // target's number of layers (RoleAnalysis::vllm_layer_offset).
+  std::vector<const char*> layers_after_target;
   // transformers' module names: prefix rewrites, first match wins (an
   // identity rule stops later ones).
   std::vector<std::pair<const char*, const char*>> hf_prefix;

@@ -147,6 +147,14 @@ struct RoleAnalysis {
   ModelDims dims;
   std::vector<ModuleInfo> modules;  // in checkpoint order
   std::vector<StackedExperts> stacked;
+  // A draft whose vLLM class numbers its decoder layers after the target's
+  // (FamilyRow::layers_after_target): vLLM's names of layers.N are
+  // model.layers.{N + vllm_layer_offset}, the offset config.json's
+  // num_target_layers (top level or under the row's config key). Without
+  // it those names are not known: vllm_layers_unknown says why ("" when
+  // they are known), and the modules keep the unshifted names.
+  std::optional<std::uint64_t> vllm_layer_offset;
+  std::string vllm_layers_unknown;
 
   const ModuleInfo* find(std::string_view module) const;
   // The family's description for the plan: "Qwen3-MoE (vllm/.../qwen3_moe.py@2e0831b0)".
@@ -210,6 +218,32 @@ std::vector<DefaultIgnoreEntry> default_ignore_entries(const RoleAnalysis& roles
 // transformers use. For lint fixes.
 std::vector<std::string> narrow_ignore_entries(const RoleAnalysis& roles,
                                                const std::vector<std::string>& modules);
+
+// The targets entries of a config group that takes exactly `modules`
+// (checkpoint names), for the groups --observer auto, --target-bits and
+// --more-bits split, module by module in the order given: the name where
+// the checkpoint, vLLM and transformers agree on it (an anchored `re:`
+// entry where vLLM's name mapping would rewrite the literal); where they
+// differ, one anchored `re:` entry matching every form of the name and no
+// other module (`re:^(model\.)?fc$` for a DFlash draft's fc, which vLLM
+// builds as model.fc), else each form as such a literal; an expert of a
+// MoE layer, each of its forms (its own name, vLLM's experts.0 probes of
+// its layer, transformers' name); a module without a role (a split expert
+// projection), its name as given. Duplicates are written once.
+//
+// vLLM tests targets as it tests ignore entries (check_equal_or_regex_match
+// on its own names, shard by shard for a fused layer: find_matched_target
+// and _match_fused_layer in
+// vllm/model_executor/layers/quantization/compressed_tensors/utils.py
+// @008014e8; a MoE layer by its experts.0 probes); compressed-tensors'
+// match_name (src/compressed_tensors/utils/match.py@ac8e2ba8), which
+// transformers applies, matches the same entries on transformers' names
+// (re.match for `re:`, else the exact name). The vLLM names are the role analysis's
+// (ModuleInfo::vllm_name: a DFlash draft's modules carry the `model.` prefix
+// its model class adds, vllm/model_executor/models/laguna_dflash.py and
+// qwen3_dflash.py).
+std::vector<std::string> exact_target_entries(const RoleAnalysis& roles,
+                                              const std::vector<std::string>& modules);
 
 // Every name form of a module: checkpoint, vLLM (the name ignore is tested
 // on; for MoE layers the three experts.0 probes), transformers.

@@ -2,8 +2,10 @@
 //
 // Both start from the plan of one scheme group (the preset, e.g. W4A16
 // group 128) and raise some modules to a higher-precision scheme of the
-// same format, written as config groups naming their modules exactly (as
-// `--observer auto` writes its split, exec/observer_choice.hpp).
+// same format, written as config groups that name exactly their modules,
+// in entries vLLM, compressed-tensors and ctquant find under their own
+// names (exact_target_entries, model/roles.hpp; as `--observer auto` writes
+// its split, exec/observer_choice.hpp).
 //
 // The ladder (bit_ladder): the group given and its upgrades, in this order:
 // the same scheme with a smaller group size (64, then 32, those below the
@@ -38,7 +40,8 @@
 //
 // --more-bits layers (more_bits_allocation): llama.cpp's use_more_bits
 // rule (ggml llama-quant.cpp: i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2)
-// picks decoder layers; their down_proj (a MoE layer's experts' down_proj
+// picks decoder layers (the language model's, or a draft's own: a DFlash
+// draft's layers.N); their down_proj (a MoE layer's experts' down_proj
 // too) get W8A16, with the rest of their unit. Fixed, data-free.
 #pragma once
 
@@ -142,8 +145,10 @@ void allocate_more_bits(BitAllocation& allocation, const QuantizePlan& plan);
 
 // `given` (the options the plan was made from) with its one group split by
 // the allocation: each option that some module takes is a group whose
-// targets are the exact names of its modules, the given group first under
-// its own name; when every module keeps options[0], `given` unchanged.
+// targets are exact_target_entries of its modules (model/roles.hpp: each
+// module's checkpoint, vLLM and transformers names, no other module's),
+// the given group first under its own name; when every module keeps
+// options[0], `given` unchanged.
 PlanOptions split_groups_by_bits(const PlanOptions& given, const QuantizePlan& plan,
                                  const BitAllocation& allocation);
 
