@@ -7,7 +7,7 @@ and on the host (tools/accuracy/variants_table.py) the table of
 docs/accuracy.md from the OUT.json files.
 
 MODEL is a directory of /mnt/models, PRESET w4a16 or w4a16asym (group 128).
-Each VARIANT (default: all of VARIANTS) replaces every Linear's weight (not
+Each VARIANT (default: the list DEFAULT) replaces every Linear's weight (not
 lm_head, not the embeddings) by what compressed-tensors would dequantize
 under that variant's scales and zero points; all are measured on the
 held-out blocks as measure.py measures ctquant's outputs, and each is
@@ -35,6 +35,8 @@ to the module's output. The importances tried are data-free but for "act":
            E[(silu(gate . (gamma x_hat)) up . (gamma x_hat))^2]).
   act      the mean square of each input column over 64 blocks of training
            text (not data-free: the bound of what importances can give).
+  rand     the same over blocks of tokens drawn uniformly from the
+           vocabulary (no text, but the model must be run).
 A suffix ":n2.4" ranks candidates by sum w |x - Q|^2.4 (memoryless_mse's
 norm) instead of the squared error; ":hqqw" weights HQQ's zero-point mean;
 ":xE" multiplies each element's weight by |x|^E (":x2" is refit's
@@ -248,12 +250,16 @@ def imp_prod(model, samples=8192, seed=0):
 
 
 @torch.no_grad()
-def imp_act(model, n_blocks=64, seed=0):
-    """Mean square of each Linear's input over blocks of training text."""
-    data = np.fromfile(common.TRAIN_TOKENS, dtype=np.uint16).astype(np.int64)
+def imp_act(model, n_blocks=64, seed=0, random_tokens=False):
+    """Mean square of each Linear's input over blocks of training text, or
+    of tokens drawn uniformly from the vocabulary (random_tokens)."""
     rng = np.random.default_rng(seed)
-    starts = rng.integers(0, data.size - common.CONTEXT, size=n_blocks)
-    ids = torch.from_numpy(np.stack([data[s:s + common.CONTEXT] for s in starts]))
+    if random_tokens:
+        ids = torch.from_numpy(rng.integers(0, common.VOCAB_SIZE, size=(n_blocks, common.CONTEXT)))
+    else:
+        data = np.fromfile(common.TRAIN_TOKENS, dtype=np.uint16).astype(np.int64)
+        starts = rng.integers(0, data.size - common.CONTEXT, size=n_blocks)
+        ids = torch.from_numpy(np.stack([data[s:s + common.CONTEXT] for s in starts]))
     acc, hooks = {}, []
     for n, m in linears(model):
         def hook(mod, inp, out_, n=n):
@@ -275,6 +281,7 @@ IMPORTANCE = {
     "gamma4": lambda m: imp_gamma(m, 4.0),
     "prod": imp_prod,
     "act": imp_act,
+    "rand": lambda m: imp_act(m, random_tokens=True),
 }
 
 
