@@ -16,7 +16,7 @@
 #   floor     cat IN/*.safetensors > /dev/null; cp OUT/*.safetensors FLOOR/
 #             (reading the input and writing the same output bytes)
 # and prints the medians and their ratio (target <= 1.25x). docs/performance.md
-# has the figure.
+# has the figure. CTQUANT_BIN names another binary (default build/ctquant).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAYOUT=tools/layouts/laguna-s-2.1-dflash.manifest.json
@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
     *) echo "bench-convert: unknown option $1" >&2; exit 2 ;;
   esac
 done
-BIN=${CTQUANT_BUILD_DIR:-build}/ctquant
+BIN=${CTQUANT_BIN:-${CTQUANT_BUILD_DIR:-build}/ctquant}
 [ -x "$BIN" ] || { echo "bench-convert: build $BIN first (tools/dev.sh build)" >&2; exit 2; }
 IN=$DATA/awq-input
 mkdir -p "$DATA"
