@@ -151,6 +151,36 @@ TEST(ConverterMix, BinaryConvertsTheMlpAndQuantizesTheAttention) {
   EXPECT_EQ(config["quantization_config"]["transform_config"], json::object());
 }
 
+// probe/mix-scheme-targets-linear: the scheme targets "Linear" and the run
+// ignores lm_head and the embedding. The library writes ignore [] and a
+// config that reads lm_head as FP8; ctquant keeps the run's entry that a
+// new target would otherwise take (lm_head), and the tensors are the
+// library's: attention FP8_BLOCK, the MLP converted, lm_head BF16.
+TEST(ConverterMix, KeepsTheRunsIgnoreEntryWhereANewTargetWouldTakeTheModule) {
+  const std::string name = "modelopt-nvfp4-mlp-fp8-block-attn";
+  PlanOptions options;
+  options.convert.targets = std::vector<std::string>{"re:.*mlp.*(gate_up|gate|up|down)_proj$"};
+  options.convert.ignore = std::vector<std::string>{};
+  SchemeGroup g = preset_group("FP8_BLOCK");
+  g.name = "config_group_0";
+  options.groups = {g};
+  options.ignore = {"lm_head", "model.embed_tokens"};
+  TempDir tmp;
+  QuantizeOptions q = test_options(golden_dir() / name / "input", tmp / "out");
+  q.plan = options;
+  const QuantizeSummary summary = quantize(q);
+  EXPECT_EQ(summary.plan.n_converted, 3u);
+  EXPECT_EQ(summary.tensors_quantized, 4u);
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head"}));
+  EXPECT_EQ(qc["config_groups"]["config_group_1"]["targets"], json::array({"Linear"}));
+  const json probe = find_converter_case("probe/mix-scheme-targets-linear")["library"]["tensors"];
+  for (const auto& [tensor, dtype_shape] : probe.items()) {
+    const std::vector<std::byte> bytes = read_tensor(tmp / "out" / "model.safetensors", tensor);
+    EXPECT_FALSE(bytes.empty()) << tensor;
+  }
+}
+
 // A fused layer split between the converter and a new scheme: vLLM reads
 // one scheme per fused layer. An AutoAWQ checkpoint whose k_proj and v_proj
 // stayed F16 (modules_to_not_convert) beside a converted q_proj: quantizing
