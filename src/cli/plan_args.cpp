@@ -55,6 +55,16 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
              "Columns per group of W4A16, W4A16_ASYM and W8A16 (default 128); -1 for "
              "channel-wise, the only value W8A8 takes; the float presets have a fixed layout")
           ->check(whole_number(-1, kMaxGroupSizeOption)));
+  options.push_back(app->add_option(
+      "--convert-targets", args.convert_targets,
+      "An input quantized by AutoAWQ or ModelOpt: the modules its converter takes (repeatable; "
+      "default: AWQ Linear, ModelOpt the MLP and attention projections that hold NVFP4 "
+      "weights), as compressed-tensors' converter targets (docs/converters.md)"));
+  options.push_back(app->add_option(
+      "--convert-ignore", args.convert_ignore,
+      "An input quantized by AutoAWQ or ModelOpt: the converter's ignore list (repeatable; "
+      "default: AWQ lm_head and modules_to_not_convert, ModelOpt the exact names of "
+      "exclude_modules)"));
   options.push_back(app->add_option("--ignore", args.ignore,
                                     "Module to leave unquantized (repeatable): a name, or "
                                     "re:PATTERN matched like Python re.match; added to the "
@@ -125,6 +135,13 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   // The given entries add to the module roles' default list (plan.hpp).
   plan.options.default_ignore = !args.no_default_ignore;
   plan.options.quantize_vision = args.quantize_vision;
+  // An input a converter takes is only converted unless a scheme is asked
+  // for (plan.hpp, PlanOptions::scheme_given).
+  if (!args.convert_targets.empty()) plan.options.convert.targets = args.convert_targets;
+  if (!args.convert_ignore.empty()) plan.options.convert.ignore = args.convert_ignore;
+  plan.options.scheme_given = args.scheme.has_value() || args.group_size.has_value() ||
+                              !args.scheme_for.empty() || !args.quantization_config.empty() ||
+                              !args.recipe.empty();
   return plan;
 }
 

@@ -28,6 +28,9 @@ struct PlanArgs {
   std::string recipe;                        // --recipe FILE, or empty
   std::optional<std::string> observer;       // --observer NAME
   std::vector<std::string> observer_kwargs;  // --observer-kwarg KEY=VALUE
+  // A converted input's converter targets and ignore list (docs/converters.md).
+  std::vector<std::string> convert_targets;
+  std::vector<std::string> convert_ignore;
 };
 
 // Two floats are at most 2^32 units in the last place apart (verify

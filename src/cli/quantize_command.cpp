@@ -292,12 +292,19 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
             : fmt::format("; {:.1f}% of linear weight parameters quantized",
                           100.0 * static_cast<double>(summary.plan.linear_params_quantized) /
                               static_cast<double>(linear));
-    std::fprintf(stderr,
-                 "ctquant: %s %zu tensors quantized (%s), %zu copied%s%s; %s in, %s out, ratio "
-                 "%.2fx; %.2f s\n",
-                 args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
-                 scheme_names(summary.plan).c_str(), summary.tensors_copied, fp8.c_str(),
-                 share.c_str(), ctquant::human_bytes(summary.bytes_in).c_str(),
+    // Modules converted from another tool's format (source/converter.hpp).
+    std::string done;
+    if (summary.plan.source_format) {
+      done = fmt::format("{} modules converted ({}, lossless: no requantization), ",
+                         summary.plan.n_converted, summary.plan.source_format->converter->name);
+    }
+    if (summary.tensors_quantized > 0 || done.empty()) {
+      done += fmt::format("{} tensors quantized ({}), ", summary.tensors_quantized,
+                          scheme_names(summary.plan));
+    }
+    std::fprintf(stderr, "ctquant: %s %s%zu copied%s%s; %s in, %s out, ratio %.2fx; %.2f s\n",
+                 args.dry_run ? "dry run:" : "done:", done.c_str(), summary.tensors_copied,
+                 fp8.c_str(), share.c_str(), ctquant::human_bytes(summary.bytes_in).c_str(),
                  ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
     // The weight error of the modules with the largest one (quant_error.hpp).
     const std::string errors =

@@ -184,6 +184,33 @@ class Executor {
     } while (pos < t.byte_size);
   }
 
+  // An output tensor of a converted module: a renamed tensor is copied as
+  // bytes; any other is one job that reads its inputs whole.
+  void add_convert_job(std::size_t s, const PlannedTensor& t) {
+    const ConvertedTensor& c = plan_.converted[t.converted].outputs[*t.output];
+    if (c.op == kRenameOp) {
+      const SafetensorsFile& in = ckpt_.shards[c.inputs[0].shard];
+      if (t.byte_size > 0) {
+        add_copy_jobs(s, t, &in, in.header().data_start + ckpt_.entry(c.inputs[0]).begin, 0);
+      }
+      return;
+    }
+    Job j;
+    j.kind = Job::Kind::kConvert;
+    j.shard = s;
+    j.tensor = &t;
+    j.module = t.converted;
+    j.last_of_tensor = true;
+    for (const TensorLocation& at : c.inputs) j.input_bytes += ckpt_.entry(at).byte_size();
+    if (!c.inputs.empty()) {
+      const SafetensorsFile& in = ckpt_.shards[c.inputs[0].shard];
+      j.in_file = &in;
+      j.in_offset = in.header().data_start + ckpt_.entry(c.inputs[0]).begin;
+      j.end = ckpt_.entry(c.inputs[0]).byte_size();
+    }
+    jobs_.push_back(j);
+  }
+
   void add_row_jobs(std::vector<Job>& jobs, Job::Kind kind, std::size_t s, const PlannedTensor* t,
                     std::size_t mi) {
     const ModuleRun& m = *modules_[mi];
@@ -246,6 +273,10 @@ class Executor {
           const TensorDecision& d = plan_.decisions[t.decision];
           const SafetensorsFile& in = ckpt_.shards[d.source.shard];
           add_copy_jobs(s, t, &in, in.header().data_start + ckpt_.entry(d.source).begin, 0);
+          continue;
+        }
+        if (t.source == PlannedTensor::Source::kConvert) {
+          add_convert_job(s, t);
           continue;
         }
         const ModuleRun& m = *modules_[t.module];
@@ -406,6 +437,9 @@ class Executor {
       case Job::Kind::kRows:
         job_runner_.run_rows_job(i, job, buf);
         break;
+      case Job::Kind::kConvert:
+        job_runner_.run_convert_job(i, job, buf);
+        break;
     }
   }
 
@@ -474,7 +508,7 @@ class Executor {
 
   // The input bytes a job reads: file, file offset, length.
   WeightRows::FileRange input_range(const Job& job) const {
-    if (job.kind == Job::Kind::kCopy) {
+    if (job.kind == Job::Kind::kCopy || job.kind == Job::Kind::kConvert) {
       return {job.in_file, job.in_offset + job.begin, job.end - job.begin};
     }
     return modules_[job.module]->rows.stored_range(job.begin, job.end);
@@ -491,6 +525,7 @@ class Executor {
     for (std::size_t i = first; i < read_ahead_job_; ++i) ahead += jobs[i].input_bytes;
     for (; read_ahead_job_ < jobs.size() && ahead < kReadAheadBytes; ++read_ahead_job_) {
       const WeightRows::FileRange r = input_range(jobs[read_ahead_job_]);
+      if (r.file == nullptr) continue;  // a converted tensor made from no input
       try {
         const FdLease fd = r.file->descriptor();
         if (!detail::all_cached(fd->get(), r.offset, r.length)) {
@@ -695,8 +730,8 @@ class Executor {
   std::exception_ptr first_error_;
   std::size_t first_error_job_ = 0;
   // Runs the jobs (src/exec/jobs.cpp) on the members above, which it refers to.
-  detail::JobRunner job_runner_{modules_, plan_,  options_,  outputs_,       shard_output_,
-                                times_,   queue_, mse_rows_, searched_bytes_};
+  detail::JobRunner job_runner_{ckpt_,         modules_, plan_,  options_,  outputs_,
+                                shard_output_, times_,   queue_, mse_rows_, searched_bytes_};
 };
 
 }  // namespace

@@ -277,6 +277,37 @@ void JobRunner::run_rows_job(std::size_t job_index, const Job& job, Buffers& buf
   queue_.wait_written(buf.input_write);
 }
 
+// An output tensor of a converted module (source/converter.hpp): its input
+// tensors read whole, the converter's operation, one write. Nothing is
+// requantized, so there is no weight error to measure.
+void JobRunner::run_convert_job(std::size_t job_index, const Job& job, Buffers& buf) {
+  const ConvertedModule& m = plan_.converted[job.module];
+  const ConvertedTensor& t = m.outputs[*job.tensor->output];
+  PhaseLap lap(times_);
+  buf.convert_in.resize(std::max(buf.convert_in.size(), t.inputs.size()));
+  for (std::size_t i = 0; i < t.inputs.size(); ++i) {
+    const TensorEntry& e = checkpoint_.entry(t.inputs[i]);
+    buf.convert_in[i].resize(e.byte_size());
+    checkpoint_.shards[t.inputs[i].shard].read(e.begin, buf.convert_in[i]);
+  }
+  lap.lap(Phase::kRead);
+  queue_.wait_written(buf.convert_write);
+  buf.convert_out.resize(t.byte_size);
+  produce_converted(*plan_.source_format->converter, t,
+                    std::span<const std::vector<std::byte>>(buf.convert_in.data(), t.inputs.size()),
+                    buf.convert_out);
+  lap.lap(Phase::kQuantize);
+  WriteRequest request;
+  request.job = job_index;
+  request.file = shard_file(job.shard);
+  request.buffers = &buf.convert_write;
+  request.pieces[request.n_pieces++] = {
+      plan_.shards[job.shard].data_start + job.tensor->offset,
+      std::span<const std::byte>(buf.convert_out.data(), t.byte_size)};
+  queue_.submit(request);
+  queue_.wait_written(buf.convert_write);
+}
+
 void JobRunner::run_copy_job(std::size_t job_index, const Job& job) {
   WriteRequest request;
   request.job = job_index;

@@ -85,16 +85,18 @@ struct Job {
     kObserve,   // rows [begin, end) of a module searched for its MSE cutoff
     kQuantize,  // rows [begin, end) of a module quantized
     kRows,      // rows [begin, end) of a module written as 16-bit rows (FP8 dequantized)
+    kConvert,   // an output tensor of a converted module, made whole from its inputs
   };
   Kind kind = Kind::kCopy;
   std::size_t shard = 0;
   const PlannedTensor* tensor = nullptr;  // kCopy, kRows
-  std::size_t module = 0;                 // kAmax, kQuantize, kRows; kCopy of a split slice
+  std::size_t module = 0;  // kAmax, kQuantize, kRows; kCopy of a split slice; kConvert: converted
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
   std::uint64_t input_bytes = 0;
   bool last_of_tensor = false;
-  const SafetensorsFile* in_file = nullptr;  // kCopy: where the bytes come from
+  // kCopy: where the bytes come from; kConvert: its first input (read-ahead).
+  const SafetensorsFile* in_file = nullptr;
   std::uint64_t in_offset = 0;  // kCopy: file offset of byte 0 of the output tensor's bytes
 };
 
@@ -119,6 +121,10 @@ struct Buffers {
   // Marks `input` as in flight while a kRows job's rows are written
   // straight from it.
   WriteBuffers input_write;
+  // A kConvert job's input tensors and output tensor, whole.
+  std::vector<std::vector<std::byte>> convert_in;
+  std::vector<std::byte> convert_out;
+  WriteBuffers convert_write;
 };
 
 // The rows each MSE pass searched or reused (ExecuteStats::mse_rows).
@@ -135,11 +141,13 @@ struct MseRowCounts {
 // not finite) and the reader's I/O errors.
 class JobRunner {
  public:
-  JobRunner(const std::vector<std::unique_ptr<ModuleRun>>& modules, const QuantizePlan& plan,
-            const ExecuteOptions& options, const std::vector<std::unique_ptr<OutputFile>>& outputs,
+  JobRunner(const Checkpoint& checkpoint, const std::vector<std::unique_ptr<ModuleRun>>& modules,
+            const QuantizePlan& plan, const ExecuteOptions& options,
+            const std::vector<std::unique_ptr<OutputFile>>& outputs,
             const std::vector<std::size_t>& shard_output, PhaseTimes& times, WriteQueue& queue,
             MseRowCounts& mse_rows, std::atomic<std::uint64_t>& searched_bytes)
-      : modules_(modules),
+      : checkpoint_(checkpoint),
+        modules_(modules),
         plan_(plan),
         options_(options),
         outputs_(outputs),
@@ -156,6 +164,7 @@ class JobRunner {
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf);
   void run_rows_job(std::size_t job_index, const Job& job, Buffers& buf);
   void run_copy_job(std::size_t job_index, const Job& job);
+  void run_convert_job(std::size_t job_index, const Job& job, Buffers& buf);
 
   // Rows per band of an FP8 module's quantize job.
   std::uint64_t fp8_band_rows(const ModuleRun& m) const;
@@ -176,6 +185,7 @@ class JobRunner {
   void load_rows(const ModuleRun& m, const Job& job, Buffers& buf) const;
   void error_rows(const ModuleRun& m, const KernelIo& io, std::uint64_t first, Buffers& buf) const;
 
+  const Checkpoint& checkpoint_;
   const std::vector<std::unique_ptr<ModuleRun>>& modules_;  // one per plan module
   const QuantizePlan& plan_;
   const ExecuteOptions& options_;

@@ -387,7 +387,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   // config group: nothing quantized, and an output that vLLM, transformers
   // and ctquant verify all refuse. Only --allow-unloadable, which asks for
   // an output loaders may refuse, writes it.
-  if (summary.plan.n_quantized == 0 && !policy.allow_unloadable) {
+  if (summary.plan.n_quantized == 0 && summary.plan.n_converted == 0 && !policy.allow_unloadable) {
     throw usage_error(fmt::format(
         "no tensor would be quantized (of {}; lint L9), so there is no scheme group to write: "
         "the output would be a quantization_config with empty config_groups, which vLLM, "

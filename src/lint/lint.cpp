@@ -273,6 +273,29 @@ void check_option_fix(const Checkpoint& checkpoint, const QuantizePlan& plan,
   f.fix_options.clear();
 }
 
+// The rules read the plan's own groups; a converted module
+// (source/converter.hpp) is written with its converter's group, which the
+// rules do not see: their findings on its consumed tensors alone, and L9
+// when modules are converted, do not apply. (A fused layer split between a
+// converted and a newly quantized scheme is refused by make_plan.)
+void drop_converted_findings(const Checkpoint& checkpoint, const QuantizePlan& plan,
+                             std::vector<Finding>& findings) {
+  if (!plan.source_format) return;
+  std::unordered_set<std::string> consumed;
+  for (const ConvertedModule& m : plan.converted) {
+    for (const TensorLocation& at : m.consumed) consumed.insert(checkpoint.entry(at).name);
+  }
+  // A module the converter's ignore list keeps is written ignored.
+  const ModuleMatcher converter_ignore(plan.source_format->ignore, ModuleMatcher::Role::kIgnore);
+  const auto settled = [&](const std::string& tensor) {
+    return consumed.contains(tensor) || converter_ignore.first_match(module_of(tensor));
+  };
+  std::erase_if(findings, [&](const Finding& f) {
+    if (f.id == "L9") return plan.n_converted > 0;
+    return !f.tensors.empty() && std::all_of(f.tensors.begin(), f.tensors.end(), settled);
+  });
+}
+
 std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,
                               const LintOptions& options, bool check_fixes) {
   const LintContext ctx(checkpoint, plan);
@@ -283,6 +306,7 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
     poll_cancel();  // a signal stops a long lint between rules (util/cancel.hpp)
     rule.run(run, findings);
   }
+  drop_converted_findings(checkpoint, plan, findings);
   if (check_fixes) {
     const std::vector<Finding> as_found = findings;
     // Fixes that only take an entry out are checked together first, with

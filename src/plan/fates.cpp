@@ -1,6 +1,7 @@
 #include "plan/fates.hpp"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -306,7 +307,10 @@ bool is_stacked_fp8_scale(const Checkpoint& checkpoint, const InputQuantization&
 
 // Records the classification of the input's quantization_config in plan.
 const InputQuantization& classify_input(const Checkpoint& checkpoint, QuantizePlan& plan) {
-  plan.input_quantization = classify_input_quantization(checkpoint.config);
+  // A converted input's quantization_config is its converter's
+  // (source/converter.hpp); its 16-bit tensors are plain ones.
+  plan.input_quantization =
+      plan.source_format ? InputQuantization{} : classify_input_quantization(checkpoint.config);
   return plan.input_quantization;
 }
 
@@ -321,7 +325,13 @@ class FateDecider {
         plan_(plan),
         rules_(plan.options, plan),
         q_(classify_input(checkpoint, plan)),
-        input_ignore_(input_ignore_matcher(q_)) {}
+        input_ignore_(input_ignore_matcher(q_)) {
+    for (std::size_t i = 0; i < plan.converted.size(); ++i) {
+      for (const TensorLocation& at : plan.converted[i].consumed) {
+        converted_of_.emplace(std::pair{at.shard, at.entry}, i);
+      }
+    }
+  }
 
   // Decides every tensor of input shard s.
   void decide_shard(std::size_t s) {
@@ -386,7 +396,11 @@ class FateDecider {
     const auto key = stacked_key(t.name, both_keys);
     // Stacked experts vLLM reads only stacked (roles.hpp): kept whole.
     const ModuleInfo* role = key && t.shape.size() == 3 ? plan_.roles.find(t.name) : nullptr;
-    if (role != nullptr && role->action == DefaultAction::kKeep) {
+    if (const auto c = converted_of_.find(std::pair{s, e}); c != converted_of_.end()) {
+      d.fate = Fate::kConvert;
+      d.converted = c->second;
+      d.rule = fmt::format("convert ({})", plan_.source_format->converter->name);
+    } else if (role != nullptr && role->action == DefaultAction::kKeep) {
       d.rule = role->reason;
     } else if (t.name.find(':') != std::string::npos) {
       d.rule = "unknown layout (':' in the name)";
@@ -532,6 +546,12 @@ class FateDecider {
       return;
     }
     d.selectable = true;
+    if (plan_.source_format && !plan_.options.scheme_given) {
+      d.rule = fmt::format(
+          "kept: the input is converted ({}) and no scheme was given for its 16-bit modules",
+          plan_.source_format->converter->name);
+      return;
+    }
     const Outcome outcome =
         rules_.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1], dtype_text});
     d.rule = outcome.rule;
@@ -591,6 +611,8 @@ class FateDecider {
   SelectionRules rules_;
   const InputQuantization& q_;
   const std::optional<ModuleMatcher> input_ignore_;
+  // Tensors a converter consumes: (shard, entry) -> index into plan_.converted.
+  std::map<std::pair<std::size_t, std::size_t>, std::size_t> converted_of_;
   std::vector<std::string> problems_;  // every input problem of this stage, reported at once
   std::size_t n_bad_tensors_ = 0;
 };

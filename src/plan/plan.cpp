@@ -12,6 +12,7 @@
 #include "ctquant/format/config.hpp"
 #include "ctquant/format/matcher.hpp"
 #include "ctquant/format/safetensors_writer.hpp"
+#include "ctquant/model/fused_groups.hpp"
 #include "ctquant/scheme/fused_sets.hpp"
 #include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
@@ -36,6 +37,8 @@ const char* fate_name(Fate fate) {
       return "drop";
     case Fate::kSplit:
       return "split";
+    case Fate::kConvert:
+      return "convert";
   }
   return "?";
 }
@@ -230,6 +233,15 @@ void count_linear_params(const Checkpoint& checkpoint, QuantizePlan& plan) {
   for (const ModuleInfo& m : plan.roles.modules) role_of.emplace(m.tensor, &m);
   for (const TensorDecision& d : plan.decisions) {
     poll_cancel();
+    if (d.fate == Fate::kConvert) {
+      // A converted module counts once, as the weight it stands for.
+      const ConvertedModule& m = plan.converted[*d.converted];
+      if (m.primary.shard == d.source.shard && m.primary.entry == d.source.entry) {
+        plan.linear_params += m.params;
+        plan.linear_params_quantized += m.params;
+      }
+      continue;
+    }
     const auto it = role_of.find(d.name);
     if (it == role_of.end() || !is_linear_weight_role(it->second->role)) continue;
     std::uint64_t params = 1;
@@ -310,6 +322,26 @@ std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
       case Fate::kDrop:
         ++plan.n_dropped;
         break;
+      case Fate::kConvert: {
+        // The module's outputs go with its primary tensor (convert_file
+        // writes what a shard's job converted into that shard).
+        const ConvertedModule& m = plan.converted[*d.converted];
+        if (m.primary.shard != d.source.shard || m.primary.entry != d.source.entry) break;
+        for (std::size_t o = 0; o < m.outputs.size(); ++o) {
+          PlannedTensor p;
+          p.name = m.outputs[o].name;
+          p.dtype = m.outputs[o].dtype;
+          p.shape = m.outputs[o].shape;
+          p.byte_size = m.outputs[o].byte_size;
+          p.source = PlannedTensor::Source::kConvert;
+          p.decision = i;
+          p.converted = *d.converted;
+          p.output = o;
+          tensors.push_back(std::move(p));
+        }
+        ++plan.n_converted;
+        break;
+      }
       case Fate::kSplit:
         ++plan.n_split;
         [[fallthrough]];
@@ -433,6 +465,87 @@ json plan_output_shards(const Checkpoint& checkpoint, QuantizePlan& plan) {
   return weight_map;
 }
 
+// The config of a converted input: the converter's, merged with the groups
+// this run quantizes with (converted_quantization_config). The run's ignore
+// entries that matter are added back: those that keep a module a new
+// group's targets match (the library drops the run's ignore list, and
+// vLLM would then read such a module as quantized).
+json converted_config(const QuantizePlan& plan, const json& block) {
+  std::vector<std::string> keep;
+  for (std::size_t i = 0; i < plan.options.ignore.size(); ++i) {
+    bool matters = false;
+    for (const std::string& module : plan.ignore_matches[i]) {
+      for (std::size_t g = 0; g < plan.target_matches.size() && !matters; ++g) {
+        if (g >= plan.group_modules.size() || plan.group_modules[g] == 0) continue;
+        for (const auto& entry_matches : plan.target_matches[g]) {
+          if (std::find(entry_matches.begin(), entry_matches.end(), module) !=
+              entry_matches.end()) {
+            matters = true;
+            break;
+          }
+        }
+      }
+    }
+    if (matters) keep.push_back(plan.options.ignore[i]);
+  }
+  return converted_quantization_config(*plan.source_format, block, keep);
+}
+
+// The converted modules of an input a converter takes (source/converter.hpp):
+// every problem of its tensors refused at once, as an unsupported input.
+void plan_conversion(const Checkpoint& checkpoint, QuantizePlan& plan) {
+  plan.source_format = detect_source_format(checkpoint, plan.options.convert);
+  if (!plan.source_format) return;
+  std::vector<std::string> problems;
+  plan.converted = plan.source_format->converter->plan(checkpoint, *plan.source_format, problems);
+  if (!problems.empty()) {
+    std::string message;
+    for (const std::string& p : problems) message += p + "\n";
+    message += fmt::format(
+        "{} problem(s): the input is not the {} checkpoint its config says ({}); nothing was "
+        "written",
+        problems.size(), plan.source_format->converter->name, plan.source_format->description);
+    throw unsupported_input(message);
+  }
+}
+
+// vLLM reads one scheme per fused layer (compressed_tensors.py: get_scheme
+// finds the scheme of a fused layer's shards and refuses shards whose
+// schemes differ): a converted module whose fused partner (q/k/v,
+// gate/up) this run quantizes with a new group would be such a split.
+// Throws Error{kUsage} naming every split layer.
+void check_converted_fused_layers(const QuantizePlan& plan) {
+  if (plan.converted.empty()) return;
+  std::unordered_map<std::string, const TensorDecision*> by_name;
+  for (const TensorDecision& d : plan.decisions) by_name.emplace(d.name, &d);
+  std::vector<std::string> problems;
+  for (const ConvertedModule& m : plan.converted) {
+    const FusedSpec* spec = llama_fused_group_of(last_component(m.name));
+    if (spec == nullptr) continue;
+    const std::string parent = module_of(m.name);
+    for (const char* shard : spec->shards) {
+      const std::string partner = parent.empty() ? shard : parent + "." + shard;
+      const auto it = by_name.find(partner + ".weight");
+      if (it == by_name.end() || it->second->fate != Fate::kQuantize) continue;
+      const PlannedModule& q = plan.modules[it->second->modules.front()];
+      problems.push_back(fmt::format(
+          "fused layer '{}.{}': '{}' is converted ({}) but '{}' would be quantized with group "
+          "'{}'",
+          parent, spec->fused, m.name, plan.source_format->converter->name, partner,
+          plan.group_of(q).name));
+    }
+  }
+  if (problems.empty()) return;
+  std::string message;
+  for (const std::string& p : problems) message += p + "\n";
+  message +=
+      "vLLM loads one scheme per fused layer (vllm/model_executor/layers/quantization/"
+      "compressed_tensors/compressed_tensors.py refuses shards of one layer with different "
+      "schemes); keep the partners in 16 bits (--ignore) or leave them out of the scheme's "
+      "targets; nothing was written";
+  throw usage_error(message);
+}
+
 // The index (model_free_ptq writes one for every checkpoint, a
 // single file too: schemes.md 1, step 8), config.json with its
 // quantization_config, and the files copied as they are.
@@ -440,8 +553,9 @@ void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan, jso
   plan.index = json::object();
   plan.index["metadata"] = {{"total_size", plan.tensor_bytes_out}};
   plan.index["weight_map"] = std::move(weight_map);
-  plan.config = output_config(checkpoint.config,
-                              plan_quantization_config(plan.options, plan.group_modules));
+  json block = plan_quantization_config(plan.options, plan.group_modules);
+  if (plan.source_format) block = converted_config(plan, block);
+  plan.config = output_config(checkpoint.config, block);
   plan.copied_files = checkpoint.other_files;
 }
 
@@ -453,7 +567,9 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   check_plan_options(given);
   QuantizePlan plan = start_plan(checkpoint, given);
   poll_cancel();
+  plan_conversion(checkpoint, plan);
   detail::decide_fates(checkpoint, plan);
+  check_converted_fused_layers(plan);
   check_weight_row_sizes(checkpoint, plan);
   assign_amax_sets(checkpoint, plan);
   poll_cancel();

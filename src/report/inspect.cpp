@@ -272,6 +272,28 @@ std::vector<std::vector<const PlannedTensor*>> module_outputs(const QuantizePlan
   return out;
 }
 
+// The modules a converter rewrites (source/converter.hpp), one line each:
+// "convert (AWQ)", the module and its output tensors.
+std::string render_converted_text(const QuantizePlan& plan) {
+  if (!plan.source_format) return {};
+  const SourceFormat& f = *plan.source_format;
+  std::string text = fmt::format(
+      "input: {}: {} converted as compressed-tensors' converter does ({}), lossless (no "
+      "requantization); converter targets {}, ignore {}{}\n",
+      f.description, plural(plan.converted.size(), "module"), f.converter->source,
+      quoted_list(f.targets), quoted_list(f.ignore),
+      plan.options.scheme_given ? "" : "; 16-bit modules kept (no scheme given)");
+  for (const ConvertedModule& m : plan.converted) {
+    std::string outputs;
+    for (const ConvertedTensor& t : m.outputs) {
+      outputs += fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ", last_component(t.name),
+                             dtype_tag(t.dtype), shape_string(t.shape));
+    }
+    text += fmt::format("  convert ({})  {}: {}\n", f.converter->name, m.name, outputs);
+  }
+  return text;
+}
+
 }  // namespace
 
 std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
@@ -289,6 +311,7 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
                           plural(plan.group_modules[g], "module"));
     }
   }
+  text += render_converted_text(plan);
   std::string counts;
   for (const auto& [name, n] : fate_counts(plan)) {
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);

@@ -10,6 +10,7 @@ namespace ctquant {
 int exit_status(ErrorKind kind) noexcept {
   switch (kind) {
     case ErrorKind::kUsage:
+    case ErrorKind::kUnsupported:
       return 2;
     case ErrorKind::kDifferent:
       return 3;

@@ -29,6 +29,7 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/loadability.hpp"
 #include "util/ordered_parallel.hpp"
+#include "verify/against_converted.hpp"
 #include "verify/output_diff.hpp"
 #include "verify/side.hpp"
 #include "verify/tensor_checks.hpp"
@@ -620,6 +621,9 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   const Side out = open_side(output, "OUTPUT");
   Side src = open_side(input, "INPUT");
   restrict_to_index(src);
+  // An input another tool quantized (AWQ, ModelOpt NVFP4): both sides
+  // dequantized (verify/against_converted.hpp).
+  if (detail::verify_converted_source(out, src, input, report)) return report;
   // Section 6: the kinds of input quantize converts, and only those.
   InputQuantization q;
   try {

@@ -30,6 +30,7 @@
 #include "ctquant/model/roles.hpp"
 #include "ctquant/scheme/scheme.hpp"
 #include "ctquant/source/checkpoint.hpp"
+#include "ctquant/source/converter.hpp"
 #include "ctquant/source/fp8.hpp"
 #include "ctquant/source/weight_rows.hpp"
 #include "ctquant/util/text.hpp"
@@ -49,6 +50,9 @@ enum class Fate {
                 // activation / KV-cache parameter of an FP8 input (kActivationParams)
   kSplit,       // a stacked 3-D expert tensor: written as one 2-D weight per expert and
                 // projection, each quantized or kept in 16 bits (schemes.md 8)
+  kConvert,     // a tensor of a module quantized by another tool (AWQ, ModelOpt NVFP4):
+                // consumed by its converter, which writes the module's outputs
+                // (source/converter.hpp, QuantizePlan::converted)
 };
 
 const char* fate_name(Fate fate);
@@ -106,12 +110,16 @@ struct TensorDecision {
   std::vector<std::size_t> modules;
   // An FP8 weight (fate kQuantize, kDequantize or kSplit): its scale.
   std::optional<Fp8Source> fp8;
+  // kConvert: index into QuantizePlan::converted.
+  std::optional<std::size_t> converted;
 };
 
 struct PlannedTensor {
   enum class Source {
     kCopy,    // the input tensor of `decision`, copied
     kModule,  // an output of `module`: the family's outputs()[output], or its 16-bit weight
+    // output `output` of converted module `converted` (source/converter.hpp)
+    kConvert,
   };
   std::string name;
   DType dtype{};
@@ -124,6 +132,7 @@ struct PlannedTensor {
   // kModule: index into the family's outputs() of the module; nullopt for
   // the M.weight of a kDequantize or kSlice module.
   std::optional<std::size_t> output;
+  std::size_t converted = 0;  // kConvert: index into QuantizePlan::converted
 };
 
 struct ShardPlan {
@@ -163,6 +172,14 @@ struct PlanOptions {
   // (QuantizePlan::group_conflicts).
   enum class GroupRule { kFirstGiven, kAsRead };
   GroupRule group_rule = GroupRule::kFirstGiven;
+  // Whether the groups were asked for (--scheme, --scheme-for,
+  // --quantization-config, a recipe) rather than the default W4A16. An input
+  // a converter takes (source/converter.hpp) is then only converted: its
+  // 16-bit modules are quantized only when a scheme was given.
+  bool scheme_given = true;
+  // The converter's targets and ignore list, instead of those it derives
+  // from the input's config (compressed-tensors' converter arguments).
+  ConvertOptions convert;
 };
 
 // A quantized module that the readers of config.json give different scheme
@@ -213,12 +230,17 @@ struct QuantizePlan {
   // The quantized modules the readers give different groups, in input
   // order (lint L11 reports them; verify --against-source too).
   std::vector<GroupConflict> group_conflicts;
+  // The input's format when a converter takes it (source/converter.hpp),
+  // and the modules it converts, in input order.
+  std::optional<SourceFormat> source_format;
+  std::vector<ConvertedModule> converted;
 
   std::size_t n_quantized = 0;         // weights quantized (split experts counted one by one)
   std::size_t n_copied = 0;            // input tensors copied
   std::size_t n_dequantized = 0;       // FP8 weights written as BF16
   std::size_t n_dropped = 0;           // FP8 scales and activation parameters not written
   std::size_t n_split = 0;             // stacked expert tensors split
+  std::size_t n_converted = 0;         // modules converted (source_format)
   // Parameters of the linear layers' weights: every 2-D weight and stacked
   // expert tensor whose role (roles.hpp) is not an embedding, output head,
   // norm or raw parameter; and of those, the ones quantized. The summary

@@ -22,6 +22,8 @@ enum class ErrorKind {
   kLint,         // a lint error (or, under --strict, a warning) stopped the run (exit 1)
   kInterrupted,  // SIGINT, SIGTERM or SIGHUP arrived before the command finished (exit 1)
   kDifferent,    // verify found differences (exit 3)
+  kUnsupported,  // the input is in a format ctquant recognises but does not convert (exit 2):
+                 // an AutoAWQ version other than GEMM, a ModelOpt algorithm other than NVFP4
 };
 
 class Error : public std::runtime_error {
@@ -36,6 +38,9 @@ class Error : public std::runtime_error {
 // Shorthands; each returns the exception so call sites read `throw bad_input(...)`.
 inline Error usage_error(const std::string& message) { return {ErrorKind::kUsage, message}; }
 inline Error bad_input(const std::string& message) { return {ErrorKind::kBadInput, message}; }
+inline Error unsupported_input(const std::string& message) {
+  return {ErrorKind::kUnsupported, message};
+}
 inline Error io_error(const std::string& message) { return {ErrorKind::kIo, message}; }
 
 // Throws the error for a failed write: Error{kNoSpace} for ENOSPC, EDQUOT and

@@ -1,0 +1,321 @@
+// Converters (source/converter.hpp, docs/converters.md): every case of
+// tests/golden/converter_cases.json. A conversion or a mix is run through
+// the library and the binary and must equal tests/golden/<case>/expected/
+// tensor by tensor, config.json as JSON values; each refusal of
+// tests/golden/converter-refusals/ exits 2 with a message naming the file,
+// key or tensor and the rule, and writes nothing.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/format/safetensors.hpp"
+#include "ctquant/job/quantize.hpp"
+#include "ctquant/plan/plan.hpp"
+#include "ctquant/util/error.hpp"
+#include "ctquant/verify/verify.hpp"
+#include "test_support.hpp"
+
+namespace ctquant::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json converter_cases() { return read_json(golden_dir() / "converter_cases.json"); }
+
+json find_converter_case(const std::string& name) {
+  for (const json& c : converter_cases()) {
+    if (c["case"] == name) return c;
+  }
+  throw std::runtime_error("no converter case " + name);
+}
+
+std::vector<std::string> output_case_names() {
+  std::vector<std::string> out;
+  for (const json& c : converter_cases()) {
+    if (c["kind"] == "conversion" || c["kind"] == "mixed") out.push_back(c["case"]);
+  }
+  return out;
+}
+
+std::vector<std::string> strings(const json& a) {
+  std::vector<std::string> out;
+  for (const json& s : a) out.push_back(s.get<std::string>());
+  return out;
+}
+
+// The plan options of a case as the library call took them: the
+// converter's targets and ignore when given; a pure conversion asks for no
+// scheme; the mix quantizes with the case's preset on its targets, keyed as
+// model_free_ptq keys a QuantizationScheme (config_group_0).
+PlanOptions plan_of_case(const json& c) {
+  PlanOptions options;
+  const json& args = c["converter_args"];
+  if (args.contains("targets")) options.convert.targets = strings(args["targets"]);
+  if (args.contains("ignore")) options.convert.ignore = strings(args["ignore"]);
+  if (c["kind"] == "mixed") {
+    // ModelOptNvfp4Converter(targets=...) without ignore: none.
+    if (!args.contains("ignore")) options.convert.ignore = std::vector<std::string>{};
+    SchemeGroup g = preset_group(c["config"]["preset"].get<std::string>());
+    g.name = c["scheme"].get<std::string>();
+    g.targets = strings(c["config"]["targets"]);
+    options.groups = {g};
+    options.ignore = strings(c["ignore"]);
+  } else {
+    options.scheme_given = false;
+  }
+  return options;
+}
+
+class ConverterGolden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConverterGolden, LibraryOutputEqualsExpected) {
+  const json c = find_converter_case(GetParam());
+  const fs::path input = golden_dir() / GetParam() / "input";
+  TempDir tmp;
+  const auto before = snapshot_files(input);
+  QuantizeOptions options = test_options(input, tmp / "out");
+  options.plan = plan_of_case(c);
+  const QuantizeSummary summary = quantize(options);
+  EXPECT_EQ(diff_golden(tmp / "out", golden_dir() / GetParam() / "expected", true), "");
+  EXPECT_EQ(snapshot_files(input), before) << "the input was modified";
+  EXPECT_GT(summary.plan.n_converted, 0u);
+  EXPECT_TRUE(summary.plan.source_format.has_value());
+  EXPECT_EQ(summary.tensors_quantized, c["kind"] == "mixed" ? 4u : 0u);
+}
+
+// The same bytes with one thread and with small chunks.
+TEST_P(ConverterGolden, SameBytesWithOneThread) {
+  const json c = find_converter_case(GetParam());
+  const fs::path input = golden_dir() / GetParam() / "input";
+  TempDir tmp;
+  QuantizeOptions options = test_options(input, tmp / "out");
+  options.plan = plan_of_case(c);
+  options.threads = 1;
+  options.chunk_bytes = 4096;
+  quantize(options);
+  EXPECT_EQ(diff_golden(tmp / "out", golden_dir() / GetParam() / "expected", true), "");
+}
+
+// Through the binary: a pure conversion needs no option; its summary says
+// the conversion is lossless.
+TEST_P(ConverterGolden, BinaryConvertsWithNoOptions) {
+  const json c = find_converter_case(GetParam());
+  if (c["kind"] != "conversion") GTEST_SKIP() << "the mix needs its scheme";
+  TempDir tmp;
+  std::vector<std::string> args{"quantize", (golden_dir() / GetParam() / "input").string(),
+                                (tmp / "out").string()};
+  for (const std::string& t : strings(c["converter_args"].value("targets", json::array()))) {
+    args.insert(args.end(), {"--convert-targets", t});
+  }
+  const CommandResult r = run_ctquant(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"modules converted (", "lossless: no requantization"});
+  EXPECT_EQ(diff_golden(tmp / "out", golden_dir() / GetParam() / "expected", true), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ConverterGolden, ::testing::ValuesIn(output_case_names()),
+                         [](const auto& p) {
+                           std::string n = p.param;
+                           for (char& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
+
+// The DeepSeek-R1 example through the binary: --scheme FP8_BLOCK on the
+// attention, the ModelOpt MLP converted. Group names follow ctquant's
+// (FP8_BLOCK), so config.json is compared with the groups as a list.
+TEST(ConverterMix, BinaryConvertsTheMlpAndQuantizesTheAttention) {
+  const std::string name = "modelopt-nvfp4-mlp-fp8-block-attn";
+  TempDir tmp;
+  const CommandResult r = run_ctquant(
+      {"quantize", (golden_dir() / name / "input").string(), (tmp / "out").string(), "--scheme",
+       "FP8_BLOCK", "--targets", "re:.*self_attn.(q|k|v|o)_proj$", "--ignore", "lm_head",
+       "--convert-targets", "re:.*mlp.*(gate_up|gate|up|down)_proj$"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(
+      r.err, {"3 modules converted (ModelOpt NVFP4, lossless", "4 tensors quantized (FP8_BLOCK)"});
+  // Tensors equal; config: the converter's ignore ("lm_head" from
+  // exclude_modules, which the library call did not pass) aside.
+  json config = read_json(tmp / "out" / "config.json");
+  EXPECT_EQ(config["quantization_config"]["ignore"], json::array({"lm_head"}));
+  EXPECT_EQ(config["quantization_config"]["format"], "mixed-precision");
+  EXPECT_EQ(config["quantization_config"]["config_groups"]["FP8_BLOCK"]["format"],
+            "float-quantized");
+  EXPECT_EQ(config["quantization_config"]["transform_config"], json::object());
+}
+
+// probe/mix-scheme-targets-linear: the scheme targets "Linear" and the run
+// ignores lm_head and the embedding. The library writes ignore [] and a
+// config that reads lm_head as FP8; ctquant keeps the run's entry that a
+// new target would otherwise take (lm_head), and the tensors are the
+// library's: attention FP8_BLOCK, the MLP converted, lm_head BF16.
+TEST(ConverterMix, KeepsTheRunsIgnoreEntryWhereANewTargetWouldTakeTheModule) {
+  const std::string name = "modelopt-nvfp4-mlp-fp8-block-attn";
+  PlanOptions options;
+  options.convert.targets = std::vector<std::string>{"re:.*mlp.*(gate_up|gate|up|down)_proj$"};
+  options.convert.ignore = std::vector<std::string>{};
+  SchemeGroup g = preset_group("FP8_BLOCK");
+  g.name = "config_group_0";
+  options.groups = {g};
+  options.ignore = {"lm_head", "model.embed_tokens"};
+  TempDir tmp;
+  QuantizeOptions q = test_options(golden_dir() / name / "input", tmp / "out");
+  q.plan = options;
+  const QuantizeSummary summary = quantize(q);
+  EXPECT_EQ(summary.plan.n_converted, 3u);
+  EXPECT_EQ(summary.tensors_quantized, 4u);
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head"}));
+  EXPECT_EQ(qc["config_groups"]["config_group_1"]["targets"], json::array({"Linear"}));
+  const json probe = find_converter_case("probe/mix-scheme-targets-linear")["library"]["tensors"];
+  for (const auto& [tensor, dtype_shape] : probe.items()) {
+    const std::vector<std::byte> bytes = read_tensor(tmp / "out" / "model.safetensors", tensor);
+    EXPECT_FALSE(bytes.empty()) << tensor;
+  }
+}
+
+// A fused layer split between the converter and a new scheme: vLLM reads
+// one scheme per fused layer. An AutoAWQ checkpoint whose k_proj and v_proj
+// stayed F16 (modules_to_not_convert) beside a converted q_proj: quantizing
+// them with W4A16 is refused, naming the layer; keeping them is not.
+TEST(ConverterMix, RefusesAFusedLayerSplitBetweenConvertedAndQuantized) {
+  TempDir tmp;
+  const auto zeros = [](std::uint64_t n) { return std::vector<std::byte>(n, std::byte{0}); };
+  const std::string a = "model.layers.0.self_attn.";
+  write_checkpoint(tmp / "in",
+                   {FakeTensor{a + "q_proj.qweight", DType::kI32, {128, 16}, zeros(128 * 16 * 4)},
+                    FakeTensor{a + "q_proj.qzeros", DType::kI32, {1, 16}, zeros(16 * 4)},
+                    FakeTensor{a + "q_proj.scales",
+                               DType::kF16,
+                               {1, 128},
+                               float_bytes(DType::kF16, std::vector<float>(128, 0.01f))},
+                    random_weight(a + "k_proj.weight", DType::kF16, 128, 128, 1),
+                    random_weight(a + "v_proj.weight", DType::kF16, 128, 128, 2)},
+                   json{{"model_type", "llama"},
+                        {"architectures", {"LlamaForCausalLM"}},
+                        {"quantization_config",
+                         {{"quant_method", "awq"},
+                          {"version", "gemm"},
+                          {"bits", 4},
+                          {"group_size", 128},
+                          {"zero_point", true},
+                          {"modules_to_not_convert", {"k_proj", "v_proj"}}}}});
+  const CommandResult kept =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "kept").string()});
+  EXPECT_EQ(kept.exit_code, 0) << kept.err;
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--scheme", "W4A16"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {"fused layer 'model.layers.0.self_attn.qkv_proj'",
+                         "'model.layers.0.self_attn.q_proj' is converted (AWQ)",
+                         "'model.layers.0.self_attn.k_proj' would be quantized with group 'W4A16'",
+                         "compressed_tensors.py", "nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+// verify --against-source dequantizes both sides of a converted module
+// (INPUT as AutoAWQ or ModelOpt does, OUTPUT as compressed-tensors does):
+// every expected output is SAME against its input, and a changed code is
+// DIFFERENT, named by module.
+TEST_P(ConverterGolden, AgainstSourceDequantizesBothSides) {
+  const fs::path input = golden_dir() / GetParam() / "input";
+  const VerifyReport same =
+      verify_against_source(golden_dir() / GetParam() / "expected", input, VerifyOptions{});
+  EXPECT_TRUE(same.same()) << render_verify_text(same);
+  EXPECT_FALSE(same.modules.empty());
+  for (const ModuleCheck& m : same.modules) EXPECT_EQ(m.max_abs_error, 0.0) << m.module;
+  TempDir tmp;
+  copy_dir(golden_dir() / GetParam() / "expected", tmp / "out");
+  const std::string module = same.modules.front().module;
+  const fs::path shard = tmp / "out" / "model.safetensors";
+  std::vector<std::byte> packed = read_tensor(shard, module + ".weight_packed");
+  ASSERT_FALSE(packed.empty());
+  // Rewrite the first byte of the module's codes in place.
+  fs::permissions(shard, fs::perms::owner_write, fs::perm_options::add);
+  const SafetensorsFile file(shard, "model.safetensors");
+  const TensorEntry* e = file.header().find(module + ".weight_packed");
+  ASSERT_NE(e, nullptr);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(file.header().data_start + e->begin));
+    const char flipped = static_cast<char>(static_cast<unsigned char>(packed[0]) ^ 0x11u);
+    f.write(&flipped, 1);
+  }
+  const VerifyReport changed = verify_against_source(tmp / "out", input, VerifyOptions{});
+  EXPECT_FALSE(changed.same());
+  expect_message(render_verify_text(changed), {module, "not lossless"});
+}
+
+// ---- refusals ----
+
+struct Refusal {
+  std::string name;
+  std::vector<std::string> fragments;
+};
+
+class ConverterRefusal : public ::testing::TestWithParam<Refusal> {};
+
+TEST_P(ConverterRefusal, ExitsTwoNamingTheRuleAndWritesNothing) {
+  const Refusal& c = GetParam();
+  const fs::path input = golden_dir() / "converter-refusals" / c.name;
+  ASSERT_TRUE(fs::exists(input)) << c.name;
+  TempDir tmp;
+  const auto before = snapshot_files(input);
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, c.fragments);
+  expect_message(r.err, {"nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
+  EXPECT_EQ(snapshot_files(input), before);
+}
+
+const Refusal kRefusals[] = {
+    {"awq-gemv",
+     {"config.json: quantization_config.version \"gemv\"", "Unsupported AutoAWQ version: gemv",
+      "GEMV packs"}},
+    {"awq-marlin", {"Unsupported AutoAWQ version: marlin", "permuted 16x16 tiles"}},
+    {"awq-exllama", {"Unsupported AutoAWQ version: exllama"}},
+    {"awq-gemm-uppercase-version",
+     {"Unsupported AutoAWQ version: GEMM", "write \"gemm\" in config.json"}},
+    {"awq-8bit",
+     {"quantization_config.bits 8", "AutoAWQConverter currently supports only 4-bit weights"}},
+    {"awq-not-converted-module-quantized",
+     {"model.safetensors: tensor 'model.layers.0.mlp.down_proj.qweight'",
+      "Found unexpected non-targeted tensor model.layers.0.mlp.down_proj.qweight",
+      "modules_to_not_convert"}},
+    {"modelopt-fp8",
+     {"hf_quant_config.json: quantization.quant_algo", "quant_algo \"FP8\" is not converted"}},
+    {"modelopt-mixed-precision", {"quant_algo \"MIXED_PRECISION\"", "quantized_layers"}},
+    {"modelopt-mixed-precision-fp8-ignored", {"quant_algo \"MIXED_PRECISION\""}},
+    {"modelopt-w4a16-nvfp4", {"quant_algo \"W4A16_NVFP4\"", "no input_scale"}},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, ConverterRefusal, ::testing::ValuesIn(kRefusals),
+                         [](const auto& p) {
+                           std::string n = p.param.name;
+                           for (char& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
+
+// Every refusal folder has a named test above.
+TEST(ConverterRefusals, EveryFixtureHasANamedCase) {
+  std::vector<std::string> named;
+  for (const Refusal& r : kRefusals) named.push_back(r.name);
+  for (const auto& e : fs::directory_iterator(golden_dir() / "converter-refusals")) {
+    EXPECT_NE(std::find(named.begin(), named.end(), e.path().filename().string()), named.end())
+        << e.path().filename();
+  }
+}
+
+}  // namespace
+}  // namespace ctquant::test
