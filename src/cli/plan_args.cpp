@@ -1,10 +1,12 @@
 #include "cli/plan_args.hpp"
 
+
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/transform/transform.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant::cli {
@@ -99,6 +101,11 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                                     "maxshrink, grid, norm, patience, expand; refit: steps, "
                                     "span, refits, weight, p, beta, kappa, iters, codes")
                         ->allow_extra_args(false));
+  options.push_back(app->add_option(
+      "--transform", args.transform,
+      "Rewrite the BF16 model before quantizing into one computing the same function: balance "
+      "(per input column, t = mean |W| over the rows of every Linear reading it, W / t, the "
+      "norm or producing rows times t; Llama, Mistral and Qwen3 only; docs/accuracy.md)"));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
                                     "QuantizationModifier (scheme or config_groups, targets, "
@@ -125,6 +132,10 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   // The given entries add to the module roles' default list (plan.hpp).
   plan.options.default_ignore = !args.no_default_ignore;
   plan.options.quantize_vision = args.quantize_vision;
+  if (!args.transform.empty()) {
+    ctquant::find_transform(args.transform);  // an unknown name is a usage error
+    plan.options.transform = args.transform;
+  }
   return plan;
 }
 

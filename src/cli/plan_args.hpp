@@ -28,6 +28,7 @@ struct PlanArgs {
   std::string recipe;                        // --recipe FILE, or empty
   std::optional<std::string> observer;       // --observer NAME
   std::vector<std::string> observer_kwargs;  // --observer-kwarg KEY=VALUE
+  std::string transform;                     // --transform NAME (transform/transform.hpp)
 };
 
 // Two floats are at most 2^32 units in the last place apart (verify

@@ -119,6 +119,8 @@ struct Buffers {
   // Marks `input` as in flight while a kRows job's rows are written
   // straight from it.
   WriteBuffers input_write;
+  // A copied tensor's bytes rewritten by --transform (at most one copy slice).
+  std::vector<std::byte> rewritten;
 };
 
 // The rows each MSE pass searched or reused (ExecuteStats::mse_rows).
@@ -155,7 +157,7 @@ class JobRunner {
   void run_observe_job(const Job& job, Buffers& buf);
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf);
   void run_rows_job(std::size_t job_index, const Job& job, Buffers& buf);
-  void run_copy_job(std::size_t job_index, const Job& job);
+  void run_copy_job(std::size_t job_index, const Job& job, Buffers& buf);
 
   // Rows per band of an FP8 module's quantize job.
   std::uint64_t fp8_band_rows(const ModuleRun& m) const;
