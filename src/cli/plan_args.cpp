@@ -1,6 +1,5 @@
 #include "cli/plan_args.hpp"
 
-
 #include <algorithm>
 
 #include <fmt/format.h>

@@ -281,16 +281,16 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
             : fmt::format("; {:.1f}% of linear weight parameters quantized",
                           100.0 * static_cast<double>(summary.plan.linear_params_quantized) /
                               static_cast<double>(linear));
-    std::fprintf(stderr,
-                 "ctquant: %s %zu tensors quantized (%s%s), %zu copied%s%s; %s in, %s out, ratio "
-                 "%.2fx; %.2f s\n",
-                 args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
-                 scheme_names(summary.plan).c_str(),
-                 summary.plan.rewrite
-                     ? (", transform " + summary.plan.rewrite->transform).c_str()
-                     : "", summary.tensors_copied, fp8.c_str(),
-                 share.c_str(), ctquant::human_bytes(summary.bytes_in).c_str(),
-                 ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
+    std::fprintf(
+        stderr,
+        "ctquant: %s %zu tensors quantized (%s%s), %zu copied%s%s; %s in, %s out, ratio "
+        "%.2fx; %.2f s\n",
+        args.dry_run ? "dry run:" : "done:", summary.tensors_quantized,
+        scheme_names(summary.plan).c_str(),
+        summary.plan.rewrite ? (", transform " + summary.plan.rewrite->transform).c_str() : "",
+        summary.tensors_copied, fp8.c_str(), share.c_str(),
+        ctquant::human_bytes(summary.bytes_in).c_str(),
+        ctquant::human_bytes(summary.bytes_out).c_str(), ratio, summary.seconds);
     // The weight error of the modules with the largest one (quant_error.hpp).
     const std::string errors =
         ctquant::render_worst_errors(summary.plan, summary.execute.module_errors);

@@ -292,8 +292,7 @@ void JobRunner::run_copy_job(std::size_t job_index, const Job& job, Buffers& buf
   if (rewrite != nullptr) {
     const std::uint64_t size = static_cast<std::uint64_t>(dtype_bits(job.tensor->dtype) / 8);
     buf.rewritten.resize(job.end - job.begin);
-    job.in_file->read(job.in_offset - job.in_file->header().data_start + job.begin,
-                      buf.rewritten);
+    job.in_file->read(job.in_offset - job.in_file->header().data_start + job.begin, buf.rewritten);
     apply_rewrite(*plan_.rewrite, *rewrite, job.tensor->dtype, job.begin / size,
                   (job.end - job.begin) / size, buf.rewritten.data());
     WriteRequest request;

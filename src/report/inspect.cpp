@@ -294,9 +294,10 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);
   }
   if (plan.rewrite) {
-    text += fmt::format("transform: {} ({} tensors rewritten before quantizing; config.json "
-                        "records it as ctquant_transform)\n",
-                        plan.rewrite->transform, plan.rewrite->tensors.size());
+    text += fmt::format(
+        "transform: {} ({} tensors rewritten before quantizing; config.json "
+        "records it as ctquant_transform)\n",
+        plan.rewrite->transform, plan.rewrite->tensors.size());
   }
   text += render_roles_text(checkpoint, plan);
   text += fmt::format("tensors ({}): {}\n", plan.decisions.size(), counts);

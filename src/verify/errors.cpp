@@ -76,8 +76,8 @@ std::optional<QuantError> module_error(const detail::Side& out, const Checkpoint
       return std::nullopt;
     }
     // --transform: the error against the source as quantize rewrote it.
-    if (const TensorRewrite* r = plan.rewrite ? plan.rewrite->find(plan.decisions[m.decision].name)
-                                              : nullptr) {
+    if (const TensorRewrite* r =
+            plan.rewrite ? plan.rewrite->find(plan.decisions[m.decision].name) : nullptr) {
       apply_rewrite(*plan.rewrite, *r, source.dtype(), r0 * cols, (r1 - r0) * cols,
                     src_rows.data());
     }

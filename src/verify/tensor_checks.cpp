@@ -28,8 +28,7 @@ void TensorChecks::rewrite_rows(const PlannedModule& m, DType dtype, std::uint64
                                 std::uint64_t r1, std::byte* rows) const {
   if (!plan_.rewrite) return;
   if (const TensorRewrite* r = plan_.rewrite->find(plan_.decisions[m.decision].name)) {
-    apply_rewrite(*plan_.rewrite, *r, dtype, r0 * m.source.cols, (r1 - r0) * m.source.cols,
-                  rows);
+    apply_rewrite(*plan_.rewrite, *r, dtype, r0 * m.source.cols, (r1 - r0) * m.source.cols, rows);
   }
 }
 
