@@ -202,9 +202,15 @@ TEST(Balance, KeepsTheFunctionOfALlamaBlockInFloat64) {
   EXPECT_GT(moved, 0.1);
   const auto y0 = block_forward(before, g, x, tokens);
   const auto y1 = block_forward(after, g, x, tokens);
-  double worst = 0;
-  for (std::size_t i = 0; i < y0.size(); ++i) worst = std::max(worst, std::fabs(y0[i] - y1[i]));
-  EXPECT_LT(worst, 1e-12);
+  // Equal to float64 rounding: the largest difference within 1e-12 of the
+  // largest output.
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < y0.size(); ++i) {
+    worst = std::max(worst, std::fabs(y0[i] - y1[i]));
+    largest = std::max(largest, std::fabs(y0[i]));
+  }
+  EXPECT_GT(largest, 1.0);
+  EXPECT_LT(worst, 1e-12 * largest) << worst << " of " << largest;
   // The final norm (lm_head's producer) and the embedding are untouched.
   EXPECT_EQ(plan->find("model.norm.weight"), nullptr);
   EXPECT_EQ(plan->find("model.embed_tokens.weight"), nullptr);
@@ -334,17 +340,20 @@ TEST(Balance, QuantizeWritesTheRewrittenSource) {
   TempDir dir;
   const Geometry g;
   write_block(dir / "in", g, DType::kBF16, llama_config(g));
-  // Columns of 8 need a group size that divides them.
+  // Columns of 8 need a group size that divides them; vLLM's Marlin
+  // shapes (lint L5, L10) do not matter here.
   const CommandResult dry =
       run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(), "--transform",
-                   "balance", "--group-size", "8", "--dry-run"});
+                   "balance", "--group-size", "8", "--allow-unloadable", "--dry-run"});
   ASSERT_EQ(dry.exit_code, 0) << dry.err;
-  expect_message(dry.out + dry.err,
-                 {"transform: balance (9 tensors rewritten",
-                  "balance: columns ÷ t (input_layernorm)", "balance: rows × t (for down_proj)",
-                  "balance: g × t (for q_proj, k_proj, v_proj)", "W4A16, transform balance"});
-  const CommandResult run = run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(),
-                                         "--transform", "balance", "--group-size", "8"});
+  expect_message(
+      dry.out + dry.err,
+      {"transform: balance (9 tensors rewritten", "balance: columns ÷ t (input_layernorm)",
+       "balance: rows × t (for down_proj)", "balance: g × t (for q_proj, k_proj, v_proj)",
+       "(config_group_0, transform balance)"});
+  const CommandResult run =
+      run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(), "--transform",
+                   "balance", "--group-size", "8", "--allow-unloadable"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json config = read_json(dir / "out" / "config.json");
   EXPECT_EQ(config["ctquant_transform"]["transform"], "balance");
