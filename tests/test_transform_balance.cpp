@@ -376,6 +376,29 @@ TEST(Balance, QuantizeWritesTheRewrittenSource) {
             read_tensor(dir / "in" / "model.safetensors", "model.norm.weight"));
 }
 
+// A consumer kept in 16 bits still reads the rescaled norm: its columns are
+// divided too, written as BF16, and verify --against-source expects that.
+TEST(Balance, RewritesIgnoredConsumersInSixteenBits) {
+  TempDir dir;
+  const Geometry g;
+  write_block(dir / "in", g, DType::kBF16, llama_config(g));
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  const CommandResult run =
+      run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(), "--transform",
+                   "balance", "--group-size", "8", "--allow-unloadable", "--ignore",
+                   "re:.*self_attn\\.[qkv]_proj$"});  // the whole fused qkv_proj
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const Checkpoint ck = open_checkpoint(dir / "in");
+  const auto plan = derive_transform(ck, *plan_transform(ck, "balance"));
+  std::vector<std::byte> expected = read_tensor(dir / "in" / "model.safetensors", q + ".weight");
+  apply_rewrite(*plan, *plan->find(q + ".weight"), DType::kBF16, 0, expected.size() / 2,
+                expected.data());
+  EXPECT_EQ(read_tensor(dir / "out" / "model.safetensors", q + ".weight"), expected);
+  const CommandResult verify =
+      run_ctquant({"verify", (dir / "out").string(), (dir / "in").string(), "--against-source"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
 TEST(Balance, RefusedRunWritesNothing) {
   TempDir dir;
   const Geometry g;
