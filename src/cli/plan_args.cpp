@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/scheme/registry.hpp"
+#include "ctquant/transform/transform.hpp"
 #include "ctquant/util/error.hpp"
 
 namespace ctquant::cli {
@@ -109,6 +110,11 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                                     "maxshrink, grid, norm, patience, expand; refit: steps, "
                                     "span, refits, weight, p, beta, kappa, iters, codes")
                         ->allow_extra_args(false));
+  options.push_back(app->add_option(
+      "--transform", args.transform,
+      "Rewrite the BF16 model before quantizing into one computing the same function: balance "
+      "(per input column, t = mean |W| over the rows of every Linear reading it, W / t, the "
+      "norm or producing rows times t; Llama, Mistral and Qwen3 only; docs/accuracy.md)"));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
                                     "QuantizationModifier (scheme or config_groups, targets, "
@@ -142,6 +148,10 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   plan.options.scheme_given = args.scheme.has_value() || args.group_size.has_value() ||
                               !args.scheme_for.empty() || !args.quantization_config.empty() ||
                               !args.recipe.empty();
+  if (!args.transform.empty()) {
+    ctquant::find_transform(args.transform);  // an unknown name is a usage error
+    plan.options.transform = args.transform;
+  }
   return plan;
 }
 

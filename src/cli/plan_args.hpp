@@ -31,6 +31,7 @@ struct PlanArgs {
   // A converted input's converter targets and ignore list (docs/converters.md).
   std::vector<std::string> convert_targets;
   std::vector<std::string> convert_ignore;
+  std::string transform;                     // --transform NAME (transform/transform.hpp)
 };
 
 // Two floats are at most 2^32 units in the last place apart (verify

@@ -299,8 +299,9 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
                          summary.plan.n_converted, summary.plan.source_format->converter->name);
     }
     if (summary.tensors_quantized > 0 || done.empty()) {
-      done += fmt::format("{} tensors quantized ({}), ", summary.tensors_quantized,
-                          scheme_names(summary.plan));
+      done += fmt::format(
+          "{} tensors quantized ({}{}), ", summary.tensors_quantized, scheme_names(summary.plan),
+          summary.plan.rewrite ? ", transform " + summary.plan.rewrite->transform : "");
     }
     std::fprintf(stderr, "ctquant: %s %s%zu copied%s%s; %s in, %s out, ratio %.2fx; %.2f s\n",
                  args.dry_run ? "dry run:" : "done:", done.c_str(), summary.tensors_copied,

@@ -421,7 +421,7 @@ class Executor {
   void run_job(std::size_t i, const Job& job, Buffers& buf) {
     switch (job.kind) {
       case Job::Kind::kCopy:
-        job_runner_.run_copy_job(i, job);
+        job_runner_.run_copy_job(i, job, buf);
         break;
       case Job::Kind::kAmax:
         job_runner_.run_amax_job(job, buf);

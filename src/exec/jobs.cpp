@@ -139,6 +139,13 @@ void JobRunner::load_rows(const ModuleRun& m, const Job& job, Buffers& buf) cons
   if (const auto bad = m.rows.load(job.begin, job.end, buf.input, buf.fp8_scale)) {
     detail::throw_fp8_not_finite(m.rows, job.begin, *bad);
   }
+  // --transform (transform/transform.hpp): the rows as the rewritten source holds them.
+  if (plan_.rewrite) {
+    if (const TensorRewrite* r = plan_.rewrite->find(plan_.decisions[m.module->decision].name)) {
+      apply_rewrite(*plan_.rewrite, *r, m.rows.dtype(), job.begin * m.rows.cols(),
+                    (job.end - job.begin) * m.rows.cols(), buf.input.data());
+    }
+  }
 }
 
 void JobRunner::run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf) {
@@ -308,7 +315,28 @@ void JobRunner::run_convert_job(std::size_t job_index, const Job& job, Buffers& 
   queue_.wait_written(buf.convert_write);
 }
 
-void JobRunner::run_copy_job(std::size_t job_index, const Job& job) {
+void JobRunner::run_copy_job(std::size_t job_index, const Job& job, Buffers& buf) {
+  // A tensor --transform rewrites (a norm, a Linear kept in 16 bits) is
+  // read, rewritten and written from memory instead of copied.
+  const TensorRewrite* rewrite =
+      plan_.rewrite ? plan_.rewrite->find(plan_.decisions[job.tensor->decision].name) : nullptr;
+  if (rewrite != nullptr) {
+    const std::uint64_t size = static_cast<std::uint64_t>(dtype_bits(job.tensor->dtype) / 8);
+    buf.rewritten.resize(job.end - job.begin);
+    job.in_file->read(job.in_offset - job.in_file->header().data_start + job.begin, buf.rewritten);
+    apply_rewrite(*plan_.rewrite, *rewrite, job.tensor->dtype, job.begin / size,
+                  (job.end - job.begin) / size, buf.rewritten.data());
+    WriteRequest request;
+    request.job = job_index;
+    request.file = shard_file(job.shard);
+    request.buffers = &buf.input_write;
+    request.pieces[request.n_pieces++] = {
+        plan_.shards[job.shard].data_start + job.tensor->offset + job.begin,
+        std::span<const std::byte>(buf.rewritten)};
+    queue_.submit(request);
+    queue_.wait_written(buf.input_write);
+    return;
+  }
   WriteRequest request;
   request.job = job_index;
   request.file = shard_file(job.shard);

@@ -125,6 +125,8 @@ struct Buffers {
   std::vector<std::vector<std::byte>> convert_in;
   std::vector<std::byte> convert_out;
   WriteBuffers convert_write;
+  // A copied tensor's bytes rewritten by --transform (at most one copy slice).
+  std::vector<std::byte> rewritten;
 };
 
 // The rows each MSE pass searched or reused (ExecuteStats::mse_rows).
@@ -163,7 +165,7 @@ class JobRunner {
   void run_observe_job(const Job& job, Buffers& buf);
   void run_quantize_job(std::size_t job_index, const Job& job, Buffers& buf);
   void run_rows_job(std::size_t job_index, const Job& job, Buffers& buf);
-  void run_copy_job(std::size_t job_index, const Job& job);
+  void run_copy_job(std::size_t job_index, const Job& job, Buffers& buf);
   void run_convert_job(std::size_t job_index, const Job& job, Buffers& buf);
 
   // Rows per band of an FP8 module's quantize job.

@@ -365,6 +365,18 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   }
   QuantizeSummary summary;
   summary.phases.open = lap();
+  if (!options.plan.transform.empty() &&
+      (options.auto_observer || options.target_bits || options.more_bits_layers)) {
+    // Their measurements read the weights as stored, not as rewritten.
+    throw usage_error(fmt::format(
+        "--transform {} with {}: not supported yet (their per-module measurements read the "
+        "weights before the rewrite). Nothing was written. Use --transform with a fixed scheme "
+        "and observer",
+        options.plan.transform,
+        options.auto_observer ? "--observer auto"
+        : options.target_bits ? "--target-bits"
+                              : "--more-bits"));
+  }
   summary.plan = make_plan(checkpoint, options.plan);
   summary.phases.plan = lap();
   // A split with more parts than output shards is refused before anything
@@ -414,6 +426,16 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     return summary;
   }
 
+  if (summary.plan.rewrite) {
+    // The transform's scales, from the weights (a read of every weight it
+    // rewrites; a few vectors per block in memory).
+    summary.plan.rewrite = derive_transform(checkpoint, *summary.plan.rewrite);
+    if (log) {
+      log->info("--transform {}: {} tensors rewritten before quantizing ({} scale vectors)",
+                summary.plan.rewrite->transform, summary.plan.rewrite->tensors.size(),
+                summary.plan.rewrite->scales.size());
+    }
+  }
   if (options.before_writing) options.before_writing();
   ExecuteOptions exec;
   exec.threads = options.threads;

@@ -577,6 +577,10 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   poll_cancel();
   plan_index_and_config(checkpoint, plan, std::move(weight_map));
   count_linear_params(checkpoint, plan);
+  if (!given.transform.empty()) {
+    plan.rewrite = plan_transform(checkpoint, given.transform);
+    if (plan.config.is_object()) plan.config["ctquant_transform"] = plan.rewrite->record();
+  }
   return plan;
 }
 

@@ -316,6 +316,12 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
   for (const auto& [name, n] : fate_counts(plan)) {
     counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, name);
   }
+  if (plan.rewrite) {
+    text += fmt::format(
+        "transform: {} ({} tensors rewritten before quantizing; config.json "
+        "records it as ctquant_transform)\n",
+        plan.rewrite->transform, plan.rewrite->tensors.size());
+  }
   text += render_roles_text(checkpoint, plan);
   text += fmt::format("tensors ({}): {}\n", plan.decisions.size(), counts);
   std::size_t fate_w = 4;
@@ -334,6 +340,12 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
     const TensorEntry& t = checkpoint.entry(d.source);
     text += fmt::format("  {:<{}}  {:<{}}  {:<11}  {:<{}}  {}\n", fate_name(d.fate), fate_w, d.name,
                         name_w, dtype_tag(t.dtype), shape_string(t.shape), shape_w, d.rule);
+    // --transform: how the tensor is rewritten before it is quantized or copied.
+    if (const TensorRewrite* r = plan.rewrite ? plan.rewrite->find(d.name) : nullptr) {
+      for (const std::string& what : r->what) {
+        text += fmt::format("  {:<{}}  {:<{}}  {}\n", "", fate_w, "", name_w, what);
+      }
+    }
   }
   // Each written weight: its scheme (or 16-bit kind) and exact output bytes.
   if (!plan.modules.empty()) {

@@ -165,7 +165,8 @@ class AgainstSource : TensorChecks {
             AmaxScratch& b = buffers[worker];
             ChunkAmax found;
             // Rows that do not load finite are reported when the module itself is checked.
-            found.ok = load_finite(source, c.r0, c.r1, b.rows, b.scales, found.amax);
+            found.ok = load_finite(plan_.modules[c.module], source, c.r0, c.r1, b.rows, b.scales,
+                                   found.amax);
             if (const auto it = cutoff.find(c.module); found.ok && it != cutoff.end()) {
               // The global scale from the observer's ranges, as quantize does.
               const float* ranges =
@@ -205,13 +206,14 @@ class AgainstSource : TensorChecks {
 
   // Loads rows [r0, r1) of source and their max |w| into amax; false when
   // a value is not finite.
-  static bool load_finite(const WeightRows& source, std::uint64_t r0, std::uint64_t r1,
-                          std::vector<std::byte>& rows, std::vector<std::byte>& scales,
-                          float& amax) {
+  bool load_finite(const PlannedModule& m, const WeightRows& source, std::uint64_t r0,
+                   std::uint64_t r1, std::vector<std::byte>& rows, std::vector<std::byte>& scales,
+                   float& amax) const {
     rows.resize((r1 - r0) * source.row_bytes());
     scales.resize(source.scale_bytes(r0, r1));
-    return !source.load(r0, r1, rows, scales) &&
-           !max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), amax);
+    if (source.load(r0, r1, rows, scales)) return false;
+    rewrite_rows(m, source.dtype(), r0, r1, rows.data());
+    return !max_abs(source.dtype(), rows.data(), (r1 - r0) * source.cols(), amax);
   }
 
   // The last candidate the library searches for module mi: the candidates
@@ -234,7 +236,7 @@ class AgainstSource : TensorChecks {
         const std::uint64_t r1 = std::min(source.rows(), r0 + step);
         float amax = 0.0f;
         // Rows that do not load finite are reported when the module is checked.
-        if (!load_finite(source, r0, r1, rows, scales, amax)) break;
+        if (!load_finite(m, source, r0, r1, rows, scales, amax)) break;
         observe(mi, source, rows.data(), r1 - r0, 0, ranges, &improved);
         if (mse_cutoff_settled(params, improved)) break;
       }
@@ -299,6 +301,7 @@ class AgainstSource : TensorChecks {
       found.source_problem = std::move(*problem);
       return found;
     }
+    rewrite_rows(mc.module, source.dtype(), r0, r1, buf.src_rows.data());
     KernelIo io;
     io.dtype = source.dtype();
     io.n_rows = n;
@@ -659,6 +662,10 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
                        "targets: {}",
                        e.what()));
     return report;
+  }
+  if (plan.rewrite) {
+    // --transform: its scales derived from INPUT again, as quantize did.
+    plan.rewrite = derive_transform(checkpoint, *plan.rewrite);
   }
   for (const GroupConflict& g : plan.group_conflicts) {
     const auto name = [&](const std::optional<std::size_t>& i) {

@@ -447,8 +447,13 @@ void compare_configs(const Side& a, const Side& b, const Labels& labels, bool co
 void compare_config_values(json ca, json cb, const Labels& labels, bool compare_qc, Collector& c) {
   const std::string file = kConfigFileName;
   if (!compare_qc) {
-    if (ca.is_object()) ca.erase("quantization_config");
-    if (cb.is_object()) cb.erase("quantization_config");
+    // What quantize adds: the quantization_config, and the record of a
+    // --transform (ctquant_transform), which --against-source plans with.
+    for (json* cfg : {&ca, &cb}) {
+      if (!cfg->is_object()) continue;
+      cfg->erase("quantization_config");
+      cfg->erase("ctquant_transform");
+    }
   } else if (ca.is_object() && cb.is_object() && ca.contains("quantization_config") &&
              cb.contains("quantization_config") && ca["quantization_config"].is_object() &&
              cb["quantization_config"].is_object() &&

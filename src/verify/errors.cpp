@@ -75,6 +75,12 @@ std::optional<QuantError> module_error(const detail::Side& out, const Checkpoint
                         checkpoint.entry(m.source.tensor).name, source.describe_fp8(row, *bad % cols));
       return std::nullopt;
     }
+    // --transform: the error against the source as quantize rewrote it.
+    if (const TensorRewrite* r =
+            plan.rewrite ? plan.rewrite->find(plan.decisions[m.decision].name) : nullptr) {
+      apply_rewrite(*plan.rewrite, *r, source.dtype(), r0 * cols, (r1 - r0) * cols,
+                    src_rows.data());
+    }
     QuantErrorIo e;
     e.dtype = source.dtype();
     e.n_rows = r1 - r0;
@@ -110,6 +116,7 @@ CheckpointErrors checkpoint_errors(const fs::path& output, const fs::path& input
   // Read-only: links out of the directory (a cache snapshot) are followed.
   const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
   result.plan = make_plan(checkpoint, options);
+  if (result.plan.rewrite) result.plan.rewrite = derive_transform(checkpoint, *result.plan.rewrite);
   result.input_quantization = result.plan.input_quantization.describe();
   for (std::size_t mi = 0; mi < result.plan.modules.size(); ++mi) {
     const PlannedModule& m = result.plan.modules[mi];

@@ -56,11 +56,23 @@ PlanOptions plan_options_of_output(const Side& output, std::string_view command)
   if (!output.config || !output.config->is_object()) throw fail_config("missing");
   const auto qc = output.config->find("quantization_config");
   if (qc == output.config->end() || !qc->is_object()) throw fail_config("no quantization_config");
+  PlanOptions options;
   try {
-    return plan_options_from_config(*qc, "quantization_config");
+    options = plan_options_from_config(*qc, "quantization_config");
   } catch (const Error& e) {
     throw fail_config(e.what());
   }
+  // --transform: the rewrite quantize applied (transform/transform.hpp),
+  // derived again from the source by whoever plans it.
+  const auto transform = output.config->find("ctquant_transform");
+  if (transform != output.config->end()) {
+    if (!transform->is_object() || !transform->contains("transform") ||
+        !(*transform)["transform"].is_string()) {
+      throw fail("ctquant_transform is not an object with a string 'transform'");
+    }
+    options.transform = (*transform)["transform"].get<std::string>();
+  }
+  return options;
 }
 
 void restrict_to_index(Side& side) {

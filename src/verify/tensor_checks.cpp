@@ -24,6 +24,14 @@ std::uint64_t TensorChecks::step_rows(const WeightRows& source, std::uint64_t al
   return std::max(align, n / align * align);
 }
 
+void TensorChecks::rewrite_rows(const PlannedModule& m, DType dtype, std::uint64_t r0,
+                                std::uint64_t r1, std::byte* rows) const {
+  if (!plan_.rewrite) return;
+  if (const TensorRewrite* r = plan_.rewrite->find(plan_.decisions[m.decision].name)) {
+    apply_rewrite(*plan_.rewrite, *r, dtype, r0 * m.source.cols, (r1 - r0) * m.source.cols, rows);
+  }
+}
+
 // Loads source rows; the message of a value that cannot have been `what`
 // (an FP8 value that is not finite once dequantized). Thread-safe.
 std::optional<std::string> TensorChecks::source_problem(const WeightRows& source, std::uint64_t r0,
@@ -159,6 +167,23 @@ void TensorChecks::check_tensor(const std::string& name, const Expected& e, Coll
     return;
   }
   ++report.tensors_compared;
+  if (const TensorRewrite* r = plan_.rewrite ? plan_.rewrite->find(d.name) : nullptr) {
+    // --transform: the source as rewritten (a norm, a Linear kept in 16 bits).
+    std::vector<std::byte> expected(s.byte_size());
+    in_file.read(s.begin, expected);
+    const std::uint64_t esize = static_cast<std::uint64_t>(dtype_bits(s.dtype) / 8);
+    apply_rewrite(*plan_.rewrite, *r, s.dtype, 0, s.byte_size() / esize, expected.data());
+    std::vector<std::byte> actual(o.entry->byte_size());
+    o.file->read(o.entry->begin, actual);
+    if (actual == expected) {
+      ++report.tensors_identical;
+    } else {
+      c.diff("tensor_data", o.file->label(), name,
+             fmt::format("differs from the source rewritten by --transform {}",
+                         plan_.rewrite->transform));
+    }
+    return;
+  }
   const Ref src{&in_file, &s};
   if (compare_elements(o, src, options_.chunk_bytes, c)) ++report.tensors_identical;
 }

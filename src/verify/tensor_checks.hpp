@@ -45,6 +45,10 @@ class TensorChecks {
   // Rows per chunk of source: about VerifyOptions::chunk_bytes of rows, a
   // multiple of align.
   std::uint64_t step_rows(const WeightRows& source, std::uint64_t align) const;
+  // --transform: rows [r0, r1) of module m's source, loaded as `dtype`,
+  // rewritten in place as quantize rewrote them (transform/transform.hpp).
+  void rewrite_rows(const PlannedModule& m, DType dtype, std::uint64_t r0, std::uint64_t r1,
+                    std::byte* rows) const;
   // Loads rows [r0, r1) of source into rows and scales; the message of a
   // value that cannot have been `what`, or nullopt. Thread-safe.
   std::optional<std::string> source_problem(const WeightRows& source, std::uint64_t r0,

@@ -63,6 +63,11 @@ ROWS = [
     # row runs first; the value is rounded down to 4 decimals).
     ("w4a16-tb-morebits", "W4A16", "--target-bits (as --more-bits)",
      ["--scheme", "W4A16", "--target-bits", "{bpw:w4a16-morebits}"]),
+    # --transform balance (docs/accuracy.md, "Rewrites before quantizing"):
+    # the torch prototype's balance-nncf, now ctquant's output.
+    ("w4a16-balance", "W4A16", "--transform balance", ["--scheme", "W4A16", "--transform", "balance"]),
+    ("w4a16-refit-balance", "W4A16", "refit + --transform balance",
+     ["--scheme", "W4A16", "--observer", "refit", "--transform", "balance"]),
     ("w4a16asym-minmax", "W4A16_ASYM", "min-max", ["--scheme", "W4A16_ASYM"]),
     ("w4a16asym-mse", "W4A16_ASYM", "memoryless_mse",
      ["--scheme", "W4A16_ASYM", "--observer", "memoryless_mse"]),
@@ -105,6 +110,7 @@ COMPARE = [
     ("w3-refit", "w3-minmax"), ("w3-refit", "w3-mse"),
     ("w3asym-refit", "w3asym-minmax"), ("w3asym-refit", "w3asym-mse"),
     ("w4a16-tb5", "w4a16-minmax"), ("w4a16-tb-morebits", "w4a16-morebits"),
+    ("w4a16-refit-balance", "w4a16-refit"),
 ]
 # What `check` measures again in CI, and how far a KLD may move (relative).
 PINNED = ["w4a16-minmax", "w4a16-mse", "w3asym-minmax"]

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 #include "ctquant/source/converter.hpp"
 #include "ctquant/source/fp8.hpp"
 #include "ctquant/source/weight_rows.hpp"
+#include "ctquant/transform/transform.hpp"
 #include "ctquant/util/text.hpp"
 
 namespace ctquant {
@@ -180,6 +182,9 @@ struct PlanOptions {
   // The converter's targets and ignore list, instead of those it derives
   // from the input's config (compressed-tensors' converter arguments).
   ConvertOptions convert;
+  // A function-keeping rewrite applied to the source before quantizing
+  // (transform/transform.hpp; --transform NAME); empty: none.
+  std::string transform;
 };
 
 // A quantized module that the readers of config.json give different scheme
@@ -249,6 +254,11 @@ struct QuantizePlan {
   std::uint64_t linear_params_quantized = 0;
   std::uint64_t tensor_bytes_out = 0;  // sum of output tensor byte sizes
   std::uint64_t shard_bytes_out = 0;   // sum of output shard file sizes
+
+  // options.transform's rewrite: planned by make_plan (which tensors, how;
+  // recorded in config.json's `ctquant_transform`), its scales derived from
+  // the weights before the executor or verify applies it; null without one.
+  std::shared_ptr<const RewritePlan> rewrite;
 
   const SchemeGroup& group_of(const PlannedModule& m) const { return options.groups[m.group]; }
 };

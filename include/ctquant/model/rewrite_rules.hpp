@@ -1,0 +1,53 @@
+// Which checkpoints a function-keeping rewrite (transform/transform.hpp)
+// may change, decided from config.json and the tensor names alone: the
+// blocks `--transform balance` rewrites and every reason it refuses.
+//
+// A block is safe to balance when it is exactly a pre-norm Llama block:
+// RMSNorm x * g with no bias (input_layernorm feeding q/k/v,
+// post_attention_layernorm feeding gate/up), no Linear biases, attention
+// output o_proj(attn(v)) and MLP down(act(gate) * up), as transformers'
+// modeling_llama.py and modeling_qwen3.py compute them (Qwen3's q_norm and
+// k_norm act on q and k after their projections, which the rewrite leaves
+// unchanged). Refused: Gemma's (1 + g) norms, sandwich / post norms, MLA,
+// attention output gates, mixtures of experts (the router, shared experts
+// and every expert would all need compensating; not done), biases, drafts
+// (DFlash, EAGLE: their fc and hidden-state inputs feed norms ctquant does
+// not see), and any tensor in a block that is not one of these.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/source/checkpoint.hpp"
+
+namespace ctquant {
+
+// One decoder block to balance: its tensor name prefix ("model.layers.3.")
+// and the attention geometry its o_proj and v_proj rewrite needs.
+struct BalanceBlock {
+  std::string prefix;
+  std::uint64_t layer = 0;
+};
+
+struct BalanceLayout {
+  std::vector<BalanceBlock> blocks;  // by layer number
+  std::uint64_t heads = 0;           // num_attention_heads
+  std::uint64_t kv_heads = 0;        // num_key_value_heads
+  std::uint64_t head_dim = 0;        // head_dim, or hidden_size / heads
+  // Every reason the checkpoint cannot be balanced; empty when it can.
+  std::vector<std::string> problems;
+};
+
+// The blocks of `checkpoint` and the reasons to refuse (reads config.json
+// and the tensor names and shapes; never the data).
+BalanceLayout balance_layout(const Checkpoint& checkpoint);
+
+// The names of a block's tensors balance reads or rewrites, by role.
+inline constexpr const char* kBalanceNorms[] = {"input_layernorm", "post_attention_layernorm"};
+inline constexpr const char* kBalanceAttn[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+inline constexpr const char* kBalanceMlp[] = {"gate_proj", "up_proj", "down_proj"};
+
+}  // namespace ctquant

@@ -1,0 +1,111 @@
+// Function-keeping rewrites of the source weights before quantizing
+// (`--transform NAME`): the rows of one registry, `transform_rows()`, one
+// file per row (src/transform/balance.cpp: `balance`).
+//
+// A transform is planned from the headers and config.json alone
+// (`TransformRow::plan`: which tensors it rewrites and how, or every reason
+// it refuses the checkpoint), then derived from the weights in a pre-pass
+// (`TransformRow::derive`: its scale vectors, a few per block, read row by
+// row so memory stays flat). The executor and verify --against-source then
+// apply it to each tensor as they read it (`apply_rewrite`), before the
+// tensor is quantized or copied: element [i, j] of the tensor's [rows,
+// cols] view (a 1-D tensor is one row) becomes
+//     ((w * row_mul[i]) / col_div[j]) * col_mul[j]
+// in double from the stored value, rounded once to the tensor's dtype (as
+// tools/accuracy/transforms.py computes in float64 and casts once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ctquant/format/dtype.hpp"
+#include "ctquant/source/checkpoint.hpp"
+
+namespace ctquant {
+
+// How one input tensor is rewritten. The optional members index
+// RewritePlan::scales (a vector of length rows for row_mul, cols for
+// col_div and col_mul).
+struct TensorRewrite {
+  std::string tensor;  // input tensor name
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 0;
+  std::optional<std::size_t> row_mul;
+  std::optional<std::size_t> col_div;
+  std::optional<std::size_t> col_mul;
+  // What is done, for inspect --plan and --dry-run, e.g.
+  // "balance: columns ÷ t (input_layernorm)".
+  std::vector<std::string> what;
+};
+
+struct RewritePlan {
+  std::string transform;               // the row's name ("balance")
+  std::vector<TensorRewrite> tensors;  // sorted by tensor name
+  // The scale vectors and their names ("model.layers.0 t(q/k/v)"); the
+  // values are empty until derived.
+  std::vector<std::string> scale_names;
+  std::vector<std::vector<double>> scales;
+  bool derived = false;
+  std::uint64_t head_dim = 0;  // balance: of the attention heads (config.json)
+
+  // The rewrite of an input tensor, or null.
+  const TensorRewrite* find(std::string_view tensor) const;
+  // What config.json's top-level `ctquant_transform` key records (the
+  // transform, its scale rule and how many tensors it rewrote). Not
+  // quantization_config.transform_config: vLLM validates that block with
+  // compressed-tensors' TransformConfig (extra keys forbidden) and builds
+  // online transforms from its config_groups
+  // (vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py,
+  // CompressedTensorsConfig.from_config and get_quant_method).
+  nlohmann::json record() const;
+};
+
+// One transform of the registry.
+struct TransformRow {
+  std::string_view name;
+  std::string_view help;  // one line for --help and docs
+  // Which tensors are rewritten and how. Throws Error{kUsage} listing every
+  // reason the checkpoint's family or layout is refused.
+  RewritePlan (*plan)(const Checkpoint& checkpoint);
+  // Reads the weights the scales come from and fills plan.scales. Throws
+  // Error{kIo} on a failed read, Error{kBadInput} for a weight that is not
+  // finite.
+  void (*derive)(const Checkpoint& checkpoint, RewritePlan& plan);
+};
+
+std::span<const TransformRow> transform_rows();
+// The row named `name`; throws Error{kUsage} naming the known ones.
+const TransformRow& find_transform(std::string_view name);
+
+// The planned rewrite of `name` (refusals as TransformRow::plan).
+std::shared_ptr<const RewritePlan> plan_transform(const Checkpoint& checkpoint,
+                                                  std::string_view name);
+// The same plan with its scales derived from the weights.
+std::shared_ptr<const RewritePlan> derive_transform(const Checkpoint& checkpoint,
+                                                    const RewritePlan& planned);
+
+// Rewrites n elements of `rewrite`'s tensor in place, starting at element
+// `first` of its row-major [rows, cols] view, stored as `dtype` (BF16, F16
+// or F32). plan must be derived.
+void apply_rewrite(const RewritePlan& plan, const TensorRewrite& rewrite, DType dtype,
+                   std::uint64_t first, std::uint64_t n, std::byte* data);
+
+// Rounds a double once to `dtype` (BF16, F16: round to nearest even, with
+// no double rounding through float; F32: nearest), as torch's .to(dtype).
+void store_rounded(DType dtype, double value, std::byte* element);
+
+// Reads rows [row_begin, row_end) of a 2-D (or 1-D: one row) tensor of
+// `checkpoint` as doubles into out ((row_end - row_begin) * cols values).
+// Throws Error{kIo}.
+void read_rows_as_double(const Checkpoint& checkpoint, const std::string& tensor,
+                         std::uint64_t row_begin, std::uint64_t row_end, std::vector<double>& out);
+
+}  // namespace ctquant

@@ -1,0 +1,149 @@
+// The transform registry and the rewrite every row's plan is applied with
+// (transform/transform.hpp).
+#include "ctquant/transform/transform.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
+#include "transform/balance.hpp"
+
+namespace ctquant {
+namespace {
+
+constexpr TransformRow kTransforms[] = {
+    {"balance",
+     "column balancing absorbed into the producers (NNCF's data-free AWQ scale): Llama-like "
+     "blocks only",
+     detail::plan_balance, detail::derive_balance},
+};
+
+// A float that rounds to the same BF16 or F16 as `value` would directly:
+// `value` rounded to float toward zero, its last bit set when inexact
+// (round to odd), so that the second rounding sees the sticky bit.
+float round_to_odd_float(double value) {
+  float f = static_cast<float>(value);
+  if (static_cast<double>(f) == value || !std::isfinite(f)) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(value)) {
+    f = std::nextafter(f, 0.0f);
+  }
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
+}
+
+}  // namespace
+
+const TensorRewrite* RewritePlan::find(std::string_view tensor) const {
+  const auto it = std::lower_bound(
+      tensors.begin(), tensors.end(), tensor,
+      [](const TensorRewrite& r, std::string_view name) { return r.tensor < name; });
+  return it != tensors.end() && it->tensor == tensor ? &*it : nullptr;
+}
+
+nlohmann::json RewritePlan::record() const {
+  return {{"transform", transform},
+          {"scale",
+           "t_j = mean_i |W_ij| over every consumer's rows, over its median "
+           "(NNCF 2.17 data-free AWQ)"},
+          {"rewritten_tensors", tensors.size()},
+          {"note",
+           "offline: the weights hold the rewritten model; nothing to apply at "
+           "inference (quantization_config.transform_config stays empty)"}};
+}
+
+std::span<const TransformRow> transform_rows() { return kTransforms; }
+
+const TransformRow& find_transform(std::string_view name) {
+  std::vector<std::string> names;
+  for (const TransformRow& row : kTransforms) {
+    if (row.name == name) return row;
+    names.emplace_back(row.name);
+  }
+  throw usage_error(
+      fmt::format("--transform {}: unknown transform (known: {})", name, join(names, 100)));
+}
+
+std::shared_ptr<const RewritePlan> plan_transform(const Checkpoint& checkpoint,
+                                                  std::string_view name) {
+  const TransformRow& row = find_transform(name);
+  auto plan = std::make_shared<RewritePlan>(row.plan(checkpoint));
+  plan->transform = std::string(row.name);
+  std::sort(plan->tensors.begin(), plan->tensors.end(),
+            [](const TensorRewrite& a, const TensorRewrite& b) { return a.tensor < b.tensor; });
+  return plan;
+}
+
+std::shared_ptr<const RewritePlan> derive_transform(const Checkpoint& checkpoint,
+                                                    const RewritePlan& planned) {
+  auto plan = std::make_shared<RewritePlan>(planned);
+  find_transform(plan->transform).derive(checkpoint, *plan);
+  plan->derived = true;
+  return plan;
+}
+
+void store_rounded(DType dtype, double value, std::byte* element) {
+  switch (dtype) {
+    case DType::kBF16: {
+      const std::uint16_t bits = float_to_bf16(round_to_odd_float(value));
+      std::memcpy(element, &bits, sizeof bits);
+      return;
+    }
+    case DType::kF16: {
+      const std::uint16_t bits = float_to_f16(round_to_odd_float(value));
+      std::memcpy(element, &bits, sizeof bits);
+      return;
+    }
+    case DType::kF32: {
+      const float f = static_cast<float>(value);
+      std::memcpy(element, &f, sizeof f);
+      return;
+    }
+    default:
+      throw std::logic_error(fmt::format("store_rounded: dtype {}", dtype_tag(dtype)));
+  }
+}
+
+void apply_rewrite(const RewritePlan& plan, const TensorRewrite& rewrite, DType dtype,
+                   std::uint64_t first, std::uint64_t n, std::byte* data) {
+  if (!plan.derived)
+    throw std::logic_error("apply_rewrite: the transform's scales are not derived");
+  const std::size_t size = dtype_bits(dtype) / 8;
+  const double* row_mul = rewrite.row_mul ? plan.scales[*rewrite.row_mul].data() : nullptr;
+  const double* col_div = rewrite.col_div ? plan.scales[*rewrite.col_div].data() : nullptr;
+  const double* col_mul = rewrite.col_mul ? plan.scales[*rewrite.col_mul].data() : nullptr;
+  for (std::uint64_t k = 0; k < n; ++k) {
+    const std::uint64_t e = first + k;
+    const std::uint64_t i = e / rewrite.cols;
+    const std::uint64_t j = e % rewrite.cols;
+    std::byte* p = data + k * size;
+    double v = load_as_float(dtype, p);
+    if (row_mul != nullptr) v *= row_mul[i];
+    if (col_div != nullptr) v /= col_div[j];
+    if (col_mul != nullptr) v *= col_mul[j];
+    store_rounded(dtype, v, p);
+  }
+}
+
+void read_rows_as_double(const Checkpoint& checkpoint, const std::string& tensor,
+                         std::uint64_t row_begin, std::uint64_t row_end, std::vector<double>& out) {
+  const auto it = checkpoint.tensors.find(tensor);
+  if (it == checkpoint.tensors.end()) {
+    throw std::logic_error(fmt::format("read_rows_as_double: no tensor '{}'", tensor));
+  }
+  const TensorEntry& e = checkpoint.entry(it->second);
+  const std::uint64_t cols = e.shape.empty() ? 1 : e.shape.back();
+  const std::size_t size = dtype_bits(e.dtype) / 8;
+  std::vector<std::byte> bytes((row_end - row_begin) * cols * size);
+  checkpoint.shards[it->second.shard].read(e.begin + row_begin * cols * size, bytes);
+  out.resize((row_end - row_begin) * cols);
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    out[k] = static_cast<double>(load_as_float(e.dtype, bytes.data() + k * size));
+  }
+}
+
+}  // namespace ctquant
