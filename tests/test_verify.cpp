@@ -30,15 +30,15 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using test::contains;
 using test::describe;
-using test::without_fp8_block_qkv;
 using test::golden;
 using test::GoldenCopy;
 using test::kMaxRelFrobenius4Bit;
 using test::kMaxRelFrobenius8Bit;
 using test::of_kind;
+using test::without_fp8_block_qkv;
 
-using test::GoldenCase;
 using test::golden_cases;
+using test::GoldenCase;
 
 // Whether the registry has the case's scheme(s).
 bool supported(const GoldenCase& c) {
@@ -294,6 +294,29 @@ TEST(VerifyGolden, NoteOnlyConfigDifferencesAreSame) {
   EXPECT_TRUE(contains(render_verify_text(r), "result: SAME (5 notes)"));
 }
 
+// A converter's group and a new scheme's are named differently by ctquant
+// and model_free_ptq; renamed groups whose name order is swapped are paired
+// by content, not by position.
+TEST(VerifyGolden, RenamedConfigGroupsArePairedByContentNotByNameOrder) {
+  GoldenCopy out("llama-bf16-mixed");
+  json config = test::read_json(out.path / "config.json");
+  json& groups = config["quantization_config"]["config_groups"];
+  ASSERT_TRUE(groups.contains("attention") && groups.contains("mlp"));
+  // "attention" < "mlp" in the reference; "b_attention" > "a_mlp" here.
+  groups["b_attention"] = groups["attention"];
+  groups["a_mlp"] = groups["mlp"];
+  groups.erase("attention");
+  groups.erase("mlp");
+  test::write_json(out.path / "config.json", config);
+  const VerifyReport r = verify_checkpoints(out.path, golden("llama-bf16-mixed") / "expected", {});
+  EXPECT_TRUE(r.same()) << describe(r);
+  ASSERT_EQ(r.notes.size(), 1u) << describe(r);
+  EXPECT_TRUE(
+      contains(r.notes[0].message,
+               "config_groups names: a_mlp, b_attention in OUTPUT, attention, mlp in GOLDEN"))
+      << r.notes[0].message;
+}
+
 TEST(VerifyGolden, OtherFilesComparedAsBytesOrJson) {
   GoldenCopy out("llama-bf16");
   const fs::path tokenizer = out.path / "tokenizer_config.json";
@@ -446,8 +469,8 @@ TEST(VerifyGolden, MisalignedTensorIsADifference) {
       << aligned[0].message;
   EXPECT_EQ(aligned[0].details["element_bytes"], 8);
   // The reference side is aligned: nothing to report the other way round.
-  EXPECT_TRUE(of_kind(verify_checkpoints(tmp / "ref", tmp / "out", {}).differences, "alignment")
-                  .empty());
+  EXPECT_TRUE(
+      of_kind(verify_checkpoints(tmp / "ref", tmp / "out", {}).differences, "alignment").empty());
 }
 
 TEST(VerifyGolden, MissingDirectoryIsAnError) {
@@ -490,7 +513,8 @@ TEST(VerifyGoldenFixtures, FreshOutputMatchesExpected) {
     const VerifyReport r = verify_checkpoints(dir / "out", golden(c.name) / "expected", {});
     EXPECT_TRUE(without_fp8_block_qkv(r).empty()) << c.name << "\n" << describe(r);
     EXPECT_EQ(r.differences.size(), c.name == "fp8-block" ? 2u : 0u) << c.name;
-    for (const VerifyItem& n : r.notes) EXPECT_TRUE(loader_neutral(n)) << c.name << ": " << n.message;
+    for (const VerifyItem& n : r.notes)
+      EXPECT_TRUE(loader_neutral(n)) << c.name << ": " << n.message;
     ++checked;
   }
   EXPECT_GE(checked, 12u);

@@ -12,10 +12,10 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/dtype.hpp"
+#include "ctquant/plan/plan.hpp"
 #include "ctquant/scheme/kernel.hpp"
 #include "ctquant/scheme/pack.hpp"
 #include "ctquant/source/checkpoint.hpp"
-#include "ctquant/plan/plan.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "util/input_file.hpp"
@@ -76,7 +76,7 @@ namespace {
 std::uint32_t differing_codes(std::uint32_t d, int bits) {
   std::uint32_t any = d;
   for (int k = 1; k < bits; k *= 2) any |= any >> k;
-  const std::uint32_t low_bits = bits == 1 ? 0xFFFFFFFFu
+  const std::uint32_t low_bits = bits == 1   ? 0xFFFFFFFFu
                                  : bits == 2 ? 0x55555555u
                                  : bits == 4 ? 0x11111111u
                                              : 0x01010101u;
@@ -124,7 +124,8 @@ bool compare_packed(const Ref& a, const Ref& b, int num_bits, std::uint64_t n_co
               if (!first) {
                 const int shift = std::countr_zero(marks);
                 const int offset = 1 << (num_bits - 1);
-                first = {first_row + r, w * per_word + static_cast<std::uint64_t>(shift / num_bits)};
+                first = {first_row + r,
+                         w * per_word + static_cast<std::uint64_t>(shift / num_bits)};
                 first_a = static_cast<int>((wa >> shift) & code_mask) - offset;
                 first_b = static_cast<int>((wb >> shift) & code_mask) - offset;
               }
@@ -278,7 +279,6 @@ bool compare_zero_points(const Ref& a, const Ref& b, int num_bits, std::uint64_t
 
 // ---------------------------------------------------------------------------
 // The quantization_config of a side: num_bits per module.
-
 
 GroupSchemes config_groups(const std::optional<json>& config) {
   GroupSchemes out;
@@ -459,7 +459,7 @@ void compare_config_values(json ca, json cb, const Labels& labels, bool compare_
              cb["quantization_config"].is_object() &&
              ca["quantization_config"].contains("config_groups") &&
              cb["quantization_config"].contains("config_groups")) {
-    // Config group names are not read by anyone: pair groups in name order.
+    // Config group names are not read by anyone: pair groups by content.
     json& ga = ca["quantization_config"]["config_groups"];
     const json& gb = cb["quantization_config"]["config_groups"];
     if (ga.is_object() && gb.is_object() && ga.size() == gb.size() && ga != gb) {
@@ -468,12 +468,35 @@ void compare_config_values(json ca, json cb, const Labels& labels, bool compare_
       for (const auto& [k, v] : ga.items()) na.push_back(k);
       for (const auto& [k, v] : gb.items()) nb.push_back(k);
       if (na != nb) {
+        // Pair each reference group with the output group that equals it,
+        // else with the one of the same targets, else in name order: a
+        // converter's group and a new scheme's are named differently by
+        // ctquant and model_free_ptq (docs/converters.md).
+        std::vector<std::size_t> pair_of(nb.size(), na.size());
+        std::vector<bool> taken(na.size(), false);
+        const auto pair_by = [&](const auto& same) {
+          for (std::size_t j = 0; j < nb.size(); ++j) {
+            for (std::size_t i = 0; i < na.size() && pair_of[j] == na.size(); ++i) {
+              if (!taken[i] && same(ga[na[i]], gb[nb[j]])) {
+                pair_of[j] = i;
+                taken[i] = true;
+              }
+            }
+          }
+        };
+        pair_by([](const json& x, const json& y) { return x == y; });
+        pair_by([](const json& x, const json& y) {
+          return x.is_object() && y.is_object() && x.contains("targets") && y.contains("targets") &&
+                 x["targets"] == y["targets"];
+        });
+        pair_by([](const json&, const json&) { return true; });
         json renamed = json::object();
-        for (std::size_t i = 0; i < na.size(); ++i) renamed[nb[i]] = ga[na[i]];
+        for (std::size_t j = 0; j < nb.size(); ++j) renamed[nb[j]] = ga[na[pair_of[j]]];
         ga = renamed;
         c.note("config", file, "",
                fmt::format("quantization_config.config_groups names: {} in {}, {} in {}",
-                           join(na, kMaxNamesInMessage), labels.a, join(nb, kMaxNamesInMessage), labels.b));
+                           join(na, kMaxNamesInMessage), labels.a, join(nb, kMaxNamesInMessage),
+                           labels.b));
       }
     }
   }
@@ -706,12 +729,14 @@ void compare_indexes(const Side& a, const Side& b, const Labels& labels, bool pl
         placement_is_note && std::all_of(differing.begin(), differing.end(), [&](const auto& k) {
           return wa.contains(k) && wb.contains(k);
         });
-    const std::string text = fmt::format("weight_map differs for {} tensor{}: {}",
-                                         differing.size(), differing.size() == 1 ? "" : "s",
-                                         join(differing, kMaxNamesInMessage));
+    const std::string text =
+        fmt::format("weight_map differs for {} tensor{}: {}", differing.size(),
+                    differing.size() == 1 ? "" : "s", join(differing, kMaxNamesInMessage));
     if (placement_only) {
-      c.note("index", file, "", text + " (held by other shards; both indexes agree with their "
-                                       "shards)",
+      c.note("index", file, "",
+             text +
+                 " (held by other shards; both indexes agree with their "
+                 "shards)",
              json{{"tensors", differing}});
     } else {
       c.diff("index", file, "", text, json{{"tensors", differing}});
@@ -753,7 +778,6 @@ void compare_shard_files(const Side& a, const Side& b, const Labels& labels, Col
     }
   }
 }
-
 
 bool ends_with_param(const std::string& name, const char* param) {
   const std::string suffix = std::string(".") + param;
