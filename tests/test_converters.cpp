@@ -6,6 +6,7 @@
 // key or tensor and the rule, and writes nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -230,7 +231,14 @@ TEST_P(ConverterGolden, AgainstSourceDequantizesBothSides) {
       verify_against_source(golden_dir() / GetParam() / "expected", input, VerifyOptions{});
   EXPECT_TRUE(same.same()) << render_verify_text(same);
   EXPECT_FALSE(same.modules.empty());
-  for (const ModuleCheck& m : same.modules) EXPECT_EQ(m.max_abs_error, 0.0) << m.module;
+  // Converted modules are lossless; the mix's FP8_BLOCK attention (checked
+  // as any quantized module, ConverterMix.AgainstSourceChecksTheNewly...)
+  // is not.
+  for (const ModuleCheck& m : same.modules) {
+    if (m.module.find("self_attn") == std::string::npos) {
+      EXPECT_EQ(m.max_abs_error, 0.0) << m.module;
+    }
+  }
   TempDir tmp;
   copy_dir(golden_dir() / GetParam() / "expected", tmp / "out");
   const std::string module = same.modules.front().module;
@@ -251,6 +259,58 @@ TEST_P(ConverterGolden, AgainstSourceDequantizesBothSides) {
   const VerifyReport changed = verify_against_source(tmp / "out", input, VerifyOptions{});
   EXPECT_FALSE(changed.same());
   expect_message(render_verify_text(changed), {module, "not lossless"});
+}
+
+// The mix's FP8_BLOCK attention, quantized in the same run as the MLP is
+// converted, is checked as verify checks any quantized module: recomputed
+// from INPUT code by code. SAME on the library's output with the four
+// attention modules among the checked ones; one FP8 code of q_proj changed
+// in a copy: DIFFERENT, naming it.
+TEST(ConverterMix, AgainstSourceChecksTheNewlyQuantizedModulesToo) {
+  const std::string name = "modelopt-nvfp4-mlp-fp8-block-attn";
+  const fs::path input = golden_dir() / name / "input";
+  const VerifyReport same =
+      verify_against_source(golden_dir() / name / "expected", input, VerifyOptions{});
+  EXPECT_TRUE(same.same()) << render_verify_text(same);
+  std::vector<std::string> attention;
+  for (const ModuleCheck& m : same.modules) {
+    if (m.module.find("self_attn") == std::string::npos) continue;
+    attention.push_back(m.module);
+    EXPECT_GT(m.groups, 0u) << m.module;
+    EXPECT_EQ(m.groups_mismatched, 0u) << m.module;
+    EXPECT_GT(m.max_abs_error, 0.0) << m.module;  // FP8 is not lossless
+  }
+  const std::string a = "model.layers.0.self_attn.";
+  std::sort(attention.begin(), attention.end());
+  EXPECT_EQ(attention,
+            (std::vector<std::string>{a + "k_proj", a + "o_proj", a + "q_proj", a + "v_proj"}));
+  expect_message(render_verify_text(same), {}, {"not checked"});
+
+  TempDir tmp;
+  copy_dir(golden_dir() / name / "expected", tmp / "out");
+  const fs::path shard = tmp / "out" / "model.safetensors";
+  const std::string tensor = a + "q_proj.weight";
+  const std::vector<std::byte> codes = read_tensor(shard, tensor);
+  ASSERT_FALSE(codes.empty());
+  fs::permissions(shard, fs::perms::owner_write, fs::perm_options::add);
+  const SafetensorsFile file(shard, "model.safetensors");
+  const TensorEntry* e = file.header().find(tensor);
+  ASSERT_NE(e, nullptr);
+  {
+    // The next E4M3 code (never NaN, 0x7f / 0xff).
+    const auto b = static_cast<unsigned char>(codes[0]);
+    const unsigned char flipped = (b & 0x7fu) == 0x7eu ? b ^ 0x02u : b ^ 0x01u;
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(file.header().data_start + e->begin));
+    const char c = static_cast<char>(flipped);
+    f.write(&c, 1);
+  }
+  const VerifyReport changed = verify_against_source(tmp / "out", input, VerifyOptions{});
+  EXPECT_FALSE(changed.same());
+  ASSERT_EQ(changed.differences.size(), 1u) << render_verify_text(changed);
+  EXPECT_EQ(changed.differences[0].kind, "codes");
+  EXPECT_EQ(changed.differences[0].tensor, tensor);
+  expect_message(render_verify_text(changed), {tensor, "not the RTN codes"});
 }
 
 // ---- refusals ----

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/plan/plan.hpp"
+#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/converter.hpp"
@@ -140,7 +141,7 @@ class ConvertedCheck {
   }
 
   // Tensors the plan copies: byte for byte. Output tensors neither
-  // converted nor copied (quantized by a scheme in the same run): noted.
+  // converted, copied nor planned as a quantized module's: noted.
   void check_copies() {
     std::set<std::string> planned;
     for (const ShardPlan& shard : plan_.shards) {
@@ -175,9 +176,8 @@ class ConvertedCheck {
     }
     if (unchecked > 0) {
       c_.note("tensors", "", "",
-              fmt::format("{} output tensor(s) of modules a scheme quantized in the same run are "
-                          "not checked against INPUT here (only converted and copied tensors "
-                          "are)",
+              fmt::format("{} output tensor(s) no planned module or copy accounts for are not "
+                          "checked against INPUT",
                           unchecked));
     }
   }
@@ -192,7 +192,7 @@ class ConvertedCheck {
 }  // namespace
 
 bool verify_converted_source(const Side& out, const Side& src, const std::filesystem::path& input,
-                             VerifyReport& report) {
+                             const VerifyOptions& verify_options, VerifyReport& report) {
   const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
   const ConvertOptions convert = convert_options_of(out);
   const std::optional<SourceFormat> format = detect_source_format(checkpoint, convert);
@@ -207,8 +207,33 @@ bool verify_converted_source(const Side& out, const Side& src, const std::filesy
   compare_configs(out, src, labels, /*compare_qc=*/false, c);
   compare_other_files(out, src, labels, c);
   check_loadability(out.config, out.shards, report);
+  // The scheme groups of the same run (every group but config_group_0, the
+  // converter's): the modules they quantized are planned and checked as
+  // verify checks any quantized module (check_quantized_modules). Read as
+  // plan_options_from_config reads a QuantizationConfig, without the keys
+  // the converter carries (its group, kv_cache_scheme).
   PlanOptions options;
   options.scheme_given = false;
+  const json no_config = json::object();
+  const json& qc = out.config && out.config->is_object() &&
+                           out.config->contains("quantization_config") &&
+                           (*out.config)["quantization_config"].is_object()
+                       ? (*out.config)["quantization_config"]
+                       : no_config;
+  json scheme_groups = qc.value("config_groups", json::object());
+  if (scheme_groups.is_object()) scheme_groups.erase("config_group_0");
+  if (scheme_groups.is_object() && !scheme_groups.empty()) {
+    const json config = {{"config_groups", scheme_groups},
+                         {"ignore", qc.value("ignore", json::array())}};
+    try {
+      options = plan_options_from_config(config, "OUTPUT config.json quantization_config");
+    } catch (const Error& e) {
+      c.diff("config", "config.json", "", e.what());
+      return true;
+    }
+    options.default_ignore = false;  // the written list is the whole list
+    options.group_rule = PlanOptions::GroupRule::kAsRead;
+  }
   options.convert = convert;
   QuantizePlan plan;
   try {
@@ -218,6 +243,7 @@ bool verify_converted_source(const Side& out, const Side& src, const std::filesy
     return true;
   }
   ConvertedCheck(out, checkpoint, plan, c).run();
+  check_quantized_modules(out, checkpoint, plan, verify_options, c);
   return true;
 }
 

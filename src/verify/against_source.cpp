@@ -50,6 +50,15 @@ class AgainstSource : TensorChecks {
                 const VerifyOptions& options, Collector& c)
       : TensorChecks(out, checkpoint, plan, options, c) {}
 
+  // Only the quantized modules (a converted INPUT's run: the other
+  // tensors are ConvertedCheck's, against_converted.cpp).
+  void run_modules() {
+    compute_amax();
+    for (std::size_t mi = 0; mi < plan_.modules.size(); ++mi) {
+      if (plan_.modules[mi].kind == PlannedModule::Kind::kQuantize) check_quantized(mi);
+    }
+  }
+
   void run() {
     for (const ShardPlan& s : plan_.shards) {
       for (const PlannedTensor& t : s.tensors) expected_[t.name] = {&s, &t};
@@ -615,6 +624,12 @@ class AgainstSource : TensorChecks {
 
 }  // namespace
 
+void detail::check_quantized_modules(const Side& out, const Checkpoint& checkpoint,
+                                     const QuantizePlan& plan, const VerifyOptions& options,
+                                     Collector& c) {
+  AgainstSource(out, checkpoint, plan, options, c).run_modules();
+}
+
 VerifyReport verify_against_source(const fs::path& output, const fs::path& input,
                                    const VerifyOptions& options) {
   VerifyReport report;
@@ -626,7 +641,7 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   restrict_to_index(src);
   // An input another tool quantized (AWQ, ModelOpt NVFP4): both sides
   // dequantized (verify/against_converted.hpp).
-  if (detail::verify_converted_source(out, src, input, report)) return report;
+  if (detail::verify_converted_source(out, src, input, options, report)) return report;
   // Section 6: the kinds of input quantize converts, and only those.
   InputQuantization q;
   try {
