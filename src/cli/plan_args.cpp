@@ -110,11 +110,18 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                                     "maxshrink, grid, norm, patience, expand; refit: steps, "
                                     "span, refits, weight, p, beta, kappa, iters, codes")
                         ->allow_extra_args(false));
-  options.push_back(app->add_option(
-      "--transform", args.transform,
-      "Rewrite the BF16 model before quantizing into one computing the same function: balance "
-      "(per input column, t = mean |W| over the rows of every Linear reading it, W / t, the "
-      "norm or producing rows times t; Llama, Mistral and Qwen3 only; docs/accuracy.md)"));
+  options.push_back(
+      app->add_option(
+             "--transform", args.transform,
+             "Rewrite the BF16 model before quantizing into one computing the same function: "
+             "balance "
+             "(per input column, t = mean |W| over the rows of every Linear reading it, W / t, the "
+             "norm or producing rows times t; Llama, Mistral and Qwen3 only; docs/accuracy.md)")
+          ->check(CLI::Validator(
+              [](std::string& text) -> std::string {
+                return text.empty() ? "is empty: name a transform (balance)" : "";
+              },
+              "NAME", "non_empty_transform")));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
                                     "QuantizationModifier (scheme or config_groups, targets, "

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <chrono>
 #include <system_error>
 #include <thread>
 
@@ -165,10 +165,9 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
   }
   summary.observer_choice = choose_observers(checkpoint, summary.plan, choose);
   summary.phases.choose_observer = lap();
-  summary.plan = make_plan(checkpoint,
-                           split_groups_by_observer(options.plan, summary.plan,
-                                                    *summary.observer_choice,
-                                                    options.auto_observer_kwargs));
+  summary.plan = make_plan(
+      checkpoint, split_groups_by_observer(options.plan, summary.plan, *summary.observer_choice,
+                                           options.auto_observer_kwargs));
   summary.phases.plan += lap();
   check_cancel(options.cancel);
 }
@@ -206,30 +205,31 @@ void check_bit_options(const QuantizeOptions& options) {
 // read the weights, so its plan keeps the given scheme.
 template <class Lap>
 void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& options,
-                       const LintOptions& lint, const LintPolicy& policy,
-                       QuantizeSummary& summary, Lap& lap) {
+                       const LintOptions& lint, const LintPolicy& policy, QuantizeSummary& summary,
+                       Lap& lap) {
   const auto& log = options.logger;
   const char* option = options.target_bits ? "--target-bits" : "--more-bits";
-  BitAllocation allocation =
-      start_allocation(summary.plan, bit_ladder(options.plan, option));
+  BitAllocation allocation = start_allocation(summary.plan, bit_ladder(options.plan, option));
   if (options.more_bits_layers) {
     allocate_more_bits(allocation, summary.plan);
   } else {
     check_target_bits(allocation, *options.target_bits);
     if (options.dry_run) {
       if (log) {
-        log->info("--target-bits: a dry run does not read the weights, so its plan shows every "
-                  "module with {}; the run measures each module with each of {} scheme(s)",
-                  allocation.options.front().name, allocation.options.size());
+        log->info(
+            "--target-bits: a dry run does not read the weights, so its plan shows every "
+            "module with {}; the run measures each module with each of {} scheme(s)",
+            allocation.options.front().name, allocation.options.size());
       }
       return;
     }
     const ObserverChoiceOptions measure =
         start_measuring(checkpoint, options, lint, policy, summary, lap);
     if (log) {
-      log->info("--target-bits: measuring the weight error of {} module(s) with each of {} "
-                "scheme(s)",
-                allocation.modules.size(), allocation.options.size());
+      log->info(
+          "--target-bits: measuring the weight error of {} module(s) with each of {} "
+          "scheme(s)",
+          allocation.modules.size(), allocation.options.size());
     }
     measure_bit_options(checkpoint, summary.plan, allocation, measure);
     summary.phases.choose_bits = lap();
@@ -305,7 +305,8 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   const auto log = options.logger;
   if (options.threads == 0) throw usage_error("--threads must be at least 1");
   if (options.stage && !options.part && !options.resume) {
-    throw usage_error("--stage names the staging directory of --part or --resume; give one of them");
+    throw usage_error(
+        "--stage names the staging directory of --part or --resume; give one of them");
   }
   if (!options.manifest && (options.part || options.resume)) {
     throw usage_error(fmt::format(
@@ -367,15 +368,20 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   summary.phases.open = lap();
   if (!options.plan.transform.empty() &&
       (options.auto_observer || options.target_bits || options.more_bits_layers)) {
-    // Their measurements read the weights as stored, not as rewritten.
+    // --observer auto and --target-bits measure the weights as stored, not
+    // as rewritten; --more-bits reads none, but its split groups are not
+    // planned together with a rewrite yet.
+    const char* option = options.auto_observer ? "--observer auto"
+                         : options.target_bits ? "--target-bits"
+                                               : "--more-bits";
+    const char* reason = options.more_bits_layers && !options.auto_observer && !options.target_bits
+                             ? "its split config groups are not planned together with a rewrite"
+                             : "its per-module measurements read the weights as stored, not as "
+                               "rewritten";
     throw usage_error(fmt::format(
-        "--transform {} with {}: not supported yet (their per-module measurements read the "
-        "weights before the rewrite). Nothing was written. Use --transform with a fixed scheme "
-        "and observer",
-        options.plan.transform,
-        options.auto_observer ? "--observer auto"
-        : options.target_bits ? "--target-bits"
-                              : "--more-bits"));
+        "--transform {} with {}: not supported yet ({}). Nothing was written. Use --transform "
+        "with a fixed scheme and observer",
+        options.plan.transform, option, reason));
   }
   summary.plan = make_plan(checkpoint, options.plan);
   summary.phases.plan = lap();
@@ -540,8 +546,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
           "MSE search, weight rows: {} by the cutoff pre-pass, {} by the amax pre-pass, {} by "
           "the quantize jobs; {} amax and {} quantize rows took the cutoff pre-pass's ranges "
           "({} bytes kept)",
-          mse.cutoff, mse.amax, mse.quantize, mse.reused_amax, mse.reused_quantize,
-          mse.kept_bytes);
+          mse.cutoff, mse.amax, mse.quantize, mse.reused_amax, mse.reused_quantize, mse.kept_bytes);
     }
   }
   summary.bytes_out = directory_bytes(staged.dir());
