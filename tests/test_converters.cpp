@@ -384,5 +384,29 @@ TEST(ConverterMix, RefusesTwoGroupsVllmReadsWithOneTarget) {
   EXPECT_TRUE(v.same()) << render_verify_text(v);
 }
 
+// --target-bits and --observer auto choose for the modules a scheme
+// quantizes; on an AutoAWQ input nothing is quantized (the converted
+// modules are not requantized): exit 2 with a message, as --more-bits
+// layers does, nothing written (not a silent 0-module run, not an empty
+// "ctquant: " line).
+TEST(ConverterMix, BitAndObserverChoicesRefuseAPlanThatQuantizesNone) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  const std::vector<std::vector<std::string>> runs{
+      {"--target-bits", "5"}, {"--observer", "auto"}, {"--observer", "auto", "--dry-run"}};
+  for (const auto& extra : runs) {
+    TempDir tmp;
+    std::vector<std::string> args{"quantize", input.string(), (tmp / "out").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandResult r = run_ctquant(args);
+    EXPECT_EQ(r.exit_code, 2) << extra[0] << r.err;
+    expect_message(r.err, {extra[0] + " " + extra[1] + " chooses for the modules the scheme "
+                                                       "quantizes, and this plan quantizes none",
+                           "converted modules are not requantized"});
+    EXPECT_EQ(r.err.find("ctquant: \n"), std::string::npos);
+    EXPECT_TRUE(r.err.ends_with("\n"));
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+}
+
 }  // namespace
 }  // namespace ctquant::test
