@@ -326,14 +326,13 @@ TEST(ConverterRefusals, EveryFixtureHasANamedCase) {
 // The modules the converter keeps (AutoAWQ's modules_to_not_convert, its
 // ignore entries in config.json) stay 16-bit whatever a new scheme's
 // targets say: vLLM skips them and loads their .weight. A Linear-targeted
-// scheme, a regex naming o_proj, or --no-default-ignore (lm_head) quantize
-// none of them, and the output verifies SAME against the input.
+// scheme or --no-default-ignore (lm_head) quantize none of them, and the
+// output verifies SAME against the input.
 TEST(ConverterMix, NewSchemeLeavesTheModulesTheConverterIgnores) {
   const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
   const std::vector<std::vector<std::string>> runs{
       {"--scheme", "NVFP4A16"},
       {"--scheme", "W8A16"},
-      {"--scheme", "W4A16", "--targets", "re:.*o_proj$"},
       {"--scheme", "W4A16", "--no-default-ignore"}};
   for (const auto& extra : runs) {
     TempDir tmp;
@@ -406,6 +405,24 @@ TEST(ConverterMix, BitAndObserverChoicesRefuseAPlanThatQuantizesNone) {
     EXPECT_TRUE(r.err.ends_with("\n"));
     EXPECT_FALSE(fs::exists(tmp / "out"));
   }
+}
+
+// ModelOpt's exclude_modules wildcards (fnmatch, "model.layers.0.self_attn*")
+// become anchored `re:` ignore entries: the default run converts the MLP,
+// keeps the attention 16-bit and ignored, and verifies SAME.
+TEST(ConverterMix, ModelOptWildcardExcludeBecomesAnAnchoredRegex) {
+  const fs::path input = golden_dir() / "modelopt-nvfp4-mlp-fp8-block-attn" / "input";
+  TempDir tmp;
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"3 modules converted (ModelOpt NVFP4"});
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head", "re:model\\.layers\\.0\\.self_attn.*"}));
+  EXPECT_FALSE(
+      read_tensor(tmp / "out" / "model.safetensors", "model.layers.0.self_attn.q_proj.weight")
+          .empty());
+  const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
+  EXPECT_TRUE(v.same()) << render_verify_text(v);
 }
 
 }  // namespace

@@ -326,6 +326,19 @@ std::optional<ModuleMatcher> converter_kept_entries(const QuantizePlan& plan) {
   return ModuleMatcher(kept, ModuleMatcher::Role::kIgnore);
 }
 
+// The groups' name and `re:` targets (every entry but "Linear"), matched
+// as names, or nullopt when there are none.
+std::optional<ModuleMatcher> named_targets(const PlanOptions& options) {
+  std::vector<std::string> targets;
+  for (const SchemeGroup& g : options.groups) {
+    for (const std::string& t : g.targets) {
+      if (t != "Linear") targets.push_back(t);
+    }
+  }
+  if (targets.empty()) return std::nullopt;
+  return ModuleMatcher(targets, ModuleMatcher::Role::kIgnore);
+}
+
 // Records the classification of the input's quantization_config in plan.
 const InputQuantization& classify_input(const Checkpoint& checkpoint, QuantizePlan& plan) {
   // A converted input's quantization_config is its converter's
@@ -347,7 +360,8 @@ class FateDecider {
         rules_(plan.options, plan),
         q_(classify_input(checkpoint, plan)),
         input_ignore_(input_ignore_matcher(q_)),
-        converter_keeps_(converter_kept_entries(plan)) {
+        converter_keeps_(converter_kept_entries(plan)),
+        named_targets_(named_targets(plan.options)) {
     for (std::size_t i = 0; i < plan.converted.size(); ++i) {
       for (const TensorLocation& at : plan.converted[i].consumed) {
         converted_of_.emplace(std::pair{at.shard, at.entry}, i);
@@ -575,15 +589,25 @@ class FateDecider {
       return;
     }
     // The converter's ignore list is written into config.json (merged,
-    // converter.hpp): a module it keeps stays 16-bit, whatever the new
-    // scheme's targets say (vLLM would skip it and look for its .weight).
+    // converter.hpp): a module it keeps stays 16-bit under a new "Linear"
+    // target (vLLM would skip it and look for its .weight). A new name or
+    // `re:` target that matches the module takes it, and the entries that
+    // match it are left out of config.json (lifted).
     if (converter_keeps_) {
-      if (const auto entry = converter_keeps_->first_match(d.module)) {
-        d.rule = fmt::format(
-            "kept: the converter's ignore entry '{}' (written to config.json) keeps it 16-bit "
-            "(--convert-ignore sets that list)",
-            converter_keeps_->entries()[*entry]);
-        return;
+      const std::vector<std::size_t> entries = converter_keeps_->matching_entries(d.module);
+      if (!entries.empty()) {
+        if (!named_targets_ || !named_targets_->first_match(d.module)) {
+          d.rule = fmt::format(
+              "kept: the converter's ignore entry '{}' (written to config.json) keeps it 16-bit "
+              "(a scheme's name or re: target, or --convert-ignore, would take it)",
+              converter_keeps_->entries()[entries.front()]);
+          return;
+        }
+        for (const std::size_t i : entries) {
+          const std::string& e = converter_keeps_->entries()[i];
+          auto& lifted = plan_.lifted_convert_ignore;
+          if (std::find(lifted.begin(), lifted.end(), e) == lifted.end()) lifted.push_back(e);
+        }
       }
     }
     const Outcome outcome =
@@ -646,6 +670,7 @@ class FateDecider {
   const InputQuantization& q_;
   const std::optional<ModuleMatcher> input_ignore_;
   const std::optional<ModuleMatcher> converter_keeps_;
+  const std::optional<ModuleMatcher> named_targets_;  // the groups' targets but "Linear"
   // Tensors a converter consumes: (shard, entry) -> index into plan_.converted.
   std::map<std::pair<std::size_t, std::size_t>, std::size_t> converted_of_;
   std::vector<std::string> problems_;  // every input problem of this stage, reported at once

@@ -488,7 +488,8 @@ json converted_config(const QuantizePlan& plan, const json& block) {
     }
     if (matters) keep.push_back(plan.options.ignore[i]);
   }
-  return converted_quantization_config(*plan.source_format, block, keep);
+  return converted_quantization_config(*plan.source_format, block, keep,
+                                       plan.lifted_convert_ignore);
 }
 
 // The converted modules of an input a converter takes (source/converter.hpp):
