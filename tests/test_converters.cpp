@@ -185,7 +185,8 @@ TEST(ConverterMix, KeepsTheRunsIgnoreEntryWhereANewTargetWouldTakeTheModule) {
 // A fused layer split between the converter and a new scheme: vLLM reads
 // one scheme per fused layer. An AutoAWQ checkpoint whose k_proj and v_proj
 // stayed F16 (modules_to_not_convert) beside a converted q_proj: quantizing
-// them with W4A16 is refused, naming the layer; keeping them is not.
+// them with W4A16 (after --convert-ignore lifts the converter's entries)
+// is refused, naming the layer; keeping them is not.
 TEST(ConverterMix, RefusesAFusedLayerSplitBetweenConvertedAndQuantized) {
   TempDir tmp;
   const auto zeros = [](std::uint64_t n) { return std::vector<std::byte>(n, std::byte{0}); };
@@ -211,8 +212,11 @@ TEST(ConverterMix, RefusesAFusedLayerSplitBetweenConvertedAndQuantized) {
   const CommandResult kept =
       run_ctquant({"quantize", (tmp / "in").string(), (tmp / "kept").string()});
   EXPECT_EQ(kept.exit_code, 0) << kept.err;
+  // --convert-ignore drops the converter's own entries for k/v (which keep
+  // them 16-bit otherwise), so the scheme takes them.
   const CommandResult r =
-      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--scheme", "W4A16"});
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--scheme", "W4A16",
+                   "--convert-ignore", "lm_head"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   expect_message(r.err, {"fused layer 'model.layers.0.self_attn.qkv_proj'",
                          "'model.layers.0.self_attn.q_proj' is converted (AWQ)",
@@ -375,6 +379,110 @@ TEST(ConverterRefusals, EveryFixtureHasANamedCase) {
     EXPECT_NE(std::find(named.begin(), named.end(), e.path().filename().string()), named.end())
         << e.path().filename();
   }
+}
+
+// ---- new schemes beside a converter ----
+
+// The modules the converter keeps (AutoAWQ's modules_to_not_convert, its
+// ignore entries in config.json) stay 16-bit whatever a new scheme's
+// targets say: vLLM skips them and loads their .weight. A Linear-targeted
+// scheme or --no-default-ignore (lm_head) quantize none of them, and the
+// output verifies SAME against the input.
+TEST(ConverterMix, NewSchemeLeavesTheModulesTheConverterIgnores) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  const std::vector<std::vector<std::string>> runs{
+      {"--scheme", "NVFP4A16"},
+      {"--scheme", "W8A16"},
+      {"--scheme", "W4A16", "--no-default-ignore"}};
+  for (const auto& extra : runs) {
+    TempDir tmp;
+    std::vector<std::string> args{"quantize", input.string(), (tmp / "out").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandResult r = run_ctquant(args);
+    ASSERT_EQ(r.exit_code, 0) << extra[1] << r.err;
+    const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+    EXPECT_EQ(qc["ignore"], json::array({"lm_head", "re:.*self_attn\\.o_proj.*"})) << extra[1];
+    const fs::path shard = tmp / "out" / "model.safetensors";
+    for (const std::string m :
+         {"model.layers.0.self_attn.o_proj", "model.layers.1.self_attn.o_proj", "lm_head"}) {
+      EXPECT_FALSE(read_tensor(shard, m + ".weight").empty()) << m;
+    }
+    const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
+    EXPECT_TRUE(v.same()) << render_verify_text(v);
+  }
+}
+
+// When the converter's ignore list is lifted (--convert-ignore) and a new
+// group also targets "Linear", vLLM keeps one scheme per target string
+// (the group sorting last in config.json) for every Linear: the quantized
+// o_proj would be read as AWQ. Refused at plan time, nothing written; a
+// `re:` target for the new scheme is accepted and verifies SAME.
+TEST(ConverterMix, RefusesTwoGroupsVllmReadsWithOneTarget) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  TempDir tmp;
+  const CommandResult r =
+      run_ctquant({"quantize", input.string(), (tmp / "out").string(), "--scheme", "W4A16",
+                   "--convert-ignore", "lm_head"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {"module 'model.layers.0.self_attn.o_proj' is quantized with group "
+                         "'W4A16' but vLLM's find_matched_target would read it with group "
+                         "'config_group_0'",
+                         "utils.py find_matched_target", "--targets", "nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  const CommandResult ok =
+      run_ctquant({"quantize", input.string(), (tmp / "ok").string(), "--scheme", "W4A16",
+                   "--convert-ignore", "lm_head", "--targets", "re:.*o_proj$"});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  const json qc = read_json(tmp / "ok" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head"}));
+  EXPECT_EQ(qc["config_groups"]["W4A16"]["targets"], json::array({"re:.*o_proj$"}));
+  EXPECT_FALSE(
+      read_tensor(tmp / "ok" / "model.safetensors", "model.layers.0.self_attn.o_proj.weight_packed")
+          .empty());
+  const VerifyReport v = verify_against_source(tmp / "ok", input, VerifyOptions{});
+  EXPECT_TRUE(v.same()) << render_verify_text(v);
+}
+
+// --target-bits and --observer auto choose for the modules a scheme
+// quantizes; on an AutoAWQ input nothing is quantized (the converted
+// modules are not requantized): exit 2 with a message, as --more-bits
+// layers does, nothing written (not a silent 0-module run, not an empty
+// "ctquant: " line).
+TEST(ConverterMix, BitAndObserverChoicesRefuseAPlanThatQuantizesNone) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  const std::vector<std::vector<std::string>> runs{
+      {"--target-bits", "5"}, {"--observer", "auto"}, {"--observer", "auto", "--dry-run"}};
+  for (const auto& extra : runs) {
+    TempDir tmp;
+    std::vector<std::string> args{"quantize", input.string(), (tmp / "out").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandResult r = run_ctquant(args);
+    EXPECT_EQ(r.exit_code, 2) << extra[0] << r.err;
+    expect_message(r.err, {extra[0] + " " + extra[1] + " chooses for the modules the scheme "
+                                                       "quantizes, and this plan quantizes none",
+                           "converted modules are not requantized"});
+    EXPECT_EQ(r.err.find("ctquant: \n"), std::string::npos);
+    EXPECT_TRUE(r.err.ends_with("\n"));
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+}
+
+// ModelOpt's exclude_modules wildcards (fnmatch, "model.layers.0.self_attn*")
+// become anchored `re:` ignore entries: the default run converts the MLP,
+// keeps the attention 16-bit and ignored, and verifies SAME.
+TEST(ConverterMix, ModelOptWildcardExcludeBecomesAnAnchoredRegex) {
+  const fs::path input = golden_dir() / "modelopt-nvfp4-mlp-fp8-block-attn" / "input";
+  TempDir tmp;
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"3 modules converted (ModelOpt NVFP4"});
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head", "re:model\\.layers\\.0\\.self_attn.*"}));
+  EXPECT_FALSE(
+      read_tensor(tmp / "out" / "model.safetensors", "model.layers.0.self_attn.q_proj.weight")
+          .empty());
+  const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
+  EXPECT_TRUE(v.same()) << render_verify_text(v);
 }
 
 }  // namespace

@@ -119,6 +119,18 @@ void log_leftovers(spdlog::logger& log, const QuantizeOptions& options, const fs
   }
 }
 
+// --observer auto and --target-bits choose for the modules the scheme
+// quantizes (a converted module is not requantized): with none there is
+// nothing to choose, refused as --more-bits layers refuses it.
+void check_plan_quantizes_some(const QuantizePlan& plan, const std::string& option) {
+  if (plan.n_quantized > 0) return;
+  throw usage_error(fmt::format(
+      "{} chooses for the modules the scheme quantizes, and this plan quantizes none{}; run "
+      "without it",
+      option,
+      plan.n_converted > 0 ? " (its converted modules are not requantized)" : ""));
+}
+
 // What --observer auto and --target-bits do before they read the weights:
 // the first plan's blocking lint findings stop the run; then the options
 // of the measuring (observer_choice.hpp), from the run's.
@@ -147,6 +159,7 @@ void choose_observers_for(const Checkpoint& checkpoint, const QuantizeOptions& o
                           const LintOptions& lint, const LintPolicy& policy,
                           QuantizeSummary& summary, Lap& lap) {
   const auto& log = options.logger;
+  check_plan_quantizes_some(summary.plan, "--observer auto");
   if (options.dry_run) {
     if (log) {
       log->info(
@@ -213,6 +226,7 @@ void allocate_bits_for(const Checkpoint& checkpoint, const QuantizeOptions& opti
   if (options.more_bits_layers) {
     allocate_more_bits(allocation, summary.plan);
   } else {
+    check_plan_quantizes_some(summary.plan, fmt::format("--target-bits {}", *options.target_bits));
     check_target_bits(allocation, *options.target_bits);
     if (options.dry_run) {
       if (log) {

@@ -305,6 +305,40 @@ bool is_stacked_fp8_scale(const Checkpoint& checkpoint, const InputQuantization&
   return w != nullptr && is_fp8(w->dtype) && w->shape.size() == 3;
 }
 
+// The converter's ignore entries that stay in the merged config.json
+// (converted_quantization_config: the literal ones a new group's name
+// target matches are pruned), or nullopt when there are none.
+std::optional<ModuleMatcher> converter_kept_entries(const QuantizePlan& plan) {
+  if (!plan.source_format || plan.source_format->ignore.empty()) return std::nullopt;
+  std::vector<std::string> targets;
+  for (const SchemeGroup& g : plan.options.groups) {
+    for (const std::string& t : g.targets) {
+      if (t != "Linear") targets.push_back(t);
+    }
+  }
+  std::vector<std::string> kept;
+  const ModuleMatcher new_targets(targets, ModuleMatcher::Role::kTargets);
+  for (const std::string& entry : plan.source_format->ignore) {
+    if (!entry.starts_with("re:") && new_targets.first_match(entry)) continue;
+    kept.push_back(entry);
+  }
+  if (kept.empty()) return std::nullopt;
+  return ModuleMatcher(kept, ModuleMatcher::Role::kIgnore);
+}
+
+// The groups' name and `re:` targets (every entry but "Linear"), matched
+// as names, or nullopt when there are none.
+std::optional<ModuleMatcher> named_targets(const PlanOptions& options) {
+  std::vector<std::string> targets;
+  for (const SchemeGroup& g : options.groups) {
+    for (const std::string& t : g.targets) {
+      if (t != "Linear") targets.push_back(t);
+    }
+  }
+  if (targets.empty()) return std::nullopt;
+  return ModuleMatcher(targets, ModuleMatcher::Role::kIgnore);
+}
+
 // Records the classification of the input's quantization_config in plan.
 const InputQuantization& classify_input(const Checkpoint& checkpoint, QuantizePlan& plan) {
   // A converted input's quantization_config is its converter's
@@ -325,7 +359,9 @@ class FateDecider {
         plan_(plan),
         rules_(plan.options, plan),
         q_(classify_input(checkpoint, plan)),
-        input_ignore_(input_ignore_matcher(q_)) {
+        input_ignore_(input_ignore_matcher(q_)),
+        converter_keeps_(converter_kept_entries(plan)),
+        named_targets_(named_targets(plan.options)) {
     for (std::size_t i = 0; i < plan.converted.size(); ++i) {
       for (const TensorLocation& at : plan.converted[i].consumed) {
         converted_of_.emplace(std::pair{at.shard, at.entry}, i);
@@ -552,6 +588,28 @@ class FateDecider {
           plan_.source_format->converter->name);
       return;
     }
+    // The converter's ignore list is written into config.json (merged,
+    // converter.hpp): a module it keeps stays 16-bit under a new "Linear"
+    // target (vLLM would skip it and look for its .weight). A new name or
+    // `re:` target that matches the module takes it, and the entries that
+    // match it are left out of config.json (lifted).
+    if (converter_keeps_) {
+      const std::vector<std::size_t> entries = converter_keeps_->matching_entries(d.module);
+      if (!entries.empty()) {
+        if (!named_targets_ || !named_targets_->first_match(d.module)) {
+          d.rule = fmt::format(
+              "kept: the converter's ignore entry '{}' (written to config.json) keeps it 16-bit "
+              "(a scheme's name or re: target, or --convert-ignore, would take it)",
+              converter_keeps_->entries()[entries.front()]);
+          return;
+        }
+        for (const std::size_t i : entries) {
+          const std::string& e = converter_keeps_->entries()[i];
+          auto& lifted = plan_.lifted_convert_ignore;
+          if (std::find(lifted.begin(), lifted.end(), e) == lifted.end()) lifted.push_back(e);
+        }
+      }
+    }
     const Outcome outcome =
         rules_.decide(Candidate{d.module, t.name, file, t.shape[0], t.shape[1], dtype_text});
     d.rule = outcome.rule;
@@ -611,6 +669,8 @@ class FateDecider {
   SelectionRules rules_;
   const InputQuantization& q_;
   const std::optional<ModuleMatcher> input_ignore_;
+  const std::optional<ModuleMatcher> converter_keeps_;
+  const std::optional<ModuleMatcher> named_targets_;  // the groups' targets but "Linear"
   // Tensors a converter consumes: (shard, entry) -> index into plan_.converted.
   std::map<std::pair<std::size_t, std::size_t>, std::size_t> converted_of_;
   std::vector<std::string> problems_;  // every input problem of this stage, reported at once

@@ -488,7 +488,8 @@ json converted_config(const QuantizePlan& plan, const json& block) {
     }
     if (matters) keep.push_back(plan.options.ignore[i]);
   }
-  return converted_quantization_config(*plan.source_format, block, keep);
+  return converted_quantization_config(*plan.source_format, block, keep,
+                                       plan.lifted_convert_ignore);
 }
 
 // The converted modules of an input a converter takes (source/converter.hpp):
@@ -546,6 +547,94 @@ void check_converted_fused_layers(const QuantizePlan& plan) {
   throw usage_error(message);
 }
 
+// The group vLLM reads a module with (compressed_tensors.py
+// _quantization_scheme_map_from_config: one map entry per target string,
+// a later group's target replacing an earlier one's in place, groups in
+// the file's key order; utils.py find_matched_target: the first target
+// equal to or `re:`-matching the name, else a class-name target such as
+// "Linear"), or nullptr when none takes it.
+const json* group_read_by_vllm(const json& block, const std::string& module) {
+  std::vector<std::pair<std::string, const json*>> by_target;
+  for (const auto& [name, group] : block["config_groups"].items()) {
+    for (const auto& t : group["targets"]) {
+      const std::string target = t.get<std::string>();
+      auto it = std::find_if(by_target.begin(), by_target.end(),
+                             [&](const auto& e) { return e.first == target; });
+      if (it == by_target.end()) {
+        by_target.emplace_back(target, &group);
+      } else {
+        it->second = &group;
+      }
+    }
+  }
+  std::vector<std::string> targets;
+  for (const auto& e : by_target) targets.push_back(e.first);
+  const ModuleMatcher by_name(targets, ModuleMatcher::Role::kIgnore);
+  if (const auto i = by_name.first_match(module)) return by_target[*i].second;
+  for (const auto& e : by_target) {
+    if (e.first == "Linear") return e.second;
+  }
+  return nullptr;
+}
+
+// The merged config of a converted input must make vLLM read every module
+// as this run writes it: a converted or quantized module that the written
+// ignore list matches is loaded as a 16-bit .weight (utils.py
+// should_ignore_layer), and one whose target vLLM resolves to another
+// group's scheme (two groups targeting "Linear": the later one replaces
+// the converter's) is read with the wrong scheme. Throws Error{kUsage}
+// naming every such module; nothing is written.
+void check_converted_groups_as_read(const QuantizePlan& plan, const json& new_block,
+                                    const json& block) {
+  std::vector<std::string> ignore;
+  for (const auto& e : block["ignore"]) ignore.push_back(e.get<std::string>());
+  const ModuleMatcher ignored(ignore, ModuleMatcher::Role::kIgnore);
+  std::vector<std::string> problems;
+  auto check = [&](const std::string& module, const json& group, const std::string& how) {
+    if (const auto i = ignored.first_match(module)) {
+      problems.push_back(fmt::format(
+          "module '{}' is {} but config.json's ignore entry '{}' matches it: vLLM would build it "
+          "unquantized and look for a 16-bit .weight",
+          module, how, ignore[*i]));
+      return;
+    }
+    const json* read = group_read_by_vllm(block, module);
+    if (read == nullptr || *read != group) {
+      std::string read_name = "none";
+      for (const auto& [name, g] : block["config_groups"].items()) {
+        if (read != nullptr && &g == read) read_name = name;
+      }
+      problems.push_back(fmt::format(
+          "module '{}' is {} but vLLM's find_matched_target would read it with group '{}' "
+          "(another group's target takes it first, or replaces its group's target)",
+          module, how, read_name));
+    }
+  };
+  const std::string converted =
+      fmt::format("converted ({})", plan.source_format->converter->name);
+  for (const ConvertedModule& m : plan.converted) check(m.name, plan.source_format->group, converted);
+  for (const PlannedModule& m : plan.modules) {
+    if (m.kind != PlannedModule::Kind::kQuantize) continue;
+    const std::string& g = plan.group_of(m).name;
+    check(m.name, new_block["config_groups"][g], fmt::format("quantized with group '{}'", g));
+  }
+  if (problems.empty()) return;
+  constexpr std::size_t kShown = 8;
+  std::string message;
+  for (std::size_t i = 0; i < problems.size() && i < kShown; ++i) message += problems[i] + "\n";
+  if (problems.size() > kShown) {
+    message += fmt::format("... and {} more\n", problems.size() - kShown);
+  }
+  message += fmt::format(
+      "{} module(s) vLLM would read wrong (vllm/model_executor/layers/quantization/"
+      "compressed_tensors/utils.py find_matched_target: a name or `re:` target wins over the "
+      "class name \"Linear\", and two groups targeting the same string keep the later): give the "
+      "new scheme name or `re:` targets (--targets) that leave the converted modules alone, or "
+      "the converter `re:` targets (--convert-targets); nothing was written",
+      problems.size());
+  throw usage_error(message);
+}
+
 // The index (model_free_ptq writes one for every checkpoint, a
 // single file too: schemes.md 1, step 8), config.json with its
 // quantization_config, and the files copied as they are.
@@ -554,7 +643,11 @@ void plan_index_and_config(const Checkpoint& checkpoint, QuantizePlan& plan, jso
   plan.index["metadata"] = {{"total_size", plan.tensor_bytes_out}};
   plan.index["weight_map"] = std::move(weight_map);
   json block = plan_quantization_config(plan.options, plan.group_modules);
-  if (plan.source_format) block = converted_config(plan, block);
+  if (plan.source_format) {
+    const json new_block = block;
+    block = converted_config(plan, block);
+    check_converted_groups_as_read(plan, new_block, block);
+  }
   plan.config = output_config(checkpoint.config, block);
   plan.copied_files = checkpoint.other_files;
 }

@@ -31,6 +31,50 @@ using nlohmann::json;
 
 namespace {
 
+// An exclude_modules entry as a compressed-tensors ignore entry. ModelOpt
+// writes dot-boundary prefix wildcards (quant_utils.py
+// _prefix_wildcard_summarize_exclude_modules) and matches them with
+// fnmatch (its tests: tests/gpu/torch/export/test_export.py is_excluded,
+// tests/unit/torch/export/test_get_quantization.py; Model-Optimizer
+// a2fbac7b): '*' any text, '?' one character, '[...]' a class ('[!...]'
+// negated), the whole name. A name without those stays as it is; a
+// pattern becomes `re:` + the pattern with the rest escaped, anchored at
+// the end ('$', re.match anchors the start): "model.layers.0.self_attn*"
+// -> "re:model\.layers\.0\.self_attn.*".
+std::string fnmatch_entry(const std::string& pattern) {
+  if (pattern.find_first_of("*?[") == std::string::npos) return pattern;
+  std::string re;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '*') {
+      re += ".*";
+    } else if (c == '?') {
+      re += '.';
+    } else if (c == '[') {
+      // fnmatch.translate: a ']' right after '[' or '[!' is a member.
+      std::size_t j = i + 1;
+      const bool negated = j < pattern.size() && pattern[j] == '!';
+      if (negated) ++j;
+      const std::size_t close = pattern.find(']', j + 1);
+      if (close == std::string::npos) {
+        re += "\\[";
+        continue;
+      }
+      std::string set = negated ? "[^" : "[";
+      for (; j < close; ++j) {
+        if (pattern[j] == '\\' || pattern[j] == '[' || pattern[j] == '^') set += '\\';
+        set += pattern[j];
+      }
+      re += set + "]";
+      i = close;
+    } else {
+      re += regex_escape(std::string(1, c));
+    }
+  }
+  if (!re.ends_with(".*")) re += '$';
+  return "re:" + re;
+}
+
 enum ModelOptOp : int {
   kReciprocal = kFirstConverterOp,  // F32 1 / x (weight_scale_2, input_scale)
   kCastBf16,                        // F32 -> BF16, round to nearest even (k_scale, v_scale)
@@ -158,13 +202,11 @@ std::optional<SourceFormat> detect_modelopt(const Checkpoint& checkpoint,
   if (options.ignore) {
     f.ignore = *options.ignore;
   } else {
-    // exclude_modules' exact names; a dot-boundary wildcard ("...self_attn*")
-    // is not a compressed-tensors entry, and the targets leave those
-    // modules out already.
+    // exclude_modules: exact names as they are, and fnmatch patterns
+    // ("model.layers.0.self_attn*", ModelOpt's dot-boundary prefix
+    // wildcards) as anchored `re:` entries (fnmatch_entry).
     for (const json& e : exclude) {
-      if (e.is_string() && e.get<std::string>().find('*') == std::string::npos) {
-        f.ignore.push_back(e.get<std::string>());
-      }
+      if (e.is_string()) f.ignore.push_back(fnmatch_entry(e.get<std::string>()));
     }
   }
   f.group = {

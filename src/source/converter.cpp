@@ -74,7 +74,8 @@ std::string unique_name(const std::string& name, const json& taken) {
 }  // namespace
 
 json converted_quantization_config(const SourceFormat& format, const json& new_block,
-                                   const std::vector<std::string>& keep_ignore) {
+                                   const std::vector<std::string>& keep_ignore,
+                                   const std::vector<std::string>& lifted) {
   // create_config() (converters/base.py, autoawq.py, modelopt_nvfp4.py), as
   // write_checkpoint_quantization_config writes it (convert_file.py).
   json config{
@@ -101,8 +102,8 @@ json converted_quantization_config(const SourceFormat& format, const json& new_b
   for (const std::string& entry : format.ignore) {
     // match_name(ignore, target): "Linear" is a class name, not a module
     // name, so only a regex or the same literal prunes an entry here.
-    bool pruned = false;
-    if (!entry.starts_with("re:")) {
+    bool pruned = std::find(lifted.begin(), lifted.end(), entry) != lifted.end();
+    if (!pruned && !entry.starts_with("re:")) {
       for (std::size_t i = 0; i < targets.size() && !pruned; ++i) {
         pruned = targets[i] != "Linear" && new_targets.entry_matches(i, entry);
       }

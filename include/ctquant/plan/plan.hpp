@@ -239,6 +239,10 @@ struct QuantizePlan {
   // and the modules it converts, in input order.
   std::optional<SourceFormat> source_format;
   std::vector<ConvertedModule> converted;
+  // Entries of source_format->ignore left out of the written config: a new
+  // group's name or `re:` target quantizes a module they match (the
+  // converter's ignore list keeps a module only from a "Linear" target).
+  std::vector<std::string> lifted_convert_ignore;
 
   std::size_t n_quantized = 0;         // weights quantized (split experts counted one by one)
   std::size_t n_copied = 0;            // input tensors copied

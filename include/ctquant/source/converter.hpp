@@ -137,10 +137,13 @@ void produce_converted(const SourceConverter& converter, const ConvertedTensor& 
 // "transform_config": {}). `keep_ignore` are entries of the run's ignore
 // list that ctquant adds back because a new group's targets would
 // otherwise take a module the run kept (the library drops them and writes
-// a config vLLM reads wrong, docs/converters.md).
+// a config vLLM reads wrong, docs/converters.md). `lifted` are entries of
+// the converter's ignore list left out because a new group's name or `re:`
+// target quantizes a module they match (QuantizePlan::lifted_convert_ignore).
 nlohmann::json converted_quantization_config(const SourceFormat& format,
                                              const nlohmann::json& new_block,
-                                             const std::vector<std::string>& keep_ignore);
+                                             const std::vector<std::string>& keep_ignore,
+                                             const std::vector<std::string>& lifted = {});
 
 // Shared by the rows: the JSON file `name` of the checkpoint's directory
 // (hf_quant_config.json), if it is one of its files.
