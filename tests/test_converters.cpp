@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -465,6 +467,77 @@ TEST(ConverterMix, BitAndObserverChoicesRefuseAPlanThatQuantizesNone) {
     EXPECT_TRUE(r.err.ends_with("\n"));
     EXPECT_FALSE(fs::exists(tmp / "out"));
   }
+}
+
+// AutoAWQ layouts whose sizes do not fill the converter's 16x16-word tiles
+// (in/8 and out/8 not multiples of 16): every code, zero point and scale of
+// the output is where compressed-tensors' AutoAWQConverter puts it, checked
+// element by element against AWQ's own order (awq/utils/packing_utils.py
+// AWQ_REVERSE_ORDER: output 8c + j is nibble {0,4,1,5,2,6,3,7}[j] of word c).
+TEST(ConverterAwq, TileEdgesMoveEveryCodeZeroPointAndScale) {
+  constexpr int kReverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+  const std::uint64_t n_in = 136, n_out = 200, group = 8, groups = n_in / group;
+  std::mt19937 rng(7);
+  auto random_words = [&](std::uint64_t count) {
+    std::vector<std::uint32_t> w(count);
+    for (auto& x : w) x = static_cast<std::uint32_t>(rng());
+    return w;
+  };
+  auto word_bytes = [](const std::vector<std::uint32_t>& w) {
+    std::vector<std::byte> b(w.size() * 4);
+    std::memcpy(b.data(), w.data(), b.size());
+    return b;
+  };
+  const std::vector<std::uint32_t> qweight = random_words(n_in * n_out / 8);
+  const std::vector<std::uint32_t> qzeros = random_words(groups * n_out / 8);
+  std::vector<std::uint16_t> scales(groups * n_out);
+  for (std::size_t i = 0; i < scales.size(); ++i) {
+    scales[i] = static_cast<std::uint16_t>(0x2000 + i);  // finite F16, all distinct
+  }
+  TempDir tmp;
+  const fs::path input = tmp / "in";
+  const std::string m = "model.layers.0.mlp.down_proj";
+  write_checkpoint(input,
+                   {{m + ".qweight", DType::kI32, {n_in, n_out / 8}, word_bytes(qweight)},
+                    {m + ".qzeros", DType::kI32, {groups, n_out / 8}, word_bytes(qzeros)},
+                    {m + ".scales", DType::kF16, {groups, n_out}, u16_bytes(scales)}},
+                   json{{"model_type", "llama"},
+                        {"quantization_config",
+                         {{"quant_method", "awq"}, {"version", "gemm"}, {"bits", 4},
+                          {"group_size", group}, {"zero_point", true}}}});
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const fs::path shard = tmp / "out" / "model.safetensors";
+  auto words_of = [&](const std::string& name) {
+    const std::vector<std::byte> b = read_tensor(shard, name);
+    std::vector<std::uint32_t> w(b.size() / 4);
+    std::memcpy(w.data(), b.data(), b.size());
+    return w;
+  };
+  const std::vector<std::uint32_t> packed = words_of(m + ".weight_packed");
+  const std::vector<std::uint32_t> zeros = words_of(m + ".weight_zero_point");
+  const std::vector<std::byte> scale = read_tensor(shard, m + ".weight_scale");
+  ASSERT_EQ(packed.size(), n_out * n_in / 8);
+  ASSERT_EQ(zeros.size(), n_out / 8 * groups);
+  ASSERT_EQ(scale.size(), n_out * groups * 2);
+  auto nibble = [](std::uint32_t w, int p) { return (w >> (4 * p)) & 15u; };
+  int wrong = 0;
+  for (std::uint64_t o = 0; o < n_out; ++o) {
+    for (std::uint64_t i = 0; i < n_in; ++i) {
+      const std::uint32_t awq = nibble(qweight[i * (n_out / 8) + o / 8], kReverse[o % 8]);
+      const std::uint32_t ct = nibble(packed[o * (n_in / 8) + i / 8], static_cast<int>(i % 8));
+      if (awq != ct && ++wrong <= 3) ADD_FAILURE() << "code of output " << o << " input " << i;
+    }
+    for (std::uint64_t k = 0; k < groups; ++k) {
+      const std::uint32_t awq = nibble(qzeros[k * (n_out / 8) + o / 8], kReverse[o % 8]);
+      const std::uint32_t ct = nibble(zeros[(o / 8) * groups + k], static_cast<int>(o % 8));
+      if (awq != ct && ++wrong <= 3) ADD_FAILURE() << "zero point of output " << o << " group " << k;
+      std::uint16_t s = 0;
+      std::memcpy(&s, scale.data() + (o * groups + k) * 2, 2);
+      if (s != scales[k * n_out + o] && ++wrong <= 3) ADD_FAILURE() << "scale " << o << "," << k;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 // ModelOpt's exclude_modules wildcards (fnmatch, "model.layers.0.self_attn*")

@@ -3,8 +3,10 @@
 #include "exec/jobs.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <span>
+#include <stdexcept>
 #include <utility>
 
 #include "ctquant/util/error.hpp"
@@ -291,18 +293,26 @@ void JobRunner::run_convert_job(std::size_t job_index, const Job& job, Buffers& 
   const ConvertedModule& m = plan_.converted[job.module];
   const ConvertedTensor& t = m.outputs[*job.tensor->output];
   PhaseLap lap(times_);
+  // The buffers only grow: a resize that grows zero-fills, and the tensors
+  // of a module alternate between large (codes) and small (scales).
+  auto bytes_of = [](std::vector<std::byte>& b, std::uint64_t size) {
+    if (b.size() < size) b.resize(size);
+    return std::span<std::byte>(b.data(), size);
+  };
   buf.convert_in.resize(std::max(buf.convert_in.size(), t.inputs.size()));
+  std::array<std::span<const std::byte>, kMaxConverterInputs> in;
+  if (t.inputs.size() > in.size()) throw std::logic_error("converted tensor with too many inputs");
   for (std::size_t i = 0; i < t.inputs.size(); ++i) {
     const TensorEntry& e = checkpoint_.entry(t.inputs[i]);
-    buf.convert_in[i].resize(e.byte_size());
-    checkpoint_.shards[t.inputs[i].shard].read(e.begin, buf.convert_in[i]);
+    const std::span<std::byte> bytes = bytes_of(buf.convert_in[i], e.byte_size());
+    checkpoint_.shards[t.inputs[i].shard].read(e.begin, bytes);
+    in[i] = bytes;
   }
   lap.lap(Phase::kRead);
   queue_.wait_written(buf.convert_write);
-  buf.convert_out.resize(t.byte_size);
+  const std::span<std::byte> out = bytes_of(buf.convert_out, t.byte_size);
   produce_converted(*plan_.source_format->converter, t,
-                    std::span<const std::vector<std::byte>>(buf.convert_in.data(), t.inputs.size()),
-                    buf.convert_out);
+                    std::span<const std::span<const std::byte>>(in.data(), t.inputs.size()), out);
   lap.lap(Phase::kQuantize);
   WriteRequest request;
   request.job = job_index;
@@ -310,7 +320,7 @@ void JobRunner::run_convert_job(std::size_t job_index, const Job& job, Buffers& 
   request.buffers = &buf.convert_write;
   request.pieces[request.n_pieces++] = {
       plan_.shards[job.shard].data_start + job.tensor->offset,
-      std::span<const std::byte>(buf.convert_out.data(), t.byte_size)};
+      std::span<const std::byte>(out)};
   queue_.submit(request);
   queue_.wait_written(buf.convert_write);
 }

@@ -58,48 +58,95 @@ std::uint32_t load_u32(const std::byte* p) {
 
 void store_u32(std::byte* p, std::uint32_t v) { std::memcpy(p, &v, 4); }
 
+// Eight words side by side (GCC/clang vector extension: element-wise
+// operators, lowered to whatever SIMD the target has, or to scalars).
+using Words8 = std::uint32_t __attribute__((vector_size(32)));
+
 // Transposes an 8x8 matrix of nibbles held in 8 words (element (r, p) =
 // nibble p of a[r]) in place: afterwards nibble r of a[p] is the old (r, p).
-// Blocks of 4x4, 2x2, then single nibbles are swapped.
-inline void transpose_nibbles(std::uint32_t a[8]) {
+// Blocks of 4x4, 2x2, then single nibbles are swapped. W is one word, or
+// Words8 for eight independent matrices at once.
+template <class W>
+inline void transpose_nibbles(W a[8]) {
   for (int r = 0; r < 4; ++r) {
-    const std::uint32_t x = a[r], y = a[r + 4];
+    const W x = a[r], y = a[r + 4];
     a[r] = (x & 0x0000FFFFu) | (y << 16);
     a[r + 4] = (x >> 16) | (y & 0xFFFF0000u);
   }
   for (const int r : {0, 1, 4, 5}) {
-    const std::uint32_t x = a[r], y = a[r + 2];
+    const W x = a[r], y = a[r + 2];
     a[r] = (x & 0x00FF00FFu) | ((y & 0x00FF00FFu) << 8);
     a[r + 2] = ((x >> 8) & 0x00FF00FFu) | (y & 0xFF00FF00u);
   }
   for (const int r : {0, 2, 4, 6}) {
-    const std::uint32_t x = a[r], y = a[r + 1];
+    const W x = a[r], y = a[r + 1];
     a[r] = (x & 0x0F0F0F0Fu) | ((y & 0x0F0F0F0Fu) << 4);
     a[r + 1] = ((x >> 4) & 0x0F0F0F0Fu) | (y & 0xF0F0F0F0u);
   }
 }
 
-// weight_packed [out, in/8] from qweight [in, out/8]: for each block of 8
-// inputs and 8 outputs, the nibbles transposed, and output 8w + k taking
-// AWQ's nibble kReverseOrder[k]. The word columns are walked in tiles of
-// 16 (one cache line of each input row) so that the input rows of a tile
-// stay in cache while every input is visited.
+// One block of 8 inputs (8c .. 8c+7) and 8 outputs (8w .. 8w+7): the
+// nibbles transposed, and output 8w + k taking AWQ's nibble
+// kReverseOrder[k].
+inline void awq_block(const std::byte* in, std::byte* out, std::uint64_t words,
+                      std::uint64_t out_cols, std::uint64_t c, std::uint64_t w) {
+  std::uint32_t a[8];
+  for (int j = 0; j < 8; ++j) a[j] = load_u32(in + ((8 * c + j) * words + w) * 4);
+  transpose_nibbles(a);
+  for (int k = 0; k < 8; ++k) {
+    store_u32(out + ((8 * w + k) * out_cols + c) * 4, a[kReverseOrder[k]]);
+  }
+}
+
+// weight_packed [out, in/8] from qweight [in, out/8], block by block as
+// awq_block. Tiles of 32 word columns by 32 output words are transposed
+// eight blocks at once (Words8) into a local 32 KiB tile, then copied out
+// 128 bytes per output row. The rows of both matrices are often 2^n bytes
+// apart: writing 4 bytes into each of hundreds of rows in turn evicts them
+// from L1 before they fill, and walking a column of rows misses the TLB at
+// every row. The tiles of one band of 32 output words are visited in
+// order, so its input rows are read front to back. The edges that do not
+// fill a tile go block by block. (tools/bench-convert.sh measures it.)
 void awq_weight(const std::vector<std::uint64_t>& qshape, const std::byte* in, std::byte* out) {
   const std::uint64_t n_in = qshape[0], words = qshape[1];
   const std::uint64_t out_cols = n_in / 8;  // words per output row
-  constexpr std::uint64_t kTile = 16;
-  for (std::uint64_t w0 = 0; w0 < words; w0 += kTile) {
-    const std::uint64_t w1 = std::min(words, w0 + kTile);
-    for (std::uint64_t c = 0; c < out_cols; ++c) {
-      for (std::uint64_t w = w0; w < w1; ++w) {
-        std::uint32_t a[8];
-        for (int j = 0; j < 8; ++j) a[j] = load_u32(in + ((8 * c + j) * words + w) * 4);
-        transpose_nibbles(a);
-        for (int k = 0; k < 8; ++k) {
-          store_u32(out + ((8 * w + k) * out_cols + c) * 4, a[kReverseOrder[k]]);
+  constexpr std::uint64_t kTile = 32;
+  const std::uint64_t full_words = words / kTile * kTile;
+  const std::uint64_t full_cols = out_cols / kTile * kTile;
+  alignas(64) std::uint32_t tile[8 * kTile][kTile];
+  for (std::uint64_t c0 = 0; c0 < full_cols; c0 += kTile) {
+    for (std::uint64_t w0 = 0; w0 < full_words; w0 += kTile) {
+      if (w0 + kTile < full_words) {
+        // The next tile's input lines: 8 * kTile rows too far apart for the
+        // hardware prefetchers to follow.
+        for (std::uint64_t r = 0; r < 8 * kTile; ++r) {
+          const std::byte* p = in + ((8 * c0 + r) * words + w0 + kTile) * 4;
+          __builtin_prefetch(p);
+          __builtin_prefetch(p + 64);
         }
       }
+      for (std::uint64_t c = 0; c < kTile; ++c) {
+        for (std::uint64_t h = 0; h < kTile; h += 8) {
+          Words8 a[8];
+          for (int j = 0; j < 8; ++j) {
+            std::memcpy(&a[j], in + ((8 * (c0 + c) + j) * words + w0 + h) * 4, sizeof(Words8));
+          }
+          transpose_nibbles(a);
+          for (int l = 0; l < 8; ++l) {
+            for (int k = 0; k < 8; ++k) tile[8 * (h + l) + k][c] = a[kReverseOrder[k]][l];
+          }
+        }
+      }
+      for (std::uint64_t r = 0; r < 8 * kTile; ++r) {
+        std::memcpy(out + ((8 * w0 + r) * out_cols + c0) * 4, tile[r], sizeof(tile[r]));
+      }
     }
+  }
+  for (std::uint64_t c = full_cols; c < out_cols; ++c) {
+    for (std::uint64_t w = 0; w < full_words; ++w) awq_block(in, out, words, out_cols, c, w);
+  }
+  for (std::uint64_t w = full_words; w < words; ++w) {
+    for (std::uint64_t c = 0; c < out_cols; ++c) awq_block(in, out, words, out_cols, c, w);
   }
 }
 
@@ -128,7 +175,7 @@ void transpose_elements(const std::vector<std::uint64_t>& shape, std::size_t ele
   }
 }
 
-void produce_awq(const ConvertedTensor& t, std::span<const std::vector<std::byte>> inputs,
+void produce_awq(const ConvertedTensor& t, std::span<const std::span<const std::byte>> inputs,
                  std::span<std::byte> out) {
   // The input shapes are recorded in the output's: weight_packed [out, in/8]
   // from qweight [in, out/8]; weight_scale [out, G] from [G, out];

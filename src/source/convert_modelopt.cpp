@@ -346,7 +346,7 @@ std::vector<ConvertedModule> plan_modelopt(const Checkpoint& c, const SourceForm
   return modules;
 }
 
-void produce_modelopt(const ConvertedTensor& t, std::span<const std::vector<std::byte>> inputs,
+void produce_modelopt(const ConvertedTensor& t, std::span<const std::span<const std::byte>> inputs,
                       std::span<std::byte> out) {
   const std::byte* in = inputs[0].data();
   const std::size_t n = inputs[0].size() / 4;

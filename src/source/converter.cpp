@@ -37,7 +37,7 @@ std::optional<SourceFormat> detect_source_format(const Checkpoint& checkpoint,
 }
 
 void produce_converted(const SourceConverter& converter, const ConvertedTensor& t,
-                       std::span<const std::vector<std::byte>> inputs, std::span<std::byte> out) {
+                       std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out) {
   if (t.op == kConstantOp) {
     std::memcpy(out.data(), t.constant.data(), std::min(out.size(), t.constant.size()));
     return;

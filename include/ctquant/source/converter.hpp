@@ -37,6 +37,10 @@ inline constexpr int kRenameOp = 0;    // the bytes of inputs[0], unchanged (a c
 inline constexpr int kConstantOp = 1;  // `constant`, made at plan time (e.g. weight_shape)
 inline constexpr int kFirstConverterOp = 2;
 
+// The most input tensors one output tensor is made from (every converter
+// op reads one).
+inline constexpr std::size_t kMaxConverterInputs = 4;
+
 // One output tensor of a converted module.
 struct ConvertedTensor {
   std::string name;
@@ -45,6 +49,7 @@ struct ConvertedTensor {
   std::uint64_t byte_size = 0;
   int op = kRenameOp;
   std::vector<TensorLocation> inputs;  // the input tensors it is made from, in the op's order
+                                       // (at most kMaxConverterInputs)
   std::vector<std::byte> constant;     // kConstantOp: the tensor's bytes
 };
 
@@ -99,7 +104,7 @@ struct SourceConverter {
                                        std::vector<std::string>& problems);
   // The bytes of output tensor t (its op >= kFirstConverterOp) from the
   // bytes of t.inputs, in order, into out (t.byte_size bytes).
-  void (*produce)(const ConvertedTensor& t, std::span<const std::vector<std::byte>> inputs,
+  void (*produce)(const ConvertedTensor& t, std::span<const std::span<const std::byte>> inputs,
                   std::span<std::byte> out);
   // Dequantizes a converted module's stored source tensors to F32 [out, in]
   // row-major (verify --against-source): `inputs` are the bytes of the
@@ -123,7 +128,7 @@ std::optional<SourceFormat> detect_source_format(const Checkpoint& checkpoint,
 // Output tensor t's bytes from its inputs' bytes: kRenameOp and kConstantOp
 // here, the rest by its converter.
 void produce_converted(const SourceConverter& converter, const ConvertedTensor& t,
-                       std::span<const std::vector<std::byte>> inputs, std::span<std::byte> out);
+                       std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out);
 
 // The output's quantization_config when some modules are converted:
 // compressed-tensors' create_config() of the converter with "version", and,
