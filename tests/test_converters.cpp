@@ -388,8 +388,8 @@ TEST(ConverterRefusals, EveryFixtureHasANamedCase) {
 // The modules the converter keeps (AutoAWQ's modules_to_not_convert, its
 // ignore entries in config.json) stay 16-bit whatever a new scheme's
 // targets say: vLLM skips them and loads their .weight. A Linear-targeted
-// scheme or --no-default-ignore (lm_head) quantize none of them, and the
-// output verifies SAME against the input.
+// scheme or --no-default-ignore (lm_head) quantize none of them, say so
+// (L1), and the output verifies SAME against the input.
 TEST(ConverterMix, NewSchemeLeavesTheModulesTheConverterIgnores) {
   const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
   const std::vector<std::vector<std::string>> runs{
@@ -402,6 +402,11 @@ TEST(ConverterMix, NewSchemeLeavesTheModulesTheConverterIgnores) {
     args.insert(args.end(), extra.begin(), extra.end());
     const CommandResult r = run_ctquant(args);
     ASSERT_EQ(r.exit_code, 0) << extra[1] << r.err;
+    // Not silent: the group the user asked for adds nothing (lint L1).
+    expect_message(r.err, {"warning: L1: scheme group '" + extra[1] +
+                               "' quantizes no module: its targets match only modules the "
+                               "input's converter takes",
+                           "it is not written to config.json", "name the 16-bit modules"});
     const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
     EXPECT_EQ(qc["ignore"], json::array({"lm_head", "re:.*self_attn\\.o_proj.*"})) << extra[1];
     const fs::path shard = tmp / "out" / "model.safetensors";
@@ -556,6 +561,53 @@ TEST(ConverterMix, ModelOptWildcardExcludeBecomesAnAnchoredRegex) {
           .empty());
   const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
   EXPECT_TRUE(v.same()) << render_verify_text(v);
+}
+
+// The other fnmatch wildcards, as Python's fnmatch.translate reads them:
+// '?' is one character, "[!...]" a negated set, "[...]" a set; the
+// entries stay anchored (re.match from the start, '$' unless the pattern
+// ends in '*'), and the attention they name stays 16-bit.
+TEST(ConverterMix, ModelOptQuestionMarkAndSetWildcardsBecomeRegexes) {
+  const fs::path golden = golden_dir() / "modelopt-nvfp4-mlp-fp8-block-attn" / "input";
+  TempDir tmp;
+  const fs::path input = tmp / "in";
+  copy_dir(golden, input);
+  const json exclude = json::array(
+      {"lm_head", "model.layers.?.self_attn.[!kq]_proj", "model.layers.[0-3].self_attn.[kq]_proj"});
+  json hf = read_json(input / "hf_quant_config.json");
+  hf["quantization"]["exclude_modules"] = exclude;
+  write_file(input / "hf_quant_config.json", hf.dump(4));
+  json config = read_json(input / "config.json");
+  config["quantization_config"]["ignore"] = exclude;
+  write_file(input / "config.json", config.dump(2));
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"],
+            json::array({"lm_head", "re:model\\.layers\\..\\.self_attn\\.[^kq]_proj$",
+                         "re:model\\.layers\\.[0-3]\\.self_attn\\.[kq]_proj$"}));
+  for (const std::string p : {"q", "k", "v", "o"}) {
+    EXPECT_FALSE(read_tensor(tmp / "out" / "model.safetensors",
+                             "model.layers.0.self_attn." + p + "_proj.weight")
+                     .empty())
+        << p;
+  }
+  const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
+  EXPECT_TRUE(v.same()) << render_verify_text(v);
+}
+
+// A bad pattern in --convert-targets or --convert-ignore is named by its
+// own option (not --targets / --ignore), exit 2, nothing written.
+TEST(ConverterMix, BadConverterPatternIsNamedByItsOption) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  for (const std::string option : {"--convert-targets", "--convert-ignore"}) {
+    TempDir tmp;
+    const CommandResult r =
+        run_ctquant({"quantize", input.string(), (tmp / "out").string(), option, "re:(("});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    expect_message(r.err, {option + " 're:((': invalid regular expression at offset 2"});
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/transform/transform.hpp"
 #include "ctquant/util/error.hpp"
@@ -150,8 +151,17 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   plan.options.quantize_vision = args.quantize_vision;
   // An input a converter takes is only converted unless a scheme is asked
   // for (plan.hpp, PlanOptions::scheme_given).
-  if (!args.convert_targets.empty()) plan.options.convert.targets = args.convert_targets;
-  if (!args.convert_ignore.empty()) plan.options.convert.ignore = args.convert_ignore;
+  if (!args.convert_targets.empty()) {
+    // Checked here so that a bad pattern is named by its own option.
+    (void)ctquant::ModuleMatcher(args.convert_targets, ctquant::ModuleMatcher::Role::kTargets,
+                                 "--convert-targets");
+    plan.options.convert.targets = args.convert_targets;
+  }
+  if (!args.convert_ignore.empty()) {
+    (void)ctquant::ModuleMatcher(args.convert_ignore, ctquant::ModuleMatcher::Role::kIgnore,
+                                 "--convert-ignore");
+    plan.options.convert.ignore = args.convert_ignore;
+  }
   plan.options.scheme_given = args.scheme.has_value() || args.group_size.has_value() ||
                               !args.scheme_for.empty() || !args.quantization_config.empty() ||
                               !args.recipe.empty();

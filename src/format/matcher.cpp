@@ -48,9 +48,9 @@ std::optional<std::string_view> regex_pattern(std::string_view entry) {
   return entry.substr(kRegexPrefix.size());
 }
 
-ModuleMatcher::ModuleMatcher(std::vector<std::string> entries, Role role)
+ModuleMatcher::ModuleMatcher(std::vector<std::string> entries, Role role, const char* what)
     : entries_(std::move(entries)), role_(role) {
-  const char* what = role_ == Role::kIgnore ? "--ignore" : "--targets";
+  if (what == nullptr) what = role_ == Role::kIgnore ? "--ignore" : "--targets";
   std::vector<std::string> problems;
   for (const std::string& entry : entries_) {
     auto compiled = std::unique_ptr<Compiled>();

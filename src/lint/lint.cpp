@@ -91,7 +91,11 @@ void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
                          ModuleMatcher::Role::kIgnore, "", out);
   for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
     const SchemeGroup& group = plan.options.groups[g];
-    const bool empty = plan.group_modules[g] == 0 && plan.n_quantized > 0;
+    // With nothing quantized at all L9 speaks, unless modules are converted
+    // (source/converter.hpp): then the run writes them and this group adds
+    // nothing.
+    const bool converting = !plan.converted.empty();
+    const bool empty = plan.group_modules[g] == 0 && (plan.n_quantized > 0 || converting);
     const std::string note =
         empty ? fmt::format(
                     "scheme group '{}' then quantizes no module and is not written to "
@@ -113,20 +117,32 @@ void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
         }
       }
     }
-    if (regex_like || matched.empty()) continue;  // L18 says it
+    if (regex_like || (matched.empty() && !converting)) continue;  // L18 says it
     Finding f;
     f.id = "L1";
     f.severity = Severity::kWarning;
     for (const std::string& m : matched) {
       if (const TensorDecision* w = run.ctx.weight_of(m)) f.tensors.push_back(w->name);
     }
-    f.message = fmt::format(
-        "scheme group '{}' quantizes no module: every module its targets match ({}) is ignored "
-        "or quantized by another group; it is not written to config.json",
-        group.name, join(matched, 4));
-    f.fix =
-        "remove the group, or take its modules out of the ignore list and the other "
-        "groups' targets";
+    const char* const kConverted =
+        "converted modules are not requantized, and the converter's ignore list keeps its "
+        "modules 16-bit (docs/converters.md)";
+    if (matched.empty()) {
+      f.message = fmt::format(
+          "scheme group '{}' quantizes no module: its targets match only modules the input's "
+          "converter takes: {}; it is not written to config.json",
+          group.name, kConverted);
+    } else {
+      f.message = fmt::format(
+          "scheme group '{}' quantizes no module: every module its targets match ({}) is "
+          "ignored or quantized by another group{}; it is not written to config.json",
+          group.name, join(matched, 4), converting ? fmt::format(" ({})", kConverted) : "");
+    }
+    f.fix = matched.empty()
+                ? "remove the group, or name the 16-bit modules in its targets (a name or re: "
+                  "target takes a module the converter's ignore list keeps)"
+                : "remove the group, or take its modules out of the ignore list and the other "
+                  "groups' targets";
     out.push_back(std::move(f));
   }
 }

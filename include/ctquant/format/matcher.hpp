@@ -30,8 +30,10 @@ class ModuleMatcher {
   // Compiles every entry up front. Throws Error{kUsage} listing every entry
   // whose pattern does not compile (with PCRE2's message and offset), and
   // for an empty entry, an empty `re:` pattern or an entry that is not
-  // valid UTF-8 (it could not be written into config.json).
-  ModuleMatcher(std::vector<std::string> entries, Role role);
+  // valid UTF-8 (it could not be written into config.json). Each message
+  // starts with `what` (default "--ignore" or "--targets" by role), the
+  // option or key the entries came from.
+  ModuleMatcher(std::vector<std::string> entries, Role role, const char* what = nullptr);
   ~ModuleMatcher();
   ModuleMatcher(ModuleMatcher&&) noexcept;
   ModuleMatcher& operator=(ModuleMatcher&&) noexcept;
