@@ -123,6 +123,12 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
                 return text.empty() ? "is empty: name a transform (balance)" : "";
               },
               "NAME", "non_empty_transform")));
+  options.push_back(app->add_flag(
+      "--optimize", args.optimize,
+      "Each group's weights with the observer docs/accuracy.md measured best for its scheme (the "
+      "lowest KL divergence on its models, at the same bits per weight): memoryless_mse for "
+      "W4A16, refit for W4A16_ASYM, W8A16 and 2-3 bits, nvfp4_expanded_mse for NVFP4A16; "
+      "min-max kept where nothing measured better; not with --observer"));
   options.push_back(app->add_option("--recipe", args.recipe,
                                     "llm-compressor recipe YAML with a data-free "
                                     "QuantizationModifier (scheme or config_groups, targets, "
@@ -168,6 +174,25 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
   if (!args.transform.empty()) {
     ctquant::find_transform(args.transform);  // an unknown name is a usage error
     plan.options.transform = args.transform;
+  }
+  if (args.optimize) {
+    if (plan.effective.observer) {
+      throw ctquant::usage_error(fmt::format(
+          "--optimize chooses each group's observer, and {} names one ({}): give one of them",
+          plan.effective.observer_origin.kind == ctquant::ValueOrigin::Kind::kCommandLine
+              ? "--observer"
+              : "the recipe's weight_observer",
+          *plan.effective.observer));
+    }
+    for (const ctquant::SchemeGroup& g : plan.options.groups) {
+      if (g.weights.observer != "memoryless_minmax" || !g.weights.observer_kwargs.empty()) {
+        throw ctquant::usage_error(fmt::format(
+            "--optimize chooses each group's observer, and config group '{}' names one ({}): "
+            "remove it from the config, or drop --optimize",
+            g.name, g.weights.observer));
+      }
+    }
+    plan.optimized = ctquant::apply_optimize(plan.options);
   }
   return plan;
 }

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ctquant/plan/optimize.hpp"
 #include "ctquant/plan/recipe.hpp"
 
 namespace ctquant::cli {
@@ -32,6 +33,7 @@ struct PlanArgs {
   std::vector<std::string> convert_targets;
   std::vector<std::string> convert_ignore;
   std::string transform;                     // --transform NAME (transform/transform.hpp)
+  bool optimize = false;                     // --optimize (plan/optimize.hpp)
 };
 
 // Two floats are at most 2^32 units in the last place apart (verify
@@ -59,6 +61,7 @@ struct ResolvedPlan {
   std::unique_ptr<ctquant::RecipeSpec> recipe;
   ctquant::EffectiveRecipe effective;
   ctquant::PlanOptions options;
+  std::vector<ctquant::OptimizeChoice> optimized;  // --optimize: one per group
 };
 
 // Reads the recipe, merges it with the command line. Throws what

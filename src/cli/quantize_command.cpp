@@ -1,5 +1,7 @@
 #include "cli/quantize_command.hpp"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -28,13 +30,24 @@ namespace ctquant::cli {
 namespace {
 
 // The groups that quantized something, "W4A16" or "attention + mlp".
-std::string scheme_names(const ctquant::QuantizePlan& plan) {
+// The groups that quantized something; with --optimize, the observers
+// they were written with ("W4A16 with memoryless_mse by --optimize"; the
+// groups --target-bits splits off keep the chosen observer).
+std::string scheme_names(const ctquant::QuantizePlan& plan,
+                         const std::vector<ctquant::OptimizeChoice>& optimized) {
   std::string out;
+  std::vector<std::string> observers;
   for (std::size_t g = 0; g < plan.options.groups.size(); ++g) {
     if (plan.group_modules[g] == 0) continue;
-    out += (out.empty() ? "" : " + ") + plan.options.groups[g].name;
+    const ctquant::SchemeGroup& group = plan.options.groups[g];
+    out += (out.empty() ? "" : " + ") + group.name;
+    if (std::find(observers.begin(), observers.end(), group.weights.observer) == observers.end()) {
+      observers.push_back(group.weights.observer);
+    }
   }
-  return out.empty() ? "none" : out;
+  if (out.empty()) return "none";
+  if (!optimized.empty()) out += " with " + ctquant::join(observers, 8) + " by --optimize";
+  return out;
 }
 
 ctquant::ProgressMode progress_mode(const QuantizeArgs& args, int verbosity) {
@@ -179,6 +192,9 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   };
   options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
   for (const std::string& note : ctquant::take_observer_notes()) options.logger->info("{}", note);
+  for (const std::string& line : ctquant::render_optimize(resolved.optimized)) {
+    options.logger->info("{}", line);
+  }
   // An observer warning (kwargs that make the search cost much more, or
   // leave most quantization levels unused) stops the run under --strict,
   // as lint warnings do (exit 1), before anything is read.
@@ -299,9 +315,10 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
                          summary.plan.n_converted, summary.plan.source_format->converter->name);
     }
     if (summary.tensors_quantized > 0 || done.empty()) {
-      done += fmt::format(
-          "{} tensors quantized ({}{}), ", summary.tensors_quantized, scheme_names(summary.plan),
-          summary.plan.rewrite ? ", transform " + summary.plan.rewrite->transform : "");
+      done +=
+          fmt::format("{} tensors quantized ({}{}), ", summary.tensors_quantized,
+                      scheme_names(summary.plan, resolved.optimized),
+                      summary.plan.rewrite ? ", transform " + summary.plan.rewrite->transform : "");
     }
     std::fprintf(stderr, "ctquant: %s %s%zu copied%s%s; %s in, %s out, ratio %.2fx; %.2f s\n",
                  args.dry_run ? "dry run:" : "done:", done.c_str(), summary.tensors_copied,
