@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -216,9 +216,8 @@ TEST(ConverterMix, RefusesAFusedLayerSplitBetweenConvertedAndQuantized) {
   EXPECT_EQ(kept.exit_code, 0) << kept.err;
   // --convert-ignore drops the converter's own entries for k/v (which keep
   // them 16-bit otherwise), so the scheme takes them.
-  const CommandResult r =
-      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--scheme", "W4A16",
-                   "--convert-ignore", "lm_head"});
+  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
+                                       "--scheme", "W4A16", "--convert-ignore", "lm_head"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   expect_message(r.err, {"fused layer 'model.layers.0.self_attn.qkv_proj'",
                          "'model.layers.0.self_attn.q_proj' is converted (AWQ)",
@@ -392,10 +391,9 @@ TEST(ConverterRefusals, EveryFixtureHasANamedCase) {
 // (L1), and the output verifies SAME against the input.
 TEST(ConverterMix, NewSchemeLeavesTheModulesTheConverterIgnores) {
   const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
-  const std::vector<std::vector<std::string>> runs{
-      {"--scheme", "NVFP4A16"},
-      {"--scheme", "W8A16"},
-      {"--scheme", "W4A16", "--no-default-ignore"}};
+  const std::vector<std::vector<std::string>> runs{{"--scheme", "NVFP4A16"},
+                                                   {"--scheme", "W8A16"},
+                                                   {"--scheme", "W4A16", "--no-default-ignore"}};
   for (const auto& extra : runs) {
     TempDir tmp;
     std::vector<std::string> args{"quantize", input.string(), (tmp / "out").string()};
@@ -427,9 +425,8 @@ TEST(ConverterMix, NewSchemeLeavesTheModulesTheConverterIgnores) {
 TEST(ConverterMix, RefusesTwoGroupsVllmReadsWithOneTarget) {
   const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
   TempDir tmp;
-  const CommandResult r =
-      run_ctquant({"quantize", input.string(), (tmp / "out").string(), "--scheme", "W4A16",
-                   "--convert-ignore", "lm_head"});
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string(),
+                                       "--scheme", "W4A16", "--convert-ignore", "lm_head"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   expect_message(r.err, {"module 'model.layers.0.self_attn.o_proj' is quantized with group "
                          "'W4A16' but vLLM's find_matched_target would read it with group "
@@ -465,8 +462,9 @@ TEST(ConverterMix, BitAndObserverChoicesRefuseAPlanThatQuantizesNone) {
     args.insert(args.end(), extra.begin(), extra.end());
     const CommandResult r = run_ctquant(args);
     EXPECT_EQ(r.exit_code, 2) << extra[0] << r.err;
-    expect_message(r.err, {extra[0] + " " + extra[1] + " chooses for the modules the scheme "
-                                                       "quantizes, and this plan quantizes none",
+    expect_message(r.err, {extra[0] + " " + extra[1] +
+                               " chooses for the modules the scheme "
+                               "quantizes, and this plan quantizes none",
                            "converted modules are not requantized"});
     EXPECT_EQ(r.err.find("ctquant: \n"), std::string::npos);
     EXPECT_TRUE(r.err.ends_with("\n"));
@@ -508,8 +506,11 @@ TEST(ConverterAwq, TileEdgesMoveEveryCodeZeroPointAndScale) {
                     {m + ".scales", DType::kF16, {groups, n_out}, u16_bytes(scales)}},
                    json{{"model_type", "llama"},
                         {"quantization_config",
-                         {{"quant_method", "awq"}, {"version", "gemm"}, {"bits", 4},
-                          {"group_size", group}, {"zero_point", true}}}});
+                         {{"quant_method", "awq"},
+                          {"version", "gemm"},
+                          {"bits", 4},
+                          {"group_size", group},
+                          {"zero_point", true}}}});
   const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const fs::path shard = tmp / "out" / "model.safetensors";
@@ -536,7 +537,8 @@ TEST(ConverterAwq, TileEdgesMoveEveryCodeZeroPointAndScale) {
     for (std::uint64_t k = 0; k < groups; ++k) {
       const std::uint32_t awq = nibble(qzeros[k * (n_out / 8) + o / 8], kReverse[o % 8]);
       const std::uint32_t ct = nibble(zeros[(o / 8) * groups + k], static_cast<int>(o % 8));
-      if (awq != ct && ++wrong <= 3) ADD_FAILURE() << "zero point of output " << o << " group " << k;
+      if (awq != ct && ++wrong <= 3)
+        ADD_FAILURE() << "zero point of output " << o << " group " << k;
       std::uint16_t s = 0;
       std::memcpy(&s, scale.data() + (o * groups + k) * 2, 2);
       if (s != scales[k * n_out + o] && ++wrong <= 3) ADD_FAILURE() << "scale " << o << "," << k;
@@ -583,9 +585,8 @@ TEST(ConverterMix, ModelOptQuestionMarkAndSetWildcardsBecomeRegexes) {
   const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
-  EXPECT_EQ(qc["ignore"],
-            json::array({"lm_head", "re:model\\.layers\\..\\.self_attn\\.[^kq]_proj$",
-                         "re:model\\.layers\\.[0-3]\\.self_attn\\.[kq]_proj$"}));
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head", "re:model\\.layers\\..\\.self_attn\\.[^kq]_proj$",
+                                       "re:model\\.layers\\.[0-3]\\.self_attn\\.[kq]_proj$"}));
   for (const std::string p : {"q", "k", "v", "o"}) {
     EXPECT_FALSE(read_tensor(tmp / "out" / "model.safetensors",
                              "model.layers.0.self_attn." + p + "_proj.weight")
@@ -606,6 +607,114 @@ TEST(ConverterMix, BadConverterPatternIsNamedByItsOption) {
         run_ctquant({"quantize", input.string(), (tmp / "out").string(), option, "re:(("});
     EXPECT_EQ(r.exit_code, 2) << r.err;
     expect_message(r.err, {option + " 're:((': invalid regular expression at offset 2"});
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+}
+
+// A pure conversion asks for no scheme: its default group quantizing
+// nothing is by design, not a finding (no L1), so --strict converts too.
+TEST(ConverterMix, PureConversionHasNoFindingEvenUnderStrict) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g64" / "input";
+  TempDir tmp;
+  const CommandResult r =
+      run_ctquant({"quantize", input.string(), (tmp / "out").string(), "--strict"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"modules converted (AWQ"}, {"L1", "warning"});
+}
+
+// The run's own ignore entry keeps a module 16-bit that the converter's
+// "Linear" target would take once --convert-ignore lifts AutoAWQ's
+// modules_to_not_convert: the entry is written into config.json (with no
+// scheme given too), and the output verifies SAME, loadability included.
+TEST(ConverterMix, RunIgnoreEntryIsWrittenWhereTheConverterTargetTakesTheModule) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  TempDir tmp;
+  const std::string entry = "re:^model\\.layers\\.\\d+\\.self_attn\\.o_proj$";
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string(),
+                                       "--convert-ignore", "lm_head", "--ignore", entry});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_EQ(qc["ignore"], json::array({"lm_head", entry}));
+  const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
+  EXPECT_TRUE(v.same()) << render_verify_text(v);
+}
+
+// A new target taking some of the modules a converter ignore entry keeps
+// lifts that entry; the modules it kept and no scheme takes stay ignored,
+// by exact name, so vLLM does not read them as AWQ.
+TEST(ConverterMix, LiftedConverterEntryKeepsItsOtherModulesIgnoredByName) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  const std::vector<std::vector<std::string>> runs{
+      {"--scheme", "W8A16", "--targets", "model.layers.0.self_attn.o_proj"},
+      {"--scheme", "W8A16", "--targets", "re:.*layers\\.0\\.self_attn\\.o_proj$"},
+      {"--scheme-for", "model.layers.0.self_attn.o_proj=W8A16"}};
+  for (const auto& extra : runs) {
+    TempDir tmp;
+    std::vector<std::string> args{"quantize", input.string(), (tmp / "out").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CommandResult r = run_ctquant(args);
+    ASSERT_EQ(r.exit_code, 0) << extra.back() << r.err;
+    const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+    EXPECT_EQ(qc["ignore"], json::array({"lm_head", "model.layers.1.self_attn.o_proj"}))
+        << extra.back();
+    EXPECT_FALSE(
+        read_tensor(tmp / "out" / "model.safetensors", "model.layers.1.self_attn.o_proj.weight")
+            .empty());
+    const VerifyReport v = verify_against_source(tmp / "out", input, VerifyOptions{});
+    EXPECT_TRUE(v.same()) << extra.back() << render_verify_text(v);
+  }
+}
+
+// A fused layer whose shards a mix leaves split between a new scheme and
+// 16 bits (q/k FP8_BLOCK, v kept) is refused at plan time, exit 2, nothing
+// written: vLLM refuses different schemes in one qkv_proj.
+TEST(ConverterMix, RefusesAFusedLayerSplitBetweenQuantizedAnd16Bit) {
+  const fs::path input = golden_dir() / "modelopt-nvfp4-mlp-fp8-block-attn" / "input";
+  TempDir tmp;
+  const CommandResult r =
+      run_ctquant({"quantize", input.string(), (tmp / "out").string(), "--scheme", "FP8_BLOCK",
+                   "--targets", "re:.*self_attn\\.(q|k)_proj$"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err, {"vLLM builds 'model.layers.0.self_attn.qkv_proj' as one layer, and its "
+                         "shards differ",
+                         "model.layers.0.self_attn.q_proj (quantized with group 'FP8_BLOCK')",
+                         "model.layers.0.self_attn.v_proj (16-bit)", "compressed_tensors.py",
+                         "nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
+// A scheme whose `re:` targets match only converted modules quantizes
+// nothing: said (L1), not a silent run.
+TEST(ConverterMix, SchemeWhoseRegexTargetsMatchOnlyConvertedModulesSaysSo) {
+  const fs::path input = golden_dir() / "modelopt-nvfp4-kv" / "input";
+  TempDir tmp;
+  const CommandResult r =
+      run_ctquant({"quantize", input.string(), (tmp / "out").string(), "--scheme", "FP8_BLOCK",
+                   "--targets", "re:.*self_attn\\.(q|k|v|o)_proj$"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"warning: L1: scheme group 'FP8_BLOCK' quantizes no module: its targets "
+                         "match only modules the input's converter takes"});
+  const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
+  EXPECT_FALSE(qc["config_groups"].contains("FP8_BLOCK"));
+}
+
+// An exclude_modules entry that is not a string would be dropped (and its
+// module converted or read wrong): refused, exit 2, naming the file and
+// key, nothing written.
+TEST(ConverterRefusals, ModelOptExcludeEntryThatIsNotAStringIsRefused) {
+  const fs::path golden = golden_dir() / "modelopt-nvfp4-mlp-fp8-block-attn" / "input";
+  for (const json& bad : {json(5), json{{"name", "x"}}}) {
+    TempDir tmp;
+    const fs::path input = tmp / "in";
+    copy_dir(golden, input);
+    json hf = read_json(input / "hf_quant_config.json");
+    hf["quantization"]["exclude_modules"] = json::array({"lm_head", bad});
+    write_file(input / "hf_quant_config.json", hf.dump(4));
+    const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    expect_message(r.err, {"hf_quant_config.json: quantization.exclude_modules",
+                           "an entry is not a module name or fnmatch pattern: " + bad.dump(),
+                           "nothing was written"});
     EXPECT_FALSE(fs::exists(tmp / "out"));
   }
 }

@@ -318,9 +318,8 @@ void JobRunner::run_convert_job(std::size_t job_index, const Job& job, Buffers& 
   request.job = job_index;
   request.file = shard_file(job.shard);
   request.buffers = &buf.convert_write;
-  request.pieces[request.n_pieces++] = {
-      plan_.shards[job.shard].data_start + job.tensor->offset,
-      std::span<const std::byte>(out)};
+  request.pieces[request.n_pieces++] = {plan_.shards[job.shard].data_start + job.tensor->offset,
+                                        std::span<const std::byte>(out)};
   queue_.submit(request);
   queue_.wait_written(buf.convert_write);
 }

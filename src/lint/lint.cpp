@@ -5,9 +5,9 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <unordered_set>
 #include <stdexcept>
 #include <string_view>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -94,6 +94,9 @@ void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
     // With nothing quantized at all L9 speaks, unless modules are converted
     // (source/converter.hpp): then the run writes them and this group adds
     // nothing.
+    // A pure conversion (no scheme asked for) has only the default group,
+    // which quantizes nothing by design.
+    if (!plan.converted.empty() && !plan.options.scheme_given) continue;
     const bool converting = !plan.converted.empty();
     const bool empty = plan.group_modules[g] == 0 && (plan.n_quantized > 0 || converting);
     const std::string note =
@@ -105,7 +108,11 @@ void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
     const std::size_t before = out.size();
     lint_unmatched_entries(run.ctx, group.targets, plan.target_matches[g],
                            ModuleMatcher::Role::kTargets, note, out);
-    if (!empty || out.size() != before) continue;
+    if (!empty) continue;
+    // On a converted input the entries' own findings name converted
+    // tensors (dropped with drop_converted_findings): this one replaces them.
+    if (converting) out.resize(before);
+    if (out.size() != before) continue;
     bool regex_like = false;
     std::vector<std::string> matched;
     for (std::size_t i = 0; i < group.targets.size(); ++i) {
@@ -117,7 +124,7 @@ void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
         }
       }
     }
-    if (regex_like || (matched.empty() && !converting)) continue;  // L18 says it
+    if (!converting && (regex_like || matched.empty())) continue;  // L18 says it
     Finding f;
     f.id = "L1";
     f.severity = Severity::kWarning;
@@ -229,9 +236,9 @@ std::string new_error(const Checkpoint& checkpoint, const LintOptions& options,
     for (const Finding& g : lint_all(checkpoint, again, options, /*check_fixes=*/false)) {
       if (g.severity != Severity::kError) continue;
       const auto it = before.find(g.id);
-      const bool known =
-          it != before.end() && std::all_of(g.tensors.begin(), g.tensors.end(),
-                                            [&](const std::string& t) { return it->second.contains(t); });
+      const bool known = it != before.end() &&
+                         std::all_of(g.tensors.begin(), g.tensors.end(),
+                                     [&](const std::string& t) { return it->second.contains(t); });
       if (!known) return fmt::format("{} error: {}", g.id, g.message);
     }
   } catch (const Error& e) {
@@ -243,9 +250,9 @@ std::string new_error(const Checkpoint& checkpoint, const LintOptions& options,
 // The options the user gave (without the default entries make_plan adds).
 PlanOptions given_options(const QuantizePlan& plan) {
   PlanOptions given = plan.options;
-  given.ignore.assign(plan.options.ignore.begin() +
-                          static_cast<std::ptrdiff_t>(plan.n_default_ignore),
-                      plan.options.ignore.end());
+  given.ignore.assign(
+      plan.options.ignore.begin() + static_cast<std::ptrdiff_t>(plan.n_default_ignore),
+      plan.options.ignore.end());
   return given;
 }
 
@@ -276,8 +283,7 @@ void check_option_fix(const Checkpoint& checkpoint, const QuantizePlan& plan,
                       Finding& f) {
   if (f.fix_removes.empty() && f.fix_options.empty()) return;
   PlanOptions given = given_options(plan);
-  std::string stopped =
-      new_error(checkpoint, options, findings, apply_fix(std::move(given), f));
+  std::string stopped = new_error(checkpoint, options, findings, apply_fix(std::move(given), f));
   if (stopped.empty()) return;
   constexpr std::size_t kShown = 200;
   if (stopped.size() > kShown) stopped = stopped.substr(0, kShown) + " ...";
@@ -343,8 +349,8 @@ std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& 
     }
     bool removals_pass = false;
     if (n_removals > 1) {
-      removals_pass = check_removals_fix(checkpoint, plan, options, as_found, removed_ignore,
-                                         removed_targets);
+      removals_pass =
+          check_removals_fix(checkpoint, plan, options, as_found, removed_ignore, removed_targets);
     }
     for (Finding& f : findings) {
       if (removals_pass && removal_only(f)) continue;

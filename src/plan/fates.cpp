@@ -597,6 +597,7 @@ class FateDecider {
       const std::vector<std::size_t> entries = converter_keeps_->matching_entries(d.module);
       if (!entries.empty()) {
         if (!named_targets_ || !named_targets_->first_match(d.module)) {
+          plan_.converter_kept_modules.push_back(d.module);
           d.rule = fmt::format(
               "kept: the converter's ignore entry '{}' (written to config.json) keeps it 16-bit "
               "(a scheme's name or re: target, or --convert-ignore, would take it)",

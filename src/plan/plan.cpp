@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <unordered_set>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -111,12 +111,12 @@ void check_plan_options(const PlanOptions& options) {
     if (!names.insert(g.name).second) add(fmt::format("scheme group '{}' is given twice", g.name));
     const SchemeFamily* family = g.family();
     if (family == nullptr) {
-      add(fmt::format("scheme group '{}': no output format ctquant writes fits its weights ({}-bit "
-                      "{} {}){}",
-                      g.name, g.weights.num_bits,
-                      g.weights.type == QuantArgs::Type::kInt ? "int" : "float",
-                      strategy_name(g.weights.strategy),
-                      g.input_activations.is_null() ? "" : " with input activations"));
+      add(fmt::format(
+          "scheme group '{}': no output format ctquant writes fits its weights ({}-bit "
+          "{} {}){}",
+          g.name, g.weights.num_bits, g.weights.type == QuantArgs::Type::kInt ? "int" : "float",
+          strategy_name(g.weights.strategy),
+          g.input_activations.is_null() ? "" : " with input activations"));
       continue;
     }
     const std::string why = family->supports(g.weights);
@@ -132,7 +132,8 @@ void check_plan_options(const PlanOptions& options) {
     }
   };
   check_entries(options.ignore, ModuleMatcher::Role::kIgnore);
-  for (const SchemeGroup& g : options.groups) check_entries(g.targets, ModuleMatcher::Role::kTargets);
+  for (const SchemeGroup& g : options.groups)
+    check_entries(g.targets, ModuleMatcher::Role::kTargets);
   if (!problems.empty()) throw usage_error(problems);
 }
 
@@ -298,8 +299,8 @@ void check_weight_row_sizes(const Checkpoint& checkpoint, const QuantizePlan& pl
 
 // The output tensors of input shard s, in decision order, counted in the
 // plan's n_copied, n_dropped, n_split, n_dequantized and n_quantized.
-std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint,
-                                                   QuantizePlan& plan, std::size_t s) {
+std::vector<PlannedTensor> output_tensors_of_shard(const Checkpoint& checkpoint, QuantizePlan& plan,
+                                                   std::size_t s) {
   std::vector<PlannedTensor> tensors;
   for (std::size_t i = 0; i < plan.decisions.size(); ++i) {
     poll_cancel();
@@ -440,7 +441,8 @@ void lay_out_shard(ShardPlan& shard, QuantizePlan& plan, json& weight_map) {
                     "{} that readers accept (section 1 of the format spec, docs/format.md)",
                     shard.file_name, layout.data_start - 8, kMaxHeaderBytes));
   }
-  for (std::size_t i = 0; i < shard.tensors.size(); ++i) shard.tensors[i].offset = layout.offsets[i];
+  for (std::size_t i = 0; i < shard.tensors.size(); ++i)
+    shard.tensors[i].offset = layout.offsets[i];
   shard.header = std::move(layout.header);
   shard.data_start = layout.data_start;
   shard.file_size = layout.file_size;
@@ -472,9 +474,13 @@ json plan_output_shards(const Checkpoint& checkpoint, QuantizePlan& plan) {
 // vLLM would then read such a module as quantized).
 json converted_config(const QuantizePlan& plan, const json& block) {
   std::vector<std::string> keep;
+  // The converter's own targets ("Linear" for AutoAWQ) would take a module
+  // the run's ignore list keeps 16-bit, as a new group's would.
+  const ModuleMatcher converter_targets(plan.source_format->targets, ModuleMatcher::Role::kTargets);
   for (std::size_t i = 0; i < plan.options.ignore.size(); ++i) {
     bool matters = false;
     for (const std::string& module : plan.ignore_matches[i]) {
+      if (converter_targets.first_match(module)) matters = true;
       for (std::size_t g = 0; g < plan.target_matches.size() && !matters; ++g) {
         if (g >= plan.group_modules.size() || plan.group_modules[g] == 0) continue;
         for (const auto& entry_matches : plan.target_matches[g]) {
@@ -487,6 +493,30 @@ json converted_config(const QuantizePlan& plan, const json& block) {
       }
     }
     if (matters) keep.push_back(plan.options.ignore[i]);
+  }
+  // Without a scheme the ignore list decides nothing (ignore_matches stay
+  // empty): an entry that keeps a 16-bit candidate the converter's targets
+  // match is written as well.
+  if (!plan.options.scheme_given && !plan.options.ignore.empty()) {
+    const ModuleMatcher run_ignore(plan.options.ignore, ModuleMatcher::Role::kIgnore);
+    for (const TensorDecision& d : plan.decisions) {
+      if (!d.selectable || d.fate != Fate::kCopy || !converter_targets.first_match(d.module)) {
+        continue;
+      }
+      for (const std::size_t i : run_ignore.matching_entries(d.module)) {
+        const std::string& e = plan.options.ignore[i];
+        if (std::find(keep.begin(), keep.end(), e) == keep.end()) keep.push_back(e);
+      }
+    }
+  }
+  // A lifted converter entry: the modules it kept stay ignored by name.
+  if (!plan.lifted_convert_ignore.empty()) {
+    const ModuleMatcher lifted(plan.lifted_convert_ignore, ModuleMatcher::Role::kIgnore);
+    for (const std::string& module : plan.converter_kept_modules) {
+      if (lifted.first_match(module) && std::find(keep.begin(), keep.end(), module) == keep.end()) {
+        keep.push_back(module);
+      }
+    }
   }
   return converted_quantization_config(*plan.source_format, block, keep,
                                        plan.lifted_convert_ignore);
@@ -610,13 +640,50 @@ void check_converted_groups_as_read(const QuantizePlan& plan, const json& new_bl
           module, how, read_name));
     }
   };
-  const std::string converted =
-      fmt::format("converted ({})", plan.source_format->converter->name);
-  for (const ConvertedModule& m : plan.converted) check(m.name, plan.source_format->group, converted);
+  const std::string converted = fmt::format("converted ({})", plan.source_format->converter->name);
+  for (const ConvertedModule& m : plan.converted)
+    check(m.name, plan.source_format->group, converted);
   for (const PlannedModule& m : plan.modules) {
     if (m.kind != PlannedModule::Kind::kQuantize) continue;
     const std::string& g = plan.group_of(m).name;
     check(m.name, new_block["config_groups"][g], fmt::format("quantized with group '{}'", g));
+  }
+  // The shards of a layer vLLM fuses (q/k/v, gate/up) must share one
+  // scheme, 16-bit included: vLLM refuses "a different quantization schemes"
+  // for them (vllm/model_executor/layers/quantization/compressed_tensors/
+  // compressed_tensors.py), and one kept 16-bit beside quantized shards is
+  // read as quantized or not at all.
+  std::vector<std::pair<std::string, std::vector<std::string>>> layers;  // layer -> "shard: how"
+  auto note_shard = [&](const std::string& module, const std::string& how) {
+    const ModuleInfo* info = plan.roles.find(module);
+    if (info == nullptr || info->vllm_layer.empty() || info->vllm_layer == info->vllm_name ||
+        info->role == ModuleRole::kExpert || info->role == ModuleRole::kStackedExperts) {
+      return;
+    }
+    auto it = std::find_if(layers.begin(), layers.end(),
+                           [&](const auto& l) { return l.first == info->vllm_layer; });
+    if (it == layers.end()) it = layers.insert(layers.end(), {info->vllm_layer, {}});
+    it->second.push_back(fmt::format("{} ({})", module, how));
+  };
+  for (const ConvertedModule& m : plan.converted) note_shard(m.name, converted);
+  for (const PlannedModule& m : plan.modules) {
+    if (m.kind == PlannedModule::Kind::kQuantize) {
+      note_shard(m.name, fmt::format("quantized with group '{}'", plan.group_of(m).name));
+    }
+  }
+  for (const TensorDecision& d : plan.decisions) {
+    if (d.selectable && d.fate == Fate::kCopy) note_shard(d.module, "16-bit");
+  }
+  for (const auto& [layer, shards] : layers) {
+    std::set<std::string> distinct;
+    for (const std::string& s : shards) distinct.insert(s.substr(s.find(" (")));
+    if (distinct.size() > 1) {
+      problems.push_back(fmt::format(
+          "vLLM builds '{}' as one layer, and its shards differ: {} (compressed_tensors.py: "
+          "\"Found a different quantization schemes ... vLLM requires all to use the same "
+          "scheme\"); give its shards one scheme",
+          layer, join(shards, 4)));
+    }
   }
   if (problems.empty()) return;
   constexpr std::size_t kShown = 8;
@@ -626,7 +693,8 @@ void check_converted_groups_as_read(const QuantizePlan& plan, const json& new_bl
     message += fmt::format("... and {} more\n", problems.size() - kShown);
   }
   message += fmt::format(
-      "{} module(s) vLLM would read wrong (vllm/model_executor/layers/quantization/"
+      "{} module(s) or fused layer(s) vLLM would read wrong "
+      "(vllm/model_executor/layers/quantization/"
       "compressed_tensors/utils.py find_matched_target: a name or `re:` target wins over the "
       "class name \"Linear\", and two groups targeting the same string keep the later): give the "
       "new scheme name or `re:` targets (--targets) that leave the converted modules alone, or "

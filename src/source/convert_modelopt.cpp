@@ -171,8 +171,18 @@ std::optional<SourceFormat> detect_modelopt(const Checkpoint& checkpoint,
     refuse(where + ".kv_cache_quant_algo",
            fmt::format("kv cache {} is not converted (FP8 or none)", kv.dump()));
   }
+  const char* const exclude_key = q.contains("exclude_modules") ? "exclude_modules" : "ignore";
   json exclude = q.value("exclude_modules", q.value("ignore", json::array()));
-  if (!exclude.is_array()) exclude = json::array();
+  if (exclude.is_null()) exclude = json::array();
+  if (!exclude.is_array()) {
+    refuse(where + "." + exclude_key, "not a list of module names (" + exclude.dump() + ")");
+  }
+  for (const json& e : exclude) {
+    if (!e.is_string()) {
+      refuse(where + "." + exclude_key,
+             "an entry is not a module name or fnmatch pattern: " + e.dump());
+    }
+  }
 
   SourceFormat f;
   f.description = fmt::format("ModelOpt NVFP4 (W4A4){}", kv.is_null() ? "" : ", FP8 kv cache");

@@ -37,7 +37,8 @@ std::optional<SourceFormat> detect_source_format(const Checkpoint& checkpoint,
 }
 
 void produce_converted(const SourceConverter& converter, const ConvertedTensor& t,
-                       std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out) {
+                       std::span<const std::span<const std::byte>> inputs,
+                       std::span<std::byte> out) {
   if (t.op == kConstantOp) {
     std::memcpy(out.data(), t.constant.data(), std::min(out.size(), t.constant.size()));
     return;
@@ -89,6 +90,12 @@ json converted_quantization_config(const SourceFormat& format, const json& new_b
       {"version", kCompressedTensorsVersion},
   };
   if (new_block.is_null() || new_block.value("config_groups", json::object()).empty()) {
+    for (const std::string& entry : keep_ignore) {
+      if (std::find(config["ignore"].begin(), config["ignore"].end(), json(entry)) ==
+          config["ignore"].end()) {
+        config["ignore"].push_back(entry);
+      }
+    }
     return config;
   }
   // QuantizationConfig.merge (quant_config.py), called by

@@ -108,8 +108,14 @@ std::string render_verify_text(const VerifyReport& report, std::size_t max_liste
   }
   if (!report.input_quantization.empty() &&
       report.input_quantization != InputQuantization{}.describe()) {
-    text += fmt::format("INPUT: {}; FP8 weights compared as their BF16 dequantization\n",
-                        report.input_quantization);
+    // A converted input (AWQ, ModelOpt) is described by its converter: its
+    // modules are compared dequantized on both sides.
+    const bool fp8 = report.input_quantization.find("FP8") != std::string::npos &&
+                     report.input_quantization.find("NVFP4") == std::string::npos &&
+                     report.input_quantization.find("AWQ") == std::string::npos;
+    text += fmt::format("INPUT: {}; {}\n", report.input_quantization,
+                        fp8 ? "FP8 weights compared as their BF16 dequantization"
+                            : "its quantized modules compared as their dequantization");
   }
   if (report.files_compared > 0) {
     text +=

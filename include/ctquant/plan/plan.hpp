@@ -63,10 +63,10 @@ const char* fate_name(Fate fate);
 // QuantizationScheme under config_groups): a module is quantized with the
 // first group whose targets match it.
 struct SchemeGroup {
-  std::string name;                          // config_groups key
+  std::string name;  // config_groups key
   std::vector<std::string> targets{"Linear"};
   QuantArgs weights;
-  nlohmann::json input_activations;          // null, or the (dynamic) activations block
+  nlohmann::json input_activations;  // null, or the (dynamic) activations block
 
   // The family compressed-tensors infers for this scheme, or nullptr.
   const SchemeFamily* family() const;
@@ -89,13 +89,13 @@ struct PlannedModule {
   std::size_t decision = 0;
   WeightSource source;
   Kind kind = Kind::kQuantize;
-  std::size_t group = 0;  // kQuantize: index into PlanOptions::groups
-  std::string rule;       // why it is quantized or kept
+  std::size_t group = 0;                    // kQuantize: index into PlanOptions::groups
+  std::string rule;                         // why it is quantized or kept
   std::optional<std::size_t> ignore_entry;  // the ignore entry that kept it, if any
   // kQuantize with a family that needs_tensor_amax: index into
   // QuantizePlan::amax_sets (the modules that share one amax).
   std::optional<std::size_t> amax_set;
-  std::size_t shard = 0;  // output shard (the input tensor's shard)
+  std::size_t shard = 0;       // output shard (the input tensor's shard)
   DType dtype = DType::kBF16;  // of the rows once loaded (BF16 for FP8)
 };
 
@@ -209,7 +209,7 @@ struct QuantizePlan {
   // roles it was made for; ignore_matches counts only modules section 2
   // could quantize, so an embedding's entry matches none there).
   std::vector<std::vector<std::string>> ignore_keeps;
-  std::size_t n_default_ignore = 0;  // options.ignore[0, n) are default entries
+  std::size_t n_default_ignore = 0;      // options.ignore[0, n) are default entries
   InputQuantization input_quantization;  // what the input's quantization_config says
   std::vector<TensorDecision> decisions;
   std::vector<PlannedModule> modules;
@@ -243,13 +243,18 @@ struct QuantizePlan {
   // group's name or `re:` target quantizes a module they match (the
   // converter's ignore list keeps a module only from a "Linear" target).
   std::vector<std::string> lifted_convert_ignore;
+  // The 16-bit modules the converter's ignore entries keep: where an entry
+  // is lifted, the modules it kept are written into config.json's ignore
+  // list by exact name (they stay 16-bit; the converter's target would
+  // otherwise take them in vLLM).
+  std::vector<std::string> converter_kept_modules;
 
-  std::size_t n_quantized = 0;         // weights quantized (split experts counted one by one)
-  std::size_t n_copied = 0;            // input tensors copied
-  std::size_t n_dequantized = 0;       // FP8 weights written as BF16
-  std::size_t n_dropped = 0;           // FP8 scales and activation parameters not written
-  std::size_t n_split = 0;             // stacked expert tensors split
-  std::size_t n_converted = 0;         // modules converted (source_format)
+  std::size_t n_quantized = 0;    // weights quantized (split experts counted one by one)
+  std::size_t n_copied = 0;       // input tensors copied
+  std::size_t n_dequantized = 0;  // FP8 weights written as BF16
+  std::size_t n_dropped = 0;      // FP8 scales and activation parameters not written
+  std::size_t n_split = 0;        // stacked expert tensors split
+  std::size_t n_converted = 0;    // modules converted (source_format)
   // Parameters of the linear layers' weights: every 2-D weight and stacked
   // expert tensor whose role (roles.hpp) is not an embedding, output head,
   // norm or raw parameter; and of those, the ones quantized. The summary

@@ -128,7 +128,8 @@ std::optional<SourceFormat> detect_source_format(const Checkpoint& checkpoint,
 // Output tensor t's bytes from its inputs' bytes: kRenameOp and kConstantOp
 // here, the rest by its converter.
 void produce_converted(const SourceConverter& converter, const ConvertedTensor& t,
-                       std::span<const std::span<const std::byte>> inputs, std::span<std::byte> out);
+                       std::span<const std::span<const std::byte>> inputs,
+                       std::span<std::byte> out);
 
 // The output's quantization_config when some modules are converted:
 // compressed-tensors' create_config() of the converter with "version", and,
