@@ -719,5 +719,24 @@ TEST(ConverterRefusals, ModelOptExcludeEntryThatIsNotAStringIsRefused) {
   }
 }
 
+// A group size that does not divide in_features is named as such (not as
+// a scales shape that seems to agree with itself): exit 2, nothing written.
+TEST(ConverterRefusals, AwqGroupSizeNotDividingInFeaturesSaysSo) {
+  TempDir tmp;
+  const fs::path input = tmp / "in";
+  copy_dir(golden_dir() / "awq-gemm-zp-g128" / "input", input);
+  json config = read_json(input / "config.json");
+  config["quantization_config"]["group_size"] = 100;  // divides neither 256 nor 384
+  write_file(input / "config.json", config.dump(2));
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_message(r.err,
+                 {"in_features 256 (qweight [256, 32]) is not a multiple of config.json's "
+                  "quantization_config.group_size 100",
+                  "in_features 384 (qweight [384, 32]) is not a multiple", "nothing was written"},
+                 {"expected F16 scales"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
 }  // namespace
 }  // namespace ctquant::test

@@ -351,13 +351,19 @@ std::vector<ConvertedModule> plan_awq(const Checkpoint& c, const SourceFormat& f
         continue;
       }
       const TensorEntry& st = c.entry(*scales);
-      if (n_in % group != 0 || st.shape != std::vector<std::uint64_t>{n_in / group, n_out} ||
+      if (n_in % group != 0) {
+        problems.push_back(fmt::format(
+            "{}: in_features {} (qweight {}) is not a multiple of config.json's "
+            "quantization_config.group_size {}: each group of scales covers group_size inputs",
+            describe(c, at), n_in, shape_string(t.shape), group));
+        continue;
+      }
+      if (st.shape != std::vector<std::uint64_t>{n_in / group, n_out} ||
           (st.dtype != DType::kF16 && st.dtype != DType::kBF16 && st.dtype != DType::kF32)) {
         problems.push_back(fmt::format(
             "{}: expected F16 scales [{}, {}] (in_features {} / group_size {}, out_features {} "
             "from qweight {})",
-            describe(c, *scales), n_in / std::max<std::uint64_t>(group, 1), n_out, n_in, group,
-            n_out, shape_string(t.shape)));
+            describe(c, *scales), n_in / group, n_out, n_in, group, n_out, shape_string(t.shape)));
         continue;
       }
       if (zp && !qzeros) {
