@@ -738,5 +738,18 @@ TEST(ConverterRefusals, AwqGroupSizeNotDividingInFeaturesSaysSo) {
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
+// A new group whose only target is a module the run's ignore list keeps
+// (lm_head) quantizes nothing on a converted input either: said (L1), and
+// --strict stops the run, as on a 16-bit input.
+TEST(ConverterMix, GroupTargetingOnlyAnIgnoredModuleSaysSo) {
+  const fs::path input = golden_dir() / "modelopt-nvfp4-kv" / "input";
+  TempDir tmp;
+  const CommandResult r = run_ctquant({"quantize", input.string(), (tmp / "out").string(),
+                                       "--scheme", "W8A16", "--targets", "lm_head", "--strict"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  expect_message(r.err, {"L1", "scheme group 'W8A16'"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
 }  // namespace
 }  // namespace ctquant::test

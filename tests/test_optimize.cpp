@@ -101,6 +101,27 @@ TEST(Optimize, RunEqualsTheRunWithTheChosenObserverAndSaysSo) {
             "");
 }
 
+// The recipe --write-recipe writes for an --optimize run carries the
+// chosen observer (config groups), so reading it back writes the same bytes.
+TEST(Optimize, WrittenRecipeReproducesTheRun) {
+  const fs::path input = golden_dir() / "llama-bf16" / "input";
+  for (const std::string scheme : {"W4A16", "W4A16_ASYM", "NVFP4A16"}) {
+    TempDir tmp;
+    const CommandResult r =
+        run_ctquant({"quantize", input.string(), (tmp / "opt").string(), "--scheme", scheme,
+                     "--optimize", "--write-recipe", (tmp / "r.yaml").string()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const CommandResult again = run_ctquant({"quantize", input.string(), (tmp / "again").string(),
+                                             "--recipe", (tmp / "r.yaml").string()});
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(
+        diff_safetensors(tmp / "again" / "model.safetensors", tmp / "opt" / "model.safetensors"),
+        "")
+        << scheme << "\n"
+        << read_file(tmp / "r.yaml");
+  }
+}
+
 TEST(Optimize, RefusesAnObserverGivenBesideIt) {
   const fs::path input = golden_dir() / "llama-bf16" / "input";
   TempDir tmp;

@@ -188,7 +188,8 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
       if (g.weights.observer != "memoryless_minmax" || !g.weights.observer_kwargs.empty()) {
         throw ctquant::usage_error(fmt::format(
             "--optimize chooses each group's observer, and config group '{}' names one ({}): "
-            "remove it from the config, or drop --optimize",
+            "drop the observer from the group (its config file, recipe or --scheme-for "
+            "@OBSERVER), or drop --optimize",
             g.name, g.weights.observer));
       }
     }

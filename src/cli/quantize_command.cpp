@@ -46,7 +46,11 @@ std::string scheme_names(const ctquant::QuantizePlan& plan,
     }
   }
   if (out.empty()) return "none";
-  if (!optimized.empty()) out += " with " + ctquant::join(observers, 8) + " by --optimize";
+  if (!optimized.empty()) {
+    out += observers == std::vector<std::string>{"memoryless_minmax"}
+               ? ", min-max kept by --optimize"
+               : " with " + ctquant::join(observers, 8) + " by --optimize";
+  }
   return out;
 }
 

@@ -128,7 +128,10 @@ void unmatched_entries(const LintRun& run, std::vector<Finding>& out) {
     Finding f;
     f.id = "L1";
     f.severity = Severity::kWarning;
+    // On a converted input the finding names no tensor: those of modules
+    // the converter keeps would have it dropped (drop_converted_findings).
     for (const std::string& m : matched) {
+      if (converting) break;
       if (const TensorDecision* w = run.ctx.weight_of(m)) f.tensors.push_back(w->name);
     }
     const char* const kConverted =

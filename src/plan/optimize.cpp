@@ -25,14 +25,15 @@ constexpr OptimizeRow kOptimizeRows[] = {
      "llama-h128 / qwen3-h128; refit 0.0250 (tied) / 0.0273 (higher); docs/accuracy.md"},
     {"int-packed", 4, 0, kRefitObserver,
      "measured at W4A16_ASYM g128: KLD 0.0214 / 0.0230 against min-max's 0.0236 / 0.0265; "
-     "memoryless_mse 0.0218 (higher) / 0.0222 (lower): the models disagree, and refit is never "
-     "worse than itself; docs/accuracy.md"},
+     "memoryless_mse 0.0218 (higher) / 0.0222 (lower): where the models disagree, refit; "
+     "docs/accuracy.md"},
     {"int-packed", 8, -1, kRefitObserver,
      "measured at W8A16 g128: KLD 0.000118 / 0.000123 against min-max's 0.000131 / 0.000133, "
      "the lowest on both models; docs/accuracy.md"},
     {"int-packed", 3, -1, kRefitObserver,
-     "measured at W3 and W3_ASYM g128: 12-29% below min-max's KLD on both models; "
-     "memoryless_mse lower on llama-h128, higher on qwen3-h128; docs/accuracy.md"},
+     "measured at W3 and W3_ASYM g128: 11-29% below min-max's KLD on both models; "
+     "memoryless_mse lower on llama-h128, higher on qwen3-h128: where the models disagree, "
+     "refit; docs/accuracy.md"},
     {"int-packed", 2, -1, kRefitObserver,
      "measured at W2_ASYM g128: KLD 0.450 / 0.460 against min-max's 0.689 / 0.813, the lowest "
      "on both models; docs/accuracy.md"},

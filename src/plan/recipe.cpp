@@ -76,12 +76,15 @@ ValueOrigin recipe_origin(const RecipeSpec& recipe, int line, std::string note =
   return ValueOrigin{ValueOrigin::Kind::kRecipe, recipe.file, line, std::move(note)};
 }
 
-ValueOrigin command_line_origin() { return ValueOrigin{ValueOrigin::Kind::kCommandLine, {}, 0, {}}; }
+ValueOrigin command_line_origin() {
+  return ValueOrigin{ValueOrigin::Kind::kCommandLine, {}, 0, {}};
+}
 
 // Where a value of the effective recipe is named in messages.
 std::string origin_label(const ValueOrigin& origin, const std::string& key,
                          const std::string& option) {
-  if (origin.kind == ValueOrigin::Kind::kRecipe) return fmt::format("{}: {}", origin.describe(), key);
+  if (origin.kind == ValueOrigin::Kind::kRecipe)
+    return fmt::format("{}: {}", origin.describe(), key);
   return option;
 }
 
@@ -98,7 +101,8 @@ std::string yaml_string(const std::string& text) { return json(text).dump(); }
 
 std::string yaml_list(const std::vector<std::string>& items) {
   std::string text = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) text += (i > 0 ? ", " : "") + yaml_string(items[i]);
+  for (std::size_t i = 0; i < items.size(); ++i)
+    text += (i > 0 ? ", " : "") + yaml_string(items[i]);
   return text + "]";
 }
 
@@ -123,7 +127,8 @@ void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
   for (const std::string& kv : cli.observer_kwargs) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) {
-      throw usage_error(fmt::format("--observer-kwarg '{}': expected KEY=VALUE, e.g. norm=2.4", kv));
+      throw usage_error(
+          fmt::format("--observer-kwarg '{}': expected KEY=VALUE, e.g. norm=2.4", kv));
     }
     const std::string text = kv.substr(eq + 1);
     const json value = json::parse(text, nullptr, false);
@@ -195,12 +200,11 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
   r.recipe = recipe;
   if (!cli.quantization_config.empty()) {
     // The config file says everything a recipe would.
-    for (const auto& [given, flag] :
-         {std::pair{cli.scheme.has_value(), "--scheme"},
-          std::pair{cli.group_size.has_value(), "--group-size"},
-          std::pair{!cli.targets.empty(), "--targets"},
-          std::pair{!cli.scheme_for.empty(), "--scheme-for"},
-          std::pair{recipe != nullptr, "--recipe"}}) {
+    for (const auto& [given, flag] : {std::pair{cli.scheme.has_value(), "--scheme"},
+                                      std::pair{cli.group_size.has_value(), "--group-size"},
+                                      std::pair{!cli.targets.empty(), "--targets"},
+                                      std::pair{!cli.scheme_for.empty(), "--scheme-for"},
+                                      std::pair{recipe != nullptr, "--recipe"}}) {
       if (given) {
         throw usage_error(fmt::format(
             "{} does not apply with --quantization-config: the config's groups say which "
@@ -222,8 +226,8 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
     r.config_groups = json::parse(ordered.dump());
     r.config_group_order.clear();
     for (const SchemeGroup& g : file.groups) r.config_group_order.push_back(g.name);
-    r.scheme_origin = ValueOrigin{ValueOrigin::Kind::kCommandLine, {}, 0,
-                                  "--quantization-config " + cli.quantization_config};
+    r.scheme_origin = ValueOrigin{
+        ValueOrigin::Kind::kCommandLine, {}, 0, "--quantization-config " + cli.quantization_config};
     r.ignore = file.ignore;
     r.ignore.insert(r.ignore.end(), cli.ignore.begin(), cli.ignore.end());
     r.ignore_origin = r.scheme_origin;
@@ -281,7 +285,9 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
   } else {
     r.scheme = "W4A16";
     r.scheme_origin = recipe != nullptr
-                          ? ValueOrigin{ValueOrigin::Kind::kDefault, {}, 0,
+                          ? ValueOrigin{ValueOrigin::Kind::kDefault,
+                                        {},
+                                        0,
                                         "the recipe gives neither scheme nor config_groups"}
                           : ValueOrigin{};
   }
@@ -363,8 +369,7 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
       throw usage_error(fmt::format(
           "{}: type \"{}\", num_bits {}, strategy \"{}\"{}: {}",
           where("config_groups." + name + ".weights"),
-          w.type == QuantArgs::Type::kInt ? "int" : "float", w.num_bits,
-          strategy_name(w.strategy),
+          w.type == QuantArgs::Type::kInt ? "int" : "float", w.num_bits, strategy_name(w.strategy),
           group.input_activations.is_null() ? "" : ", with input activations",
           family == nullptr ? std::string("no output format ctquant writes fits these weights (") +
                                   "it writes " + preset_names() + ")"
@@ -385,9 +390,13 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
   text += "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n";
   // A preset alone when it says everything: no group size, no per-pattern
   // schemes, no observer (config groups carry weights.observer), and the
-  // plan's one group (--target-bits and --more-bits split it).
+  // plan's one group (--target-bits and --more-bits split it) with min-max.
+  // An observer set otherwise (--optimize) is carried by the config groups.
+  const auto default_observer = [](const SchemeGroup& g) {
+    return g.weights.observer == "memoryless_minmax" && g.weights.observer_kwargs.empty();
+  };
   if (r.scheme && !r.group_size && r.scheme_for.empty() && !r.observer &&
-      plan.options.groups.size() == 1) {
+      plan.options.groups.size() == 1 && default_observer(plan.options.groups[0])) {
     text += fmt::format("      scheme: {}\n", yaml_string(upper(*r.scheme)));
     text += fmt::format("      targets: {}\n", yaml_list(r.targets));
   } else {
@@ -450,7 +459,8 @@ std::string render_recipe_origins(const EffectiveRecipe& r) {
   // "ignore entries" section lists.
   if (r.ignore.empty()) {
     text += fmt::format(
-        "  {:<13} none given{}; the module roles' defaults (not with --no-default-ignore)\n", "ignore",
+        "  {:<13} none given{}; the module roles' defaults (not with --no-default-ignore)\n",
+        "ignore",
         r.ignore_origin.describe() == "default" ? "" : " (" + r.ignore_origin.describe() + ")");
   } else {
     text += fmt::format(
