@@ -649,11 +649,17 @@ void check_converted_groups_as_read(const QuantizePlan& plan, const json& new_bl
     check(m.name, new_block["config_groups"][g], fmt::format("quantized with group '{}'", g));
   }
   // The shards of a layer vLLM fuses (q/k/v, gate/up) must share one
-  // scheme, 16-bit included: vLLM refuses "a different quantization schemes"
-  // for them (vllm/model_executor/layers/quantization/compressed_tensors/
-  // compressed_tensors.py), and one kept 16-bit beside quantized shards is
-  // read as quantized or not at all.
-  std::vector<std::pair<std::string, std::vector<std::string>>> layers;  // layer -> "shard: how"
+  // scheme, 16-bit included: vLLM's should_ignore_layer raises "Found a
+  // different quantization schemes" when the ignore list keeps some shards
+  // and not others (vllm/model_executor/layers/quantization/
+  // compressed_tensors/utils.py), and compressed_tensors.py reads one scheme
+  // per fused layer.
+  struct FusedLayer {
+    std::string name;
+    std::vector<std::string> shards;  // "module (how)", for the message
+    std::set<std::string> hows;
+  };
+  std::vector<FusedLayer> layers;
   auto note_shard = [&](const std::string& module, const std::string& how) {
     const ModuleInfo* info = plan.roles.find(module);
     if (info == nullptr || info->vllm_layer.empty() || info->vllm_layer == info->vllm_name ||
@@ -661,9 +667,10 @@ void check_converted_groups_as_read(const QuantizePlan& plan, const json& new_bl
       return;
     }
     auto it = std::find_if(layers.begin(), layers.end(),
-                           [&](const auto& l) { return l.first == info->vllm_layer; });
-    if (it == layers.end()) it = layers.insert(layers.end(), {info->vllm_layer, {}});
-    it->second.push_back(fmt::format("{} ({})", module, how));
+                           [&](const FusedLayer& l) { return l.name == info->vllm_layer; });
+    if (it == layers.end()) it = layers.insert(layers.end(), FusedLayer{info->vllm_layer, {}, {}});
+    it->shards.push_back(fmt::format("{} ({})", module, how));
+    it->hows.insert(how);
   };
   for (const ConvertedModule& m : plan.converted) note_shard(m.name, converted);
   for (const PlannedModule& m : plan.modules) {
@@ -674,15 +681,14 @@ void check_converted_groups_as_read(const QuantizePlan& plan, const json& new_bl
   for (const TensorDecision& d : plan.decisions) {
     if (d.selectable && d.fate == Fate::kCopy) note_shard(d.module, "16-bit");
   }
-  for (const auto& [layer, shards] : layers) {
-    std::set<std::string> distinct;
-    for (const std::string& s : shards) distinct.insert(s.substr(s.find(" (")));
-    if (distinct.size() > 1) {
+  for (const FusedLayer& l : layers) {
+    if (l.hows.size() > 1) {
       problems.push_back(fmt::format(
-          "vLLM builds '{}' as one layer, and its shards differ: {} (compressed_tensors.py: "
-          "\"Found a different quantization schemes ... vLLM requires all to use the same "
-          "scheme\"); give its shards one scheme",
-          layer, join(shards, 4)));
+          "vLLM builds '{}' as one layer, and its shards differ: {} (compressed_tensors/utils.py "
+          "should_ignore_layer: \"Found a different quantization schemes ... vLLM requires all "
+          "to use the same scheme\"; compressed_tensors.py reads one scheme per fused layer); "
+          "give its shards one scheme",
+          l.name, join(l.shards, 4)));
     }
   }
   if (problems.empty()) return;
