@@ -8,6 +8,8 @@
 #include <system_error>
 #include <thread>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -127,8 +129,7 @@ void check_plan_quantizes_some(const QuantizePlan& plan, const std::string& opti
   throw usage_error(fmt::format(
       "{} chooses for the modules the scheme quantizes, and this plan quantizes none{}; run "
       "without it",
-      option,
-      plan.n_converted > 0 ? " (its converted modules are not requantized)" : ""));
+      option, plan.n_converted > 0 ? " (its converted modules are not requantized)" : ""));
 }
 
 // What --observer auto and --target-bits do before they read the weights:
@@ -301,6 +302,56 @@ void check_split_groups_found(const QuantizeOptions& options, const LintPolicy& 
   }
 }
 
+// --transform NAME of a row that mixes rows (rotate): the rewritten source
+// is written beside OUTPUT (a dry run: its headers only, in the temporary
+// directory) and quantized as INPUT; it is removed when the run ends.
+QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
+                                       const Checkpoint& checkpoint) {
+  const auto log = options.logger;
+  const std::string& name = options.plan.transform;
+  if (options.part || options.resume) {
+    throw usage_error(fmt::format(
+        "--transform {} with {}: not supported yet (every part would write the whole rewritten "
+        "source). Nothing was written. Run it in one process",
+        name, options.part ? "--part" : "--resume"));
+  }
+  const auto rewrite = plan_transform(checkpoint, name);
+  fs::path dir;
+  if (options.dry_run) {
+    dir = fs::temp_directory_path() /
+          fmt::format("ctquant-{}-{}-{}", name, ::getpid(),
+                      std::chrono::steady_clock::now().time_since_epoch().count());
+  } else {
+    const fs::path out = fs::absolute(options.output).lexically_normal();
+    dir = out.parent_path() / fmt::format(".{}.ctquant-{}", out.filename().string(), name);
+    if (options.before_writing) options.before_writing();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (log && options.dry_run) {
+    log->info("--transform {}: planning from the rewritten source's headers ({})", name,
+              dir.string());
+  } else if (log) {
+    log->info(
+        "--transform {}: writing the rewritten source ({} of tensor data) into {}; removed when "
+        "the run ends",
+        name, human_bytes(checkpoint.total_tensor_bytes()), dir.string());
+  }
+  const StagedSource staged(checkpoint, *rewrite, dir, !options.dry_run);
+  if (log && !options.dry_run) {
+    log->info("--transform {}: {} tensors rewritten in {:.1f} s", name, rewrite->tensors.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  QuantizeOptions inner = options;
+  inner.input = staged.path();
+  inner.revision.reset();
+  inner.plan.transform.clear();
+  inner.staged_rewrite = rewrite;
+  QuantizeSummary summary = quantize(inner);
+  summary.bytes_in = checkpoint.total_file_bytes();
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
 }  // namespace
 
 QuantizeSummary quantize(const QuantizeOptions& options) {
@@ -378,6 +429,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     // (vLLM reads every tensor of a listed file): written like any other.
     for (const std::string& line : index_omission_lines(checkpoint)) log->warn("{}", line);
   }
+  if (!options.plan.transform.empty() && transform_stages_source(options.plan.transform)) {
+    return quantize_staged_source(options, checkpoint);
+  }
   QuantizeSummary summary;
   summary.phases.open = lap();
   if (!options.plan.transform.empty() &&
@@ -409,6 +463,9 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   if (options.target_bits || options.more_bits_layers) {
     allocate_bits_for(checkpoint, options, lint, policy, summary, lap);
   }
+  // The rewrite a staged source holds (quantize_staged_source), recorded
+  // for the summary, the report and the dry run's plan.
+  if (options.staged_rewrite) summary.plan.rewrite = options.staged_rewrite;
   summary.findings = run_lint(checkpoint, summary.plan, lint);
   summary.phases.lint += lap();
   check_cancel(options.cancel);
@@ -450,7 +507,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     // The transform's scales, from the weights (a read of every weight it
     // rewrites; a few vectors per block in memory).
     summary.plan.rewrite = derive_transform(checkpoint, *summary.plan.rewrite);
-    if (log) {
+    if (log && !summary.plan.rewrite->staged_source) {
       log->info("--transform {}: {} tensors rewritten before quantizing ({} scale vectors)",
                 summary.plan.rewrite->transform, summary.plan.rewrite->tensors.size(),
                 summary.plan.rewrite->scales.size());

@@ -31,15 +31,15 @@ std::string family_reason(const std::string& model_type, const std::string& arch
            "consumers ctquant does not see";
   }
   if (has("gemma") || has("Gemma")) {
-    return "Gemma's RMSNorm computes x * (1 + g), so g * t does not scale its output by t "
-           "(and its sandwich norms after attention and the MLP)";
+    return "Gemma's RMSNorm computes x * (1 + g), so a rewrite of g does not scale its output "
+           "as the rewrite needs (and its sandwich norms after attention and the MLP)";
   }
   if (has("deepseek") || has("DeepSeek") || has("kimi")) {
     return "MLA (latent q/kv projections with their own norms)";
   }
   if (has("moe") || has("Moe") || has("MoE") || has("mixtral") || has("Mixtral")) {
     return "a mixture of experts: the router, shared experts and every expert would all need "
-           "the norm's t; not done";
+           "the rewrite of the norm that feeds them; not done";
   }
   return "no rule says its blocks are pre-norm Llama blocks (RMSNorm x * g, no biases)";
 }
@@ -80,7 +80,7 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
     if (config_uint(config, key) > 0) {
       problems.push_back(fmt::format(
           "config.json: {}: a mixture of experts (the router, shared experts and every expert "
-          "would need the norm's t; not done)",
+          "would need the rewrite of the norm that feeds them; not done)",
           key));
     }
   }

@@ -59,7 +59,9 @@ constexpr RefusedModifier kRefusedModifiers[] = {
     {"MagnitudePruningModifier", "pruning (ctquant writes no sparsity)"},
     {"ConstantPruningModifier", "pruning (ctquant writes no sparsity)"},
     {"QuIPModifier", "a transform (ctquant applies no rotations)"},
-    {"SpinQuantModifier", "a transform (ctquant applies no rotations)"},
+    {"SpinQuantModifier",
+     "a transform (its learned and online rotations are not applied; `--transform rotate` "
+     "absorbs fixed Hadamard R1 and R2 into the weights)"},
 };
 
 // QuantizationScheme fields (compressed-tensors `quantization/quant_scheme.py`).

@@ -79,6 +79,9 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
   std::vector<std::string> problems = layout.problems;
   RewritePlan plan;
   plan.head_dim = layout.head_dim;
+  plan.details = {{"scale",
+                   "t_j = mean_i |W_ij| over every consumer's rows, over its median "
+                   "(NNCF 2.17 data-free AWQ)"}};
   const std::uint64_t nh = layout.heads, nkv = layout.kv_heads, hd = layout.head_dim;
   for (const BalanceBlock& block : layout.blocks) {
     const std::string& p = block.prefix;

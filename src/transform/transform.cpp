@@ -4,15 +4,18 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "transform/balance.hpp"
+#include "transform/rotate.hpp"
 
 namespace ctquant {
 namespace {
@@ -22,6 +25,10 @@ constexpr TransformRow kTransforms[] = {
      "column balancing absorbed into the producers (NNCF's data-free AWQ scale): Llama-like "
      "blocks only",
      detail::plan_balance, detail::derive_balance},
+    {"rotate",
+     "offline Hadamard rotations absorbed into the weights (R1 on the residual stream, R2 per "
+     "head; norms folded, a tied head untied): Llama-like blocks only",
+     detail::plan_rotate, nullptr, detail::write_rotated_source},
 };
 
 // A float that rounds to the same BF16 or F16 as `value` would directly:
@@ -46,14 +53,61 @@ const TensorRewrite* RewritePlan::find(std::string_view tensor) const {
 }
 
 nlohmann::json RewritePlan::record() const {
-  return {{"transform", transform},
-          {"scale",
-           "t_j = mean_i |W_ij| over every consumer's rows, over its median "
-           "(NNCF 2.17 data-free AWQ)"},
-          {"rewritten_tensors", tensors.size()},
-          {"note",
-           "offline: the weights hold the rewritten model; nothing to apply at "
-           "inference (quantization_config.transform_config stays empty)"}};
+  nlohmann::json out = {{"transform", transform}};
+  for (const auto& [key, value] : details.items()) out[key] = value;
+  out["rewritten_tensors"] = tensors.size();
+  out["note"] =
+      "offline: the weights hold the rewritten model; nothing to apply at inference "
+      "(quantization_config.transform_config stays empty)";
+  return out;
+}
+
+bool transform_stages_source(std::string_view name) {
+  return find_transform(name).write_source != nullptr;
+}
+
+StagedSource::StagedSource(const Checkpoint& checkpoint, const RewritePlan& plan,
+                           std::filesystem::path dir, bool with_data)
+    : dir_(std::move(dir)) {
+  if (std::filesystem::exists(dir_)) {
+    throw usage_error(fmt::format(
+        "--transform {}: {} exists (the rewritten source of a run that stopped?); remove it",
+        plan.transform, dir_.string()));
+  }
+  try {
+    find_transform(plan.transform).write_source(checkpoint, dir_, with_data, plan);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    throw;
+  }
+}
+
+StagedSource::~StagedSource() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+std::unique_ptr<StagedSource> stage_source_for_output(
+    const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input) {
+  if (!output_config || !output_config->is_object()) return nullptr;
+  const auto t = output_config->find("ctquant_transform");
+  if (t == output_config->end() || !t->is_object() || !t->contains("transform") ||
+      !(*t)["transform"].is_string()) {
+    return nullptr;
+  }
+  const std::string name = (*t)["transform"].get<std::string>();
+  const auto row = std::find_if(kTransforms, std::end(kTransforms),
+                                [&](const TransformRow& r) { return r.name == name; });
+  if (row == std::end(kTransforms) || row->write_source == nullptr) return nullptr;
+  // Read-only: links out of the directory (a cache snapshot) are followed.
+  const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
+  const auto plan = plan_transform(checkpoint, name);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      fmt::format("ctquant-source-{}-{}-{}", name, ::getpid(),
+                  std::chrono::steady_clock::now().time_since_epoch().count());
+  return std::make_unique<StagedSource>(checkpoint, *plan, dir, true);
 }
 
 std::span<const TransformRow> transform_rows() { return kTransforms; }
@@ -81,7 +135,13 @@ std::shared_ptr<const RewritePlan> plan_transform(const Checkpoint& checkpoint,
 std::shared_ptr<const RewritePlan> derive_transform(const Checkpoint& checkpoint,
                                                     const RewritePlan& planned) {
   auto plan = std::make_shared<RewritePlan>(planned);
-  find_transform(plan->transform).derive(checkpoint, *plan);
+  if (plan->staged_source) return plan;  // written as a rewritten source: nothing to derive
+  const TransformRow& row = find_transform(plan->transform);
+  if (row.derive == nullptr) {
+    throw std::logic_error(fmt::format(
+        "derive_transform: --transform {} writes a rewritten source; nothing to derive", row.name));
+  }
+  row.derive(checkpoint, *plan);
   plan->derived = true;
   return plan;
 }
@@ -110,6 +170,7 @@ void store_rounded(DType dtype, double value, std::byte* element) {
 
 void apply_rewrite(const RewritePlan& plan, const TensorRewrite& rewrite, DType dtype,
                    std::uint64_t first, std::uint64_t n, std::byte* data) {
+  if (plan.staged_source) return;  // the source read is the rewritten one
   if (!plan.derived)
     throw std::logic_error("apply_rewrite: the transform's scales are not derived");
   const std::size_t size = dtype_bits(dtype) / 8;

@@ -109,13 +109,13 @@ class AgainstSource : TensorChecks {
       const PlannedTensor& t = *e.tensor;
       if (!name.ends_with(".weight")) continue;
       const bool is_module = t.source == PlannedTensor::Source::kModule && !t.output;
-      const bool is_weight_copy = t.source == PlannedTensor::Source::kCopy &&
-                                  plan_.decisions[t.decision].selectable;
+      const bool is_weight_copy =
+          t.source == PlannedTensor::Source::kCopy && plan_.decisions[t.decision].selectable;
       if (!is_module && !is_weight_copy) continue;
       const std::string module = module_of(name);
       if (!holds_quantized(module)) continue;
-      const std::string rule = is_module ? plan_.modules[t.module].rule
-                                         : plan_.decisions[t.decision].rule;
+      const std::string rule =
+          is_module ? plan_.modules[t.module].rule : plan_.decisions[t.decision].rule;
       c_.diff("fate", e.shard->file_name, name,
               fmt::format("OUTPUT holds '{}' quantized, but config.json's ignore list and "
                           "targets leave it unquantized ({}), so vLLM will look for '{}'",
@@ -183,7 +183,8 @@ class AgainstSource : TensorChecks {
               found.amax = 0.0f;
               const std::uint64_t n = observed_groups(
                   plan_.group_of(plan_.modules[c.module]).weights, c.r1 - c.r0, source.cols());
-              for (std::uint64_t g = 0; g < n; ++g) found.amax = std::max(found.amax, range_amax(ranges, g));
+              for (std::uint64_t g = 0; g < n; ++g)
+                found.amax = std::max(found.amax, range_amax(ranges, g));
             }
             return found;
           },
@@ -270,8 +271,8 @@ class AgainstSource : TensorChecks {
     const SchemeFamily& family;
     const QuantArgs& args;
     const std::vector<OutputTensorSpec>& specs;
-    const std::vector<Ref>& refs;                  // per spec
-    const std::vector<std::size_t>& row_outputs;   // indexes into specs of the kRows outputs
+    const std::vector<Ref>& refs;                 // per spec
+    const std::vector<std::size_t>& row_outputs;  // indexes into specs of the kRows outputs
     const std::vector<std::vector<std::byte>>& whole_stored;  // the kWhole outputs as stored
     const WeightRows& source;
     float amax = 0;  // of the module's amax set
@@ -462,8 +463,8 @@ class AgainstSource : TensorChecks {
       const std::vector<std::byte> want =
           q.family.whole_tensor(q.args, m.dtype, rows, cols, amax, whole_index++);
       if (stored != want) {
-        c_.diff(spec.kind == OutputTensorSpec::Kind::kShape ? "layout" : "scale",
-                ref.file->label(), ref.entry->name,
+        c_.diff(spec.kind == OutputTensorSpec::Kind::kShape ? "layout" : "scale", ref.file->label(),
+                ref.entry->name,
                 spec.kind == OutputTensorSpec::Kind::kShape
                     ? fmt::format("'{}' does not hold [{}, {}]", ref.entry->name, rows, cols)
                     : fmt::format("'{}' is not the value the source gives (from max |w| {} of "
@@ -589,23 +590,22 @@ class AgainstSource : TensorChecks {
                    {"first_value", b.value}});
     }
     if (check.groups_mismatched > 0) {
-      json details = {{"groups_mismatched", check.groups_mismatched},
-                      {"groups", check.groups},
-                      {"first_row", *check.first_row},
-                      {"first_group", *check.first_group},
-                      {"first_column", check.first_column ? json(*check.first_column)
-                                                          : json(nullptr)}};
+      json details = {
+          {"groups_mismatched", check.groups_mismatched},
+          {"groups", check.groups},
+          {"first_row", *check.first_row},
+          {"first_group", *check.first_group},
+          {"first_column", check.first_column ? json(*check.first_column) : json(nullptr)}};
       if (source.is_fp8()) details["source"] = "dequantized FP8";
       c_.diff("codes", q.file, q.first_name,
-              fmt::format("{} of {} groups are not the RTN codes of the {}source (codes, scale "
-                          "or zero point differ), first at row {}, {}",
-                          check.groups_mismatched, check.groups,
-                          source.is_fp8() ? "dequantized FP8 " : "", *check.first_row,
-                          check.first_column
-                              ? fmt::format("column {} (group {})", *check.first_column,
-                                            *check.first_group)
-                              : fmt::format("group {} (its scale or zero point)",
-                                            *check.first_group)),
+              fmt::format(
+                  "{} of {} groups are not the RTN codes of the {}source (codes, scale "
+                  "or zero point differ), first at row {}, {}",
+                  check.groups_mismatched, check.groups, source.is_fp8() ? "dequantized FP8 " : "",
+                  *check.first_row,
+                  check.first_column
+                      ? fmt::format("column {} (group {})", *check.first_column, *check.first_group)
+                      : fmt::format("group {} (its scale or zero point)", *check.first_group)),
               std::move(details));
     }
     if (f.accepted_scales > 0) {
@@ -637,7 +637,11 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   report.output = output.string();
   report.reference = input.string();
   const Side out = open_side(output, "OUTPUT");
-  Side src = open_side(input, "INPUT");
+  // --transform rotate: the source is INPUT rewritten again as quantize
+  // rewrote it (transform/transform.hpp, stage_source_for_output).
+  const auto staged = stage_source_for_output(out.config, input);
+  const fs::path source = staged ? staged->path() : input;
+  Side src = open_side(source, "INPUT");
   restrict_to_index(src);
   // An input another tool quantized (AWQ, ModelOpt NVFP4): both sides
   // dequantized (verify/against_converted.hpp).
@@ -667,7 +671,9 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   check_loadability(out.config, out.shards, report);
 
   // Read-only: links out of the directory (a cache snapshot) are followed.
-  const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
+  const Checkpoint checkpoint = open_checkpoint(source, OpenOptions{.follow_links_outside = true});
+  // A staged source holds the rewrite already (its config.json records it).
+  if (staged) plan_options.transform.clear();
   QuantizePlan plan;
   try {
     plan = make_plan(checkpoint, plan_options);

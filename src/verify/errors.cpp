@@ -14,8 +14,8 @@
 namespace ctquant {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using detail::Ref;
+using nlohmann::json;
 
 namespace {
 
@@ -39,8 +39,8 @@ std::optional<QuantError> module_error(const detail::Side& out, const Checkpoint
     }
     if (r.entry->dtype != s.dtype || r.entry->shape != s.shape) {
       why = fmt::format("OUTPUT holds '{}' as {} {}, not {} {} ({})", name,
-                        dtype_tag(r.entry->dtype), shape_string(r.entry->shape),
-                        dtype_tag(s.dtype), shape_string(s.shape), family.format);
+                        dtype_tag(r.entry->dtype), shape_string(r.entry->shape), dtype_tag(s.dtype),
+                        shape_string(s.shape), family.format);
       return std::nullopt;
     }
     refs.push_back(r);
@@ -72,7 +72,8 @@ std::optional<QuantError> module_error(const detail::Side& out, const Checkpoint
     if (const auto bad = source.load(r0, r1, src_rows, fp8_scales)) {
       const std::uint64_t row = r0 + *bad / cols;
       why = fmt::format("source element [{}, {}] of '{}' {}", row, *bad % cols,
-                        checkpoint.entry(m.source.tensor).name, source.describe_fp8(row, *bad % cols));
+                        checkpoint.entry(m.source.tensor).name,
+                        source.describe_fp8(row, *bad % cols));
       return std::nullopt;
     }
     // --transform: the error against the source as quantize rewrote it.
@@ -113,8 +114,12 @@ CheckpointErrors checkpoint_errors(const fs::path& output, const fs::path& input
   const detail::Side out = detail::open_side(output, "OUTPUT");
   PlanOptions options = detail::plan_options_of_output(out, "inspect --errors");
   options.default_ignore = false;  // the written list is the whole list
+  // --transform rotate: against INPUT rewritten again as quantize rewrote it.
+  const auto staged = stage_source_for_output(out.config, input);
+  if (staged) options.transform.clear();
   // Read-only: links out of the directory (a cache snapshot) are followed.
-  const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
+  const Checkpoint checkpoint =
+      open_checkpoint(staged ? staged->path() : input, OpenOptions{.follow_links_outside = true});
   result.plan = make_plan(checkpoint, options);
   if (result.plan.rewrite) result.plan.rewrite = derive_transform(checkpoint, *result.plan.rewrite);
   result.input_quantization = result.plan.input_quantization.describe();
@@ -141,9 +146,9 @@ json checkpoint_errors_json(const CheckpointErrors& errors) {
 }
 
 std::string render_checkpoint_errors_text(const CheckpointErrors& errors) {
-  std::string text = fmt::format(
-      "weight error of {} against its source {} ({}): {} quantized module(s)\n", errors.output,
-      errors.input, errors.input_quantization, errors.modules.size());
+  std::string text =
+      fmt::format("weight error of {} against its source {} ({}): {} quantized module(s)\n",
+                  errors.output, errors.input, errors.input_quantization, errors.modules.size());
   text += render_weight_error_table(errors.plan, errors.modules);
   text += render_worst_errors(errors.plan, errors.modules);
   if (!errors.skipped.empty()) {

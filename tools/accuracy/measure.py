@@ -11,6 +11,7 @@ loaded cleanly (missing, unexpected and mismatched keys) and the per-block
 sums of kld.FIELDS, from which run.py makes the table and its intervals.
 """
 import json
+import os
 import sys
 import time
 
@@ -49,7 +50,11 @@ def main(argv):
     source, _ = load(source_dir, False)
     models, results = {}, {}
     for p in paths:
-        m, keys = load(p, True)
+        # A rewritten model with nothing quantized (run.py FUNCTION_ROWS)
+        # has no quantization_config: read as a plain checkpoint.
+        with open(os.path.join(p, "config.json")) as f:
+            quantized = "quantization_config" in json.load(f)
+        m, keys = load(p, quantized)
         models[p] = m
         results[p] = {"load": keys}
     t0 = time.time()

@@ -68,6 +68,10 @@ ROWS = [
     ("w4a16-balance", "W4A16", "--transform balance", ["--scheme", "W4A16", "--transform", "balance"]),
     ("w4a16-refit-balance", "W4A16", "refit + --transform balance",
      ["--scheme", "W4A16", "--observer", "refit", "--transform", "balance"]),
+    # --transform rotate (offline Hadamard R1 + R2): ctquant's output.
+    ("w4a16-rotate", "W4A16", "--transform rotate", ["--scheme", "W4A16", "--transform", "rotate"]),
+    ("w4a16-mse-rotate", "W4A16", "memoryless_mse + --transform rotate",
+     ["--scheme", "W4A16", "--observer", "memoryless_mse", "--transform", "rotate"]),
     ("w4a16asym-minmax", "W4A16_ASYM", "min-max", ["--scheme", "W4A16_ASYM"]),
     ("w4a16asym-mse", "W4A16_ASYM", "memoryless_mse",
      ["--scheme", "W4A16_ASYM", "--observer", "memoryless_mse"]),
@@ -86,12 +90,16 @@ ROWS = [
     ("mxfp4a16-mse", "MXFP4A16", "memoryless_mse",
      ["--scheme", "MXFP4A16", "--observer", "memoryless_mse"]),
     ("mxfp4a16-refit", "MXFP4A16", "refit", ["--scheme", "MXFP4A16", "--observer", "refit"]),
+    ("mxfp4a16-rotate", "MXFP4A16", "--transform rotate",
+     ["--scheme", "MXFP4A16", "--transform", "rotate"]),
     # vLLM's Marlin runs 4 and 8 bits only (lint L10): --allow-unloadable
     # writes them for compressed-tensors and transformers, which read them.
     ("w3-minmax", "W3 g128", "min-max", int_config(3, True), LOW_BITS),
     ("w3-mse", "W3 g128", "memoryless_mse", int_config(3, True),
      LOW_BITS + ["--observer", "memoryless_mse"]),
     ("w3-refit", "W3 g128", "refit", int_config(3, True), LOW_BITS + ["--observer", "refit"]),
+    ("w3-rotate", "W3 g128", "--transform rotate", int_config(3, True),
+     LOW_BITS + ["--transform", "rotate"]),
     ("w3asym-minmax", "W3_ASYM g128", "min-max", int_config(3, False), LOW_BITS),
     ("w3asym-mse", "W3_ASYM g128", "memoryless_mse", int_config(3, False),
      LOW_BITS + ["--observer", "memoryless_mse"]),
@@ -102,7 +110,16 @@ ROWS = [
      LOW_BITS + ["--observer", "memoryless_mse"]),
     ("w2asym-refit", "W2_ASYM g128", "refit", int_config(2, False),
      LOW_BITS + ["--observer", "refit"]),
+    # Function kept: the rewritten model with nothing quantized (every
+    # module ignored; --allow-unloadable writes it), measured once its
+    # empty quantization_config is dropped (FUNCTION_ROWS): ctquant's
+    # rewritten BF16 weights against the source.
+    ("bf16-rotate", "BF16 (no quantization)", "--transform rotate",
+     ["--transform", "rotate", "--ignore", "re:.*", "--allow-unloadable"]),
+    ("bf16-balance", "BF16 (no quantization)", "--transform balance",
+     ["--transform", "balance", "--ignore", "re:.*", "--allow-unloadable"]),
 ]
+FUNCTION_ROWS = {"bf16-rotate", "bf16-balance"}
 # The comparisons docs/accuracy.md states for every model: (row, against).
 COMPARE = [
     ("w4a16-refit", "w4a16-minmax"), ("w4a16-refit", "w4a16-mse"),
@@ -111,6 +128,8 @@ COMPARE = [
     ("w3asym-refit", "w3asym-minmax"), ("w3asym-refit", "w3asym-mse"),
     ("w4a16-tb5", "w4a16-minmax"), ("w4a16-tb-morebits", "w4a16-morebits"),
     ("w4a16-refit-balance", "w4a16-refit"),
+    ("w4a16-rotate", "w4a16-minmax"), ("w4a16-mse-rotate", "w4a16-mse"),
+    ("mxfp4a16-rotate", "mxfp4a16-minmax"), ("w3-rotate", "w3-minmax"),
 ]
 # What `check` measures again in CI, and how far a KLD may move (relative).
 PINNED = ["w4a16-minmax", "w4a16-mse", "w3asym-minmax"]
@@ -208,6 +227,18 @@ def quantize(model, row, work, done=None):
     dt = time.time() - t0
     if r.returncode != 0:
         raise SystemExit(f"run.py: {' '.join(cmd)} failed ({r.returncode}):\n{r.stderr}")
+    if row[0] in FUNCTION_ROWS:
+        # Nothing quantized: the model as rewritten, read as a plain one.
+        path = os.path.join(out, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config.pop("quantization_config", None)
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
+        size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out)
+                   if f.endswith(".safetensors"))
+        return out, {"seconds": round(dt, 3), "bits_per_weight": 16.0, "quantized_params": 0,
+                     "safetensors_bytes": size, "command": cmd[1:]}
     bpw, params, size = bits_per_weight(out)
     return out, {"seconds": round(dt, 3), "bits_per_weight": bpw, "quantized_params": params,
                  "safetensors_bytes": size, "command": cmd[1:]}
@@ -319,6 +350,8 @@ def model_table(name, per):
             d = s["kld"] - b["summary"]["kld"]
             verdict = " (better)" if dhi < 0 else (" (worse)" if dlo > 0 else "")
             diff = f"{'+' if d >= 0 else ''}{fk(d)} {fmt_ci(dlo, dhi)}{verdict}"
+        elif b is None:
+            diff = "-"
         else:
             diff = "baseline"
         ld = r["load"]

@@ -25,9 +25,9 @@
 #include "ctquant/exec/executor.hpp"
 #include "ctquant/exec/manifest.hpp"
 #include "ctquant/exec/observer_choice.hpp"
-#include "ctquant/plan/bit_allocation.hpp"
 #include "ctquant/exec/parts.hpp"
 #include "ctquant/lint/lint.hpp"
+#include "ctquant/plan/bit_allocation.hpp"
 #include "ctquant/plan/plan.hpp"
 
 namespace ctquant {
@@ -39,9 +39,9 @@ struct QuantizeOptions {
   // id ORG/NAME looked up in the local hub cache (resolve_checkpoint_input).
   std::filesystem::path input;
   std::optional<std::string> revision;  // of a repository id; default "main"
-  std::filesystem::path output;  // directory to create (must not exist unless force)
-  PlanOptions plan;              // scheme, ignore list, targets
-  unsigned threads = 1;          // worker threads (>= 1)
+  std::filesystem::path output;         // directory to create (must not exist unless force)
+  PlanOptions plan;                     // scheme, ignore list, targets
+  unsigned threads = 1;                 // worker threads (>= 1)
   bool force = false;            // replace a checkpoint-like OUTPUT once the new one is complete
   bool follow_symlinks = false;  // read files that links in INPUT point to outside it
   bool dry_run = false;          // plan and lint only; write nothing
@@ -51,7 +51,7 @@ struct QuantizeOptions {
   // written with SHA extensions) and no kManifestFileName; refused with part,
   // resume (their files are checked by digest) and by the CLI with a report.
   bool manifest = true;
-  std::uint64_t chunk_bytes = 4u << 20;  // input bytes per quantization job
+  std::uint64_t chunk_bytes = 4u << 20;       // input bytes per quantization job
   std::uint64_t fp8_band_bytes = 256u << 10;  // ExecuteOptions::fp8_band_bytes
   // --observer auto (observer_choice.hpp): every module measured with
   // min-max, its MSE observer and refit (observer_kwargs
@@ -76,7 +76,7 @@ struct QuantizeOptions {
   // never stop the run (--allow), and ids whose findings always do (--error).
   std::vector<std::string> lint_allow;
   std::vector<std::string> lint_error;
-  unsigned tp = 1;                // tensor-parallel degree for the Marlin shape check (L5)
+  unsigned tp = 1;  // tensor-parallel degree for the Marlin shape check (L5)
   // Where log lines go (stderr in the CLI); null means nowhere.
   std::shared_ptr<spdlog::logger> logger;
   std::function<void(const Progress&)> on_progress;  // may be empty
@@ -119,6 +119,11 @@ struct QuantizeOptions {
   // run as any error does. Not called for a dry run or a --part run, which
   // commit no OUTPUT. May be empty.
   std::function<void(const QuantizeSummary&)> before_commit;
+  // Set by quantize() itself for a transform that writes its rewritten
+  // source first (transform/transform.hpp, staged_source: rotate): the run
+  // reads that source as INPUT and this is the rewrite it records in the
+  // summary, the report and the dry run's plan (nothing to apply).
+  std::shared_ptr<const RewritePlan> staged_rewrite;
 };
 
 // Defaults: W4A16 (int4, symmetric, group 128), ignore ["lm_head"],
@@ -127,15 +132,15 @@ QuantizeOptions default_quantize_options();
 
 // Wall time of each phase of quantize(), in seconds.
 struct PhaseTimes {
-  double open = 0;      // list the input, read and validate every header
-  double plan = 0;      // make_plan (twice with --observer auto, --target-bits, --more-bits)
+  double open = 0;             // list the input, read and validate every header
+  double plan = 0;             // make_plan (twice with --observer auto, --target-bits, --more-bits)
   double choose_observer = 0;  // --observer auto: measuring every module with each observer
   double choose_bits = 0;      // --target-bits: measuring every module with each option
-  double lint = 0;      // run_lint
-  double stream = 0;    // execute_plan's jobs: read, quantize, write (page cache)
-  double flush = 0;     // execute_plan's fsync of every file (0 with fsync off)
-  double manifest = 0;  // hash every output file, write the manifest
-  double commit = 0;    // rename into place
+  double lint = 0;             // run_lint
+  double stream = 0;           // execute_plan's jobs: read, quantize, write (page cache)
+  double flush = 0;            // execute_plan's fsync of every file (0 with fsync off)
+  double manifest = 0;         // hash every output file, write the manifest
+  double commit = 0;           // rename into place
 };
 
 struct QuantizeSummary {
@@ -153,7 +158,7 @@ struct QuantizeSummary {
   // QuantizeOptions::manifest.
   std::vector<ManifestEntry> output_files;
   QuantizePlan plan;
-  std::vector<Finding> findings;  // every lint finding, blocking or not
+  std::vector<Finding> findings;    // every lint finding, blocking or not
   std::optional<PartSummary> part;  // a part's or a --resume run's files (kept, written)
   // --observer auto (not for a dry run): each module's errors and choice,
   // for the plan before the groups were split (the modules are the same, in

@@ -1,8 +1,10 @@
 // Which checkpoints a function-keeping rewrite (transform/transform.hpp)
 // may change, decided from config.json and the tensor names alone: the
-// blocks `--transform balance` rewrites and every reason it refuses.
+// blocks `--transform balance` and `--transform rotate` rewrite and every
+// reason they refuse (rotate adds its own: the embedding, final norm and
+// head it needs, sizes with a Hadamard matrix; src/transform/rotate.cpp).
 //
-// A block is safe to balance when it is exactly a pre-norm Llama block:
+// A block is safe to rewrite when it is exactly a pre-norm Llama block:
 // RMSNorm x * g with no bias (input_layernorm feeding q/k/v,
 // post_attention_layernorm feeding gate/up), no Linear biases, attention
 // output o_proj(attn(v)) and MLP down(act(gate) * up), as transformers'

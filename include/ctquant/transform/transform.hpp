@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
@@ -54,7 +55,15 @@ struct RewritePlan {
   std::vector<std::string> scale_names;
   std::vector<std::vector<double>> scales;
   bool derived = false;
-  std::uint64_t head_dim = 0;  // balance: of the attention heads (config.json)
+  std::uint64_t head_dim = 0;  // of the attention heads (config.json)
+  // What the row records beside its name in config.json (the scale rule,
+  // the rotations).
+  nlohmann::json details = nlohmann::json::object();
+  // A row that mixes rows of a tensor (rotate) is not applied chunk by
+  // chunk: the run writes the rewritten source first (stage_rewritten_source)
+  // and quantizes that. Such a plan has no scales; it lists the tensors
+  // and what is done to them, for inspect --plan and --dry-run.
+  bool staged_source = false;
 
   // The rewrite of an input tensor, or null.
   const TensorRewrite* find(std::string_view tensor) const;
@@ -77,8 +86,17 @@ struct TransformRow {
   RewritePlan (*plan)(const Checkpoint& checkpoint);
   // Reads the weights the scales come from and fills plan.scales. Throws
   // Error{kIo} on a failed read, Error{kBadInput} for a weight that is not
-  // finite.
+  // finite. Null for a row that writes the rewritten source instead.
   void (*derive)(const Checkpoint& checkpoint, RewritePlan& plan);
+  // For a row whose plan is staged_source: writes the rewritten checkpoint
+  // (every shard with the same file name, tensors in the same order plus
+  // any it adds, the index, config.json with `ctquant_transform`, the other
+  // files linked or copied) into the directory `dir`, which it creates.
+  // with_data false writes the headers and leaves the data a hole (a dry
+  // run plans from it). Throws as plan, Error{kIo} / Error{kNoSpace} on a
+  // failed read or write, Error{kInterrupted} from poll_cancel().
+  void (*write_source)(const Checkpoint& checkpoint, const std::filesystem::path& dir,
+                       bool with_data, const RewritePlan& plan) = nullptr;
 };
 
 std::span<const TransformRow> transform_rows();
@@ -91,6 +109,36 @@ std::shared_ptr<const RewritePlan> plan_transform(const Checkpoint& checkpoint,
 // The same plan with its scales derived from the weights.
 std::shared_ptr<const RewritePlan> derive_transform(const Checkpoint& checkpoint,
                                                     const RewritePlan& planned);
+
+// A rewritten source written into a temporary directory for a run
+// (TransformRow::write_source), removed with this object.
+class StagedSource {
+ public:
+  // Writes the rewritten source of `checkpoint` (plan: plan_transform of a
+  // staged_source row) into `dir`, which must not exist. On any error the
+  // directory is removed and the error rethrown.
+  StagedSource(const Checkpoint& checkpoint, const RewritePlan& plan, std::filesystem::path dir,
+               bool with_data);
+  ~StagedSource();
+  StagedSource(const StagedSource&) = delete;
+  StagedSource& operator=(const StagedSource&) = delete;
+  const std::filesystem::path& path() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+// True when the transform named `name` is a staged_source row (rotate).
+bool transform_stages_source(std::string_view name);
+
+// For verify --against-source and inspect --errors: when an output's
+// config.json records (`ctquant_transform`) a transform that stages its
+// source, INPUT rewritten as quantize rewrote it, written under the
+// system's temporary directory (as large as INPUT's tensors) and removed
+// with the object; null otherwise. Throws as open_checkpoint and the row's
+// plan and write_source.
+std::unique_ptr<StagedSource> stage_source_for_output(
+    const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input);
 
 // Rewrites n elements of `rewrite`'s tensor in place, starting at element
 // `first` of its row-major [rows, cols] view, stored as `dtype` (BF16, F16

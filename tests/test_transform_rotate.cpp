@@ -1,0 +1,295 @@
+// --transform rotate (src/transform/rotate.cpp, transform/hadamard.hpp):
+// the Hadamard matrices and the fast rotation against dense ones, the
+// rewritten model's logits against the original's in float64 (untied,
+// tied, a hidden size that needs a Paley H_12), the refusals by name, and
+// runs through the CLI (the rewritten source written and removed, the
+// untied head, config.json's record, verify --against-source, the dry run).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/transform/hadamard.hpp"
+#include "ctquant/transform/transform.hpp"
+#include "ctquant/util/error.hpp"
+#include "llama_block.hpp"
+#include "test_support.hpp"
+
+namespace ctquant {
+namespace {
+
+using nlohmann::json;
+using namespace ctquant::test;  // NOLINT: the test helpers
+
+TEST(Hadamard, EveryBuiltMatrixIsHadamard) {
+  std::vector<std::uint64_t> built;
+  for (std::uint64_t k = 1; k <= 256; ++k) {
+    std::vector<int> h;
+    try {
+      h = hadamard_matrix(k);
+    } catch (const std::invalid_argument&) {
+      continue;  // k itself is not built
+    }
+    built.push_back(k);
+    ASSERT_EQ(h.size(), k * k);
+    for (std::uint64_t i = 0; i < k; ++i) {
+      for (std::uint64_t j = 0; j < k; ++j) {
+        ASSERT_TRUE(h[i * k + j] == 1 || h[i * k + j] == -1) << k;
+        long dot = 0;
+        for (std::uint64_t c = 0; c < k; ++c) dot += h[i * k + c] * h[j * k + c];
+        ASSERT_EQ(dot, i == j ? static_cast<long>(k) : 0)
+            << "k " << k << " rows " << i << ", " << j;
+      }
+    }
+  }
+  // Sylvester's orders, Paley I (q + 1, q = 3 mod 4) and Paley II
+  // (2 (q + 1), q = 1 mod 4) up to 64.
+  const std::vector<std::uint64_t> up_to_64(built.begin(),
+                                            std::find(built.begin(), built.end(), 68));
+  EXPECT_EQ(up_to_64,
+            (std::vector<std::uint64_t>{1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 44, 48, 60, 64}));
+}
+
+TEST(Hadamard, KnownOrdersOfModelSizes) {
+  EXPECT_EQ(hadamard_known_order(4096), 1u);          // Llama-3-8B, Qwen3-8B
+  EXPECT_EQ(hadamard_known_order(2560), 20u);         // Qwen3-4B: 20 * 128
+  EXPECT_EQ(hadamard_known_order(3072), 12u);         // Llama-3.2-3B: 12 * 256
+  EXPECT_EQ(hadamard_known_order(896), 28u);          // Qwen2.5-0.5B: 28 * 32
+  EXPECT_EQ(hadamard_known_order(5120), 20u);         // Qwen3-14B: 20 * 256
+  EXPECT_EQ(hadamard_known_order(80), 20u);           // head_dim 80: 20 * 4
+  EXPECT_EQ(hadamard_known_order(92), std::nullopt);  // 23 * 4: no order built
+  EXPECT_EQ(hadamard_known_order(7), std::nullopt);
+  EXPECT_EQ(hadamard_known_order(0), std::nullopt);
+  EXPECT_THROW(hadamard_matrix(92), std::invalid_argument);
+}
+
+// x Q with Q = D (H_12 (x) H_2) / sqrt(24), computed densely.
+TEST(Hadamard, RotationEqualsTheDenseMatrixAndInvertsExactly) {
+  const std::uint64_t n = 24;
+  const Rotation r(n, 5);
+  ASSERT_EQ(r.known_order(), 12u);
+  const std::vector<int> h12 = hadamard_matrix(12), h2 = hadamard_matrix(2);
+  std::vector<double> x(n), scratch;
+  for (std::uint64_t i = 0; i < n; ++i) x[i] = std::sin(static_cast<double>(i) + 0.5) * 3;
+  std::vector<double> dense(n, 0.0);
+  int negative = 0;
+  for (std::uint64_t j = 0; j < n; ++j) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const int hij = h12[(i / 2) * 12 + j / 2] * h2[(i % 2) * 2 + j % 2];
+      dense[j] += x[i] * r.sign(i) * hij / std::sqrt(24.0);
+    }
+  }
+  for (std::uint64_t i = 0; i < n; ++i) negative += r.sign(i) < 0 ? 1 : 0;
+  EXPECT_GT(negative, 3);  // the signs are not all +1
+  EXPECT_LT(negative, 21);
+  std::vector<double> y = x;
+  r.apply(y.data(), scratch);
+  for (std::uint64_t j = 0; j < n; ++j) EXPECT_NEAR(y[j], dense[j], 1e-12) << j;
+  r.apply_transposed(y.data(), scratch);
+  for (std::uint64_t j = 0; j < n; ++j) EXPECT_NEAR(y[j], x[j], 1e-12) << j;
+  // The same seed gives the same signs.
+  const Rotation again(n, 5);
+  for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(again.sign(i), r.sign(i));
+}
+
+Weights load_all(const Checkpoint& ck) {
+  Weights w;
+  for (const auto& [name, at] : ck.tensors) {
+    const TensorEntry& e = ck.entry(at);
+    read_rows_as_double(ck, name, 0, e.shape.size() == 2 ? e.shape[0] : 1, w[name]);
+  }
+  return w;
+}
+
+// The rotated model's logits against the original's, both from F32
+// checkpoints: equal to within F32 rounding of the rewritten weights.
+void expect_same_logits(const Geometry& g, const json& config, bool drop_head) {
+  TempDir dir;
+  std::vector<FakeTensor> tensors;
+  for (const auto& [name, tv] : llama_block(g)) {
+    if (drop_head && name == "lm_head.weight") continue;
+    tensors.push_back({name, DType::kF32, tv.first, float_bytes(DType::kF32, tv.second)});
+  }
+  write_checkpoint(dir / "in", tensors, config);
+  const Checkpoint ck = open_checkpoint(dir / "in");
+  const auto plan = plan_transform(ck, "rotate");
+  const StagedSource staged(ck, *plan, dir / "rotated", true);
+  const Checkpoint rotated = open_checkpoint(staged.path());
+  const Weights before = load_all(ck), after = load_all(rotated);
+  ASSERT_TRUE(after.contains("lm_head.weight"));
+  // Every Linear moved: the rotation is not trivial.
+  for (const char* n :
+       {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.embed_tokens.weight"}) {
+    double moved = 0;
+    for (std::size_t i = 0; i < before.at(n).size(); ++i) {
+      moved = std::max(moved, std::fabs(after.at(n)[i] - before.at(n)[i]));
+    }
+    EXPECT_GT(moved, 0.01) << n;
+  }
+  for (double v : after.at("model.layers.0.input_layernorm.weight")) EXPECT_EQ(v, 1.0);
+  for (double v : after.at("model.norm.weight")) EXPECT_EQ(v, 1.0);
+  const std::vector<std::uint64_t> tokens{3, 1, 4, 1, 5, 9, 2};
+  const auto y0 = model_forward(before, g, tokens);
+  const auto y1 = model_forward(after, g, tokens);
+  ASSERT_EQ(y0.size(), y1.size());
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < y0.size(); ++i) {
+    worst = std::max(worst, std::fabs(y0[i] - y1[i]));
+    largest = std::max(largest, std::fabs(y0[i]));
+  }
+  EXPECT_GT(largest, 1.0);
+  EXPECT_LT(worst, 1e-5 * largest) << worst << " of " << largest;
+}
+
+TEST(Rotate, KeepsTheLogitsOfAnUntiedLlama) {
+  const Geometry g;  // hidden 8, head_dim 2
+  expect_same_logits(g, llama_config(g), false);
+}
+
+TEST(Rotate, KeepsTheLogitsOfATiedLlamaAndUntiesIt) {
+  const Geometry g;
+  json config = llama_config(g);
+  config["tie_word_embeddings"] = true;
+  expect_same_logits(g, config, true);
+}
+
+TEST(Rotate, KeepsTheLogitsWithAPaleyOrderHiddenSize) {
+  // hidden 24 = H_12 (Paley I of 11) x H_2; head_dim 4.
+  const Geometry g{24, 4, 2, 4, 48};
+  expect_same_logits(g, llama_config(g), false);
+}
+
+// down_proj's columns are rotated over every row: one value against the
+// dense Q1^T W computed here.
+TEST(Rotate, MixesTheRowsOfDownProj) {
+  TempDir dir;
+  const Geometry g;
+  write_block(dir / "in", g, DType::kF32, llama_config(g));
+  const Checkpoint ck = open_checkpoint(dir / "in");
+  const StagedSource staged(ck, *plan_transform(ck, "rotate"), dir / "rotated", true);
+  const Checkpoint rotated = open_checkpoint(staged.path());
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  const Weights before = load_all(ck), after = load_all(rotated);
+  const Rotation q1(g.hidden, 0);  // the R1 seed config.json records
+  const std::vector<int> h = hadamard_matrix(g.hidden);
+  for (std::uint64_t row : {0u, 5u}) {
+    for (std::uint64_t col : {0u, 7u}) {
+      // (Q^T W)[row, col] = sum_i Q[i, row] W[i, col], Q[i, j] = d_i H[i, j] / sqrt(n).
+      double want = 0;
+      for (std::uint64_t i = 0; i < g.hidden; ++i) {
+        want += q1.sign(i) * h[i * g.hidden + row] / std::sqrt(8.0) *
+                before.at(down)[i * g.inter + col];
+      }
+      EXPECT_EQ(after.at(down)[row * g.inter + col], static_cast<double>(static_cast<float>(want)))
+          << row << ", " << col;
+    }
+  }
+  EXPECT_EQ(read_json(staged.path() / "config.json")["ctquant_transform"]["r1"]["sign_seed"], 0);
+}
+
+std::string rotate_refusal(const std::filesystem::path& dir) {
+  try {
+    plan_transform(open_checkpoint(dir), "rotate");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Rotate, RefusesAHiddenSizeWithNoHadamardMatrix) {
+  TempDir dir;
+  const Geometry g{92, 4, 2, 4, 16};
+  write_block(dir / "in", g, DType::kF32, llama_config(g));
+  expect_message(rotate_refusal(dir / "in"), {"--transform rotate", "hidden size 92",
+                                              "no Hadamard matrix", "nothing was written"});
+}
+
+TEST(Rotate, RefusesDraftsMixturesAndAMissingEmbedding) {
+  TempDir dir;
+  copy_dir(golden_dir() / "dflash-bf16-sharded" / "input", dir / "draft");
+  expect_message(rotate_refusal(dir / "draft"), {"DFlashLagunaForCausalLM", "draft"});
+  const Geometry g;
+  json moe = llama_config(g);
+  moe["num_experts"] = 8;
+  write_block(dir / "moe", g, DType::kF32, moe);
+  expect_message(rotate_refusal(dir / "moe"), {"num_experts", "mixture of experts"});
+  std::vector<FakeTensor> tensors;
+  for (const auto& [name, tv] : llama_block(g)) {
+    if (name == "model.embed_tokens.weight") continue;
+    tensors.push_back({name, DType::kF32, tv.first, float_bytes(DType::kF32, tv.second)});
+  }
+  write_checkpoint(dir / "no-embed", tensors, llama_config(g));
+  expect_message(rotate_refusal(dir / "no-embed"),
+                 {"model.embed_tokens.weight: missing", "R1 rotates the embedding"});
+  EXPECT_EQ(rotate_refusal(dir / "moe").find("model.embed_tokens"), std::string::npos);
+}
+
+// A model W4A16 can quantize: hidden and intermediate multiples of 128.
+const Geometry kWide{128, 4, 2, 32, 256};
+
+TEST(Rotate, QuantizeWritesTheRotatedSourceUntiedAndVerifies) {
+  TempDir dir;
+  json config = llama_config(kWide);
+  config["tie_word_embeddings"] = true;
+  std::vector<FakeTensor> tensors;
+  for (const auto& [name, tv] : llama_block(kWide)) {
+    if (name == "lm_head.weight") continue;
+    tensors.push_back({name, DType::kBF16, tv.first, float_bytes(DType::kBF16, tv.second)});
+  }
+  write_checkpoint(dir / "in", tensors, config);
+  const std::string in = (dir / "in").string(), out = (dir / "out").string();
+  const CommandResult dry =
+      run_ctquant({"quantize", in, out, "--transform", "rotate", "--dry-run"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  expect_message(dry.out + dry.err,
+                 {"rotate: Q1^T × (rows mixed)", "rotate: g folded into q/k/v_proj, set to 1",
+                  "transform rotate"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
+
+  const CommandResult run = run_ctquant({"quantize", in, out, "--transform", "rotate"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  expect_message(run.err, {"writing the rewritten source", "transform rotate"});
+  EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
+  const json written = read_json(dir / "out" / "config.json");
+  EXPECT_EQ(written["tie_word_embeddings"], false);
+  EXPECT_EQ(written["ctquant_transform"]["transform"], "rotate");
+  EXPECT_EQ(written["ctquant_transform"]["untied_head"], true);
+  EXPECT_EQ(written["quantization_config"]["transform_config"], json::object());
+  const std::vector<std::byte> head =
+      read_tensor(dir / "out" / "model.safetensors", "lm_head.weight");
+  EXPECT_EQ(head.size(), 16u * 128u * 2u);  // BF16, kept (ignored by default)
+  EXPECT_NE(head, read_tensor(dir / "in" / "model.safetensors", "model.embed_tokens.weight"));
+  // The input is untouched.
+  EXPECT_EQ(read_json(dir / "in" / "config.json")["tie_word_embeddings"], true);
+
+  const CommandResult verify = run_ctquant({"verify", out, in, "--against-source"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
+TEST(Rotate, RefusedRunsLeaveNothingBehind) {
+  TempDir dir;
+  write_block(dir / "in", kWide, DType::kBF16, llama_config(kWide));
+  const std::string in = (dir / "in").string(), out = (dir / "out").string();
+  const CommandResult part =
+      run_ctquant({"quantize", in, out, "--transform", "rotate", "--part", "1/2"});
+  EXPECT_EQ(part.exit_code, 2);
+  expect_message(part.err, {"--transform rotate with --part", "not supported yet"});
+  // Planned from the rewritten source, then refused (nothing quantized).
+  const CommandResult none =
+      run_ctquant({"quantize", in, out, "--transform", "rotate", "--ignore", "re:.*"});
+  EXPECT_NE(none.exit_code, 0);
+  expect_message(none.err, {"no tensor would be quantized"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
+  // A directory left by a run that was killed is named, not overwritten.
+  std::filesystem::create_directory(dir / ".out.ctquant-rotate");
+  const CommandResult left = run_ctquant({"quantize", in, out, "--transform", "rotate"});
+  EXPECT_EQ(left.exit_code, 2);
+  expect_message(left.err, {".out.ctquant-rotate exists", "remove it"});
+}
+
+}  // namespace
+}  // namespace ctquant
