@@ -391,6 +391,9 @@ def best_lines(per, ids):
         if per[rid]["preset"] not in presets:
             presets.append(per[rid]["preset"])
     out = []
+    # Function rows (nothing quantized) are not a method to choose.
+    presets = [p for p in presets
+               if not any(per[rid]["preset"] == p and rid in FUNCTION_ROWS for rid in ids)]
     for p in presets:
         # At the preset's own size: rows that spend more bits compete apart.
         size = min(per[rid]["bits_per_weight"] for rid in ids if per[rid]["preset"] == p)
