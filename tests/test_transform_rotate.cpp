@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/transform/hadamard.hpp"
@@ -87,6 +88,17 @@ TEST(Hadamard, RotationEqualsTheDenseMatrixAndInvertsExactly) {
   for (std::uint64_t j = 0; j < n; ++j) EXPECT_NEAR(y[j], dense[j], 1e-12) << j;
   r.apply_transposed(y.data(), scratch);
   for (std::uint64_t j = 0; j < n; ++j) EXPECT_NEAR(y[j], x[j], 1e-12) << j;
+  // Columns of a 24 x 3 matrix rotated together: each exactly as a row.
+  std::vector<double> m(n * 3);
+  for (std::uint64_t i = 0; i < n * 3; ++i) m[i] = std::cos(static_cast<double>(i));
+  std::vector<double> cols = m;
+  r.apply_to_columns(cols.data(), 3, scratch);
+  for (std::uint64_t c = 0; c < 3; ++c) {
+    std::vector<double> col(n);
+    for (std::uint64_t i = 0; i < n; ++i) col[i] = m[i * 3 + c];
+    r.apply(col.data(), scratch);
+    for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(cols[i * 3 + c], col[i]) << i << ", " << c;
+  }
   // The same seed gives the same signs.
   const Rotation again(n, 5);
   for (std::uint64_t i = 0; i < n; ++i) EXPECT_EQ(again.sign(i), r.sign(i));
@@ -289,6 +301,43 @@ TEST(Rotate, RefusedRunsLeaveNothingBehind) {
   const CommandResult left = run_ctquant({"quantize", in, out, "--transform", "rotate"});
   EXPECT_EQ(left.exit_code, 2);
   expect_message(left.err, {".out.ctquant-rotate exists", "remove it"});
+}
+
+// A double rounded to nearest, ties to even, with `bits` bits of mantissa
+// after the leading one, computed from frexp (normal numbers only).
+double round_once(double v, int bits) {
+  int e = 0;
+  const double m = std::frexp(std::fabs(v), &e);  // [0.5, 1)
+  const double scaled = std::ldexp(m, bits + 1);  // [2^bits, 2^(bits+1))
+  double q = std::floor(scaled);
+  const double r = scaled - q;
+  if (r > 0.5 || (r == 0.5 && std::fmod(q, 2.0) == 1.0)) q += 1;
+  return std::copysign(std::ldexp(q, e - bits - 1), v);
+}
+
+// The rewrite's values are rounded once from double (as torch's .to()),
+// including just off a midpoint between two BF16 or F16 values, where
+// rounding through float first would tie to even the wrong way.
+TEST(StoreRounded, RoundsOnceFromDoubleToBf16AndF16) {
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> mant(0.5, 1.0);
+  std::uniform_int_distribution<int> expo(-12, 12);
+  for (const auto& [dtype, bits] : {std::pair{DType::kBF16, 7}, std::pair{DType::kF16, 10}}) {
+    for (int k = 0; k < 20000; ++k) {
+      double v = std::ldexp(mant(gen), expo(gen)) * (k % 2 == 0 ? 1 : -1);
+      if (k % 4 >= 2) {
+        // A midpoint of two representable values, nudged by 2^-40 of it.
+        const double a = round_once(v, bits);
+        const double step = std::ldexp(1.0, std::ilogb(a) - bits);
+        const double mid = a + step / 2;
+        v = mid + (k % 8 >= 4 ? 1 : -1) * std::ldexp(std::fabs(mid), -40);
+      }
+      std::byte out[2];
+      store_rounded(dtype, v, out);
+      ASSERT_EQ(static_cast<double>(load_as_float(dtype, out)), round_once(v, bits))
+          << dtype_tag(dtype) << " " << v;
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Randomized Hadamard rotations (transform/hadamard.hpp).
 #include "ctquant/transform/hadamard.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -166,6 +167,51 @@ void Rotation::apply(double* x, std::vector<double>& scratch) const {
   }
   const double norm = 1.0 / std::sqrt(static_cast<double>(n_));
   for (std::uint64_t i = 0; i < n_; ++i) x[i] *= norm;
+}
+
+void Rotation::apply_to_columns(double* m, std::uint64_t width,
+                                std::vector<double>& scratch) const {
+  // (Q^T m)[j] = sum_i d_i H[i, j] m[i] / sqrt(n), row by row.
+  const std::uint64_t block = n_ / k_;
+  for (std::uint64_t i = 0; i < n_; ++i) {
+    double* row = m + i * width;
+    for (std::uint64_t c = 0; c < width; ++c) row[c] *= signs_[i];
+  }
+  for (std::uint64_t a = 0; a < k_; ++a) {
+    double* base = m + a * block * width;
+    for (std::uint64_t h = 1; h < block; h *= 2) {
+      for (std::uint64_t i = 0; i < block; i += 2 * h) {
+        for (std::uint64_t j = i; j < i + h; ++j) {
+          double* x = base + j * width;
+          double* y = base + (j + h) * width;
+          for (std::uint64_t c = 0; c < width; ++c) {
+            const double p = x[c], q = y[c];
+            x[c] = p + q;
+            y[c] = p - q;
+          }
+        }
+      }
+    }
+  }
+  if (k_ > 1) {
+    scratch.resize(k_ * width);
+    for (std::uint64_t b = 0; b < block; ++b) {
+      std::fill(scratch.begin(), scratch.end(), 0.0);
+      for (std::uint64_t a = 0; a < k_; ++a) {
+        const double* z = m + (a * block + b) * width;
+        for (std::uint64_t a2 = 0; a2 < k_; ++a2) {
+          const double hk = hk_[a * k_ + a2];
+          double* out = scratch.data() + a2 * width;
+          for (std::uint64_t c = 0; c < width; ++c) out[c] += hk * z[c];
+        }
+      }
+      for (std::uint64_t a2 = 0; a2 < k_; ++a2) {
+        std::copy_n(scratch.data() + a2 * width, width, m + (a2 * block + b) * width);
+      }
+    }
+  }
+  const double norm = 1.0 / std::sqrt(static_cast<double>(n_));
+  for (std::uint64_t k = 0; k < n_ * width; ++k) m[k] *= norm;
 }
 
 void Rotation::apply_transposed(double* x, std::vector<double>& scratch) const {

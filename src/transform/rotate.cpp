@@ -245,7 +245,6 @@ struct RotateContext {
   const Rotation* r1 = nullptr;
   const Rotation* r2 = nullptr;
   std::vector<double> strip;
-  std::vector<double> column;
   std::vector<double> scratch;
 };
 
@@ -281,16 +280,10 @@ void rotate_rows(const RotateOp& op, const std::vector<double>* gamma, DType dty
       }
     }
     if (op.r1_out || op.r2_out) {
+      // Each column c <- Q^T c over its block of rows ((Q^T c)^T = c^T Q).
       const Rotation& r = op.r1_out ? *ctx.r1 : *ctx.r2;
-      const std::uint64_t block = r.size();
-      ctx.column.resize(block);
-      for (std::uint64_t b0 = 0; b0 < rows; b0 += block) {
-        for (std::uint64_t j = 0; j < w; ++j) {
-          for (std::uint64_t i = 0; i < block; ++i) ctx.column[i] = s[(b0 + i) * w + j];
-          // (Q^T c)^T = c^T Q.
-          r.apply(ctx.column.data(), ctx.scratch);
-          for (std::uint64_t i = 0; i < block; ++i) s[(b0 + i) * w + j] = ctx.column[i];
-        }
+      for (std::uint64_t b0 = 0; b0 < rows; b0 += r.size()) {
+        r.apply_to_columns(s + b0 * w, w, ctx.scratch);
       }
     }
     for (std::uint64_t i = 0; i < rows; ++i) {

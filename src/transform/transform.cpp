@@ -38,7 +38,8 @@ float round_to_odd_float(double value) {
   float f = static_cast<float>(value);
   if (static_cast<double>(f) == value || !std::isfinite(f)) return f;
   if (std::fabs(static_cast<double>(f)) > std::fabs(value)) {
-    f = std::nextafter(f, 0.0f);
+    // One float toward zero (f is finite and not zero here).
+    f = std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) - 1u);
   }
   return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
 }

@@ -47,6 +47,11 @@ class Rotation {
   // x <- x Q for the row vector x of size() values; scratch is resized to
   // known_order() values (one per calling thread).
   void apply(double* x, std::vector<double>& scratch) const;
+  // m <- Q^T m for the size() x width matrix m (row-major): every column c
+  // becomes Q^T c, i.e. each column gets what apply() does to a row, done
+  // with whole rows at a time (cache-friendly for the rows a producer's
+  // output side mixes). scratch is resized to known_order() * width.
+  void apply_to_columns(double* m, std::uint64_t width, std::vector<double>& scratch) const;
   // x <- x Q^T (the inverse): for tests and the inverse check.
   void apply_transposed(double* x, std::vector<double>& scratch) const;
 
