@@ -751,5 +751,48 @@ TEST(ConverterMix, GroupTargetingOnlyAnIgnoredModuleSaysSo) {
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
+// Overwrites `bytes` at element `index` of `tensor` in the checkpoint file.
+void patch_element(const fs::path& file, const std::string& tensor, std::uint64_t index,
+                   const std::vector<std::uint8_t>& bytes) {
+  const SafetensorsHeader header = read_header(file, file.filename().string());
+  const TensorEntry* e = header.find(tensor);
+  ASSERT_NE(e, nullptr) << tensor;
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(header.data_start + e->begin + index * bytes.size()));
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good());
+}
+
+// Converted values are written as stored (no requantization): a scale that
+// is not finite in the input, or a global scale that becomes one (1 / 0),
+// would reach vLLM as NaN weights. Refused, exit 1, naming the shard, the
+// tensor, the element and the module; nothing written.
+TEST(ConverterRefusals, ScaleThatIsNotFiniteIsRefused) {
+  TempDir tmp;
+  copy_dir(golden_dir() / "awq-gemm-zp-g128" / "input", tmp / "awq");
+  patch_element(tmp / "awq" / "model.safetensors", "model.layers.0.mlp.down_proj.scales",
+                1 * 256 + 7, {0x00, 0x7e});  // F16 NaN at [1, 7]
+  const CommandResult awq =
+      run_ctquant({"quantize", (tmp / "awq").string(), (tmp / "out").string()});
+  EXPECT_EQ(awq.exit_code, 1) << awq.err;
+  expect_message(awq.err, {"model.safetensors: tensor 'model.layers.0.mlp.down_proj.scales' (F16) "
+                           "element [1, 7]: nan is not finite",
+                           "module 'model.layers.0.mlp.down_proj'", "Nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+
+  copy_dir(golden_dir() / "modelopt-nvfp4-kv" / "input", tmp / "modelopt");
+  patch_element(tmp / "modelopt" / "model.safetensors",
+                "model.layers.0.mlp.gate_proj.weight_scale_2", 0, {0, 0, 0, 0});  // 0.0f
+  const CommandResult modelopt =
+      run_ctquant({"quantize", (tmp / "modelopt").string(), (tmp / "out").string()});
+  EXPECT_EQ(modelopt.exit_code, 1) << modelopt.err;
+  expect_message(modelopt.err,
+                 {"converted tensor 'model.layers.0.mlp.gate_proj.weight_global_scale' (F32) "
+                  "element 0: inf is not finite (made from "
+                  "model.layers.0.mlp.gate_proj.weight_scale_2)",
+                  "Nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+}
+
 }  // namespace
 }  // namespace ctquant::test

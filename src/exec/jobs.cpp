@@ -311,8 +311,9 @@ void JobRunner::run_convert_job(std::size_t job_index, const Job& job, Buffers& 
   lap.lap(Phase::kRead);
   queue_.wait_written(buf.convert_write);
   const std::span<std::byte> out = bytes_of(buf.convert_out, t.byte_size);
-  produce_converted(*plan_.source_format->converter, t,
-                    std::span<const std::span<const std::byte>>(in.data(), t.inputs.size()), out);
+  const std::span<const std::span<const std::byte>> inputs(in.data(), t.inputs.size());
+  produce_converted(*plan_.source_format->converter, t, inputs, out);
+  detail::check_converted_values(checkpoint_, m, t, inputs, out);
   lap.lap(Phase::kQuantize);
   WriteRequest request;
   request.job = job_index;

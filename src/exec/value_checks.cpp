@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "ctquant/scheme/scale_check.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 
 namespace ctquant::detail {
 
@@ -84,6 +87,55 @@ void throw_fp8_not_finite(const WeightRows& rows, std::uint64_t row_begin, std::
   throw bad_input(fmt::format(
       "{} {} (a dequantized weight must be finite; section 6 of the format spec, docs/format.md)",
       rows.element(row, col), rows.describe_fp8(row, col)));
+}
+
+namespace {
+
+bool float_dtype(DType d) { return is_quantizable_float(d) || is_fp8(d); }
+
+// The first element of `bytes` (dtype d) that is not finite, or nullopt.
+std::optional<std::uint64_t> first_not_finite(DType d, std::span<const std::byte> bytes) {
+  const std::size_t size = dtype_bits(d) / 8;
+  for (std::uint64_t k = 0; k * size < bytes.size(); ++k) {
+    if (!std::isfinite(load_as_float(d, bytes.data() + k * size))) return k;
+  }
+  return std::nullopt;
+}
+
+std::string element_index(const std::vector<std::uint64_t>& shape, std::uint64_t k) {
+  if (shape.size() != 2) return fmt::format("element {}", k);
+  return fmt::format("element [{}, {}]", k / shape[1], k % shape[1]);
+}
+
+}  // namespace
+
+void check_converted_values(const Checkpoint& checkpoint, const ConvertedModule& m,
+                            const ConvertedTensor& t,
+                            std::span<const std::span<const std::byte>> inputs,
+                            std::span<const std::byte> out) {
+  for (std::size_t i = 0; i < t.inputs.size(); ++i) {
+    const TensorEntry& e = checkpoint.entry(t.inputs[i]);
+    if (!float_dtype(e.dtype)) continue;
+    if (const auto k = first_not_finite(e.dtype, inputs[i])) {
+      throw bad_input(fmt::format(
+          "{}: tensor '{}' ({}) {}: {} is not finite; module '{}' is converted as it is "
+          "stored (no requantization), so vLLM would compute NaN for every weight it scales. "
+          "Nothing was written",
+          checkpoint.shards[t.inputs[i].shard].label(), e.name, dtype_tag(e.dtype),
+          element_index(e.shape, *k),
+          load_as_float(e.dtype, inputs[i].data() + *k * (dtype_bits(e.dtype) / 8)), m.name));
+    }
+  }
+  if (!float_dtype(t.dtype)) return;
+  if (const auto k = first_not_finite(t.dtype, out)) {
+    std::vector<std::string> from;
+    for (const TensorLocation& at : t.inputs) from.push_back(checkpoint.entry(at).name);
+    throw bad_input(fmt::format(
+        "converted tensor '{}' ({}) {}: {} is not finite (made from {}); vLLM would compute NaN "
+        "for the weights it scales. Nothing was written",
+        t.name, dtype_tag(t.dtype), element_index(t.shape, *k),
+        load_as_float(t.dtype, out.data() + *k * (dtype_bits(t.dtype) / 8)), join(from, 10)));
+  }
 }
 
 void check_observer_ranges(const ScaleSubject& m, std::uint64_t row_begin, std::uint64_t n_rows,

@@ -13,6 +13,7 @@
 
 #include "ctquant/scheme/observer.hpp"
 #include "ctquant/scheme/scheme.hpp"
+#include "ctquant/source/converter.hpp"
 #include "ctquant/source/weight_rows.hpp"
 
 namespace ctquant::detail {
@@ -24,6 +25,18 @@ namespace ctquant::detail {
 // An FP8 element whose dequantized value is not finite (section 6).
 [[noreturn]] void throw_fp8_not_finite(const WeightRows& rows, std::uint64_t row_begin,
                                        std::uint64_t bad);
+
+// A converted module's float values (source/converter.hpp): every input
+// tensor of output tensor t of a float dtype (AWQ scales, ModelOpt
+// weight_scale, weight_scale_2) and t's own bytes `out` when t is a float
+// tensor must be finite; nothing is requantized, so a NaN or infinity here
+// would reach vLLM as it stands and make every weight of its group NaN.
+// Throws Error{kBadInput} naming the shard, the tensor, the element and
+// the module.
+void check_converted_values(const Checkpoint& checkpoint, const ConvertedModule& m,
+                            const ConvertedTensor& t,
+                            std::span<const std::span<const std::byte>> inputs,
+                            std::span<const std::byte> out);
 
 // A quantized module as the scale messages name it.
 struct ScaleSubject {
