@@ -218,24 +218,88 @@ TEST(Rotate, RefusesAHiddenSizeWithNoHadamardMatrix) {
                                               "no Hadamard matrix", "nothing was written"});
 }
 
-TEST(Rotate, RefusesDraftsMixturesAndAMissingEmbedding) {
+TEST(Rotate, RefusesDraftsOtherFamiliesAndAMissingEmbedding) {
   TempDir dir;
   copy_dir(golden_dir() / "dflash-bf16-sharded" / "input", dir / "draft");
   expect_message(rotate_refusal(dir / "draft"), {"DFlashLagunaForCausalLM", "draft"});
   const Geometry g;
-  json moe = llama_config(g);
-  moe["num_experts"] = 8;
-  write_block(dir / "moe", g, DType::kF32, moe);
-  expect_message(rotate_refusal(dir / "moe"), {"num_experts", "mixture of experts"});
+  write_block(dir / "qwen2moe", g, DType::kF32, llama_config(g, "Qwen2MoeForCausalLM"));
+  expect_message(rotate_refusal(dir / "qwen2moe"),
+                 {"Qwen2MoeForCausalLM", "experts that all read the post-attention norm"});
   std::vector<FakeTensor> tensors;
   for (const auto& [name, tv] : llama_block(g)) {
     if (name == "model.embed_tokens.weight") continue;
     tensors.push_back({name, DType::kF32, tv.first, float_bytes(DType::kF32, tv.second)});
   }
+  tensors.push_back({"model.layers.0.self_attn.o_proj.bias",
+                     DType::kF32,
+                     {g.hidden},
+                     float_bytes(DType::kF32, std::vector<float>(g.hidden, 0.5f))});
   write_checkpoint(dir / "no-embed", tensors, llama_config(g));
   expect_message(rotate_refusal(dir / "no-embed"),
-                 {"model.embed_tokens.weight: missing", "R1 rotates the embedding"});
-  EXPECT_EQ(rotate_refusal(dir / "moe").find("model.embed_tokens"), std::string::npos);
+                 {"model.embed_tokens.weight: missing", "R1 rotates the embedding",
+                  "model.layers.0.self_attn.o_proj.bias: not part of a pre-norm Llama block"});
+}
+
+// A Qwen3 MoE with stacked experts (transformers-v5 layout, the golden
+// case): the router and every expert's gate/up read the post-attention
+// norm, every expert's down_proj writes the residual stream. Each relation
+// is checked by undoing the rotation: W' Q1^T = W diag(g) for the readers,
+// Q1 W'_e = W_e for each expert's down_proj, to BF16 precision.
+TEST(Rotate, RotatesTheRouterAndEveryExpertOfAMixture) {
+  TempDir dir;
+  const std::filesystem::path in = golden_dir() / "qwen3moe-fused-bf16-w4a16" / "input";
+  const Checkpoint ck = open_checkpoint(in);
+  const auto plan = plan_transform(ck, "rotate");
+  const StagedSource staged(ck, *plan, dir / "rotated", true);
+  const Checkpoint rotated = open_checkpoint(staged.path());
+  const Weights before = load_all(ck), after = load_all(rotated);
+  const std::uint64_t h = 256;
+  const Rotation q1(h, 0);
+  std::vector<double> scratch;
+  const std::string p = "model.layers.0.";
+  const std::vector<double>& gamma = before.at(p + "post_attention_layernorm.weight");
+  for (const std::string n : {"mlp.gate.weight", "mlp.experts.gate_up_proj"}) {
+    const std::vector<double>& w = before.at(p + n);
+    std::vector<double> back = after.at(p + n);
+    double worst = 0, largest = 0;
+    for (std::uint64_t r = 0; r * h < back.size(); ++r) {
+      q1.apply_transposed(back.data() + r * h, scratch);
+      for (std::uint64_t c = 0; c < h; ++c) {
+        worst = std::max(worst, std::fabs(back[r * h + c] - w[r * h + c] * gamma[c]));
+        largest = std::max(largest, std::fabs(w[r * h + c] * gamma[c]));
+      }
+    }
+    EXPECT_LT(worst, 0.02 * largest) << n;  // BF16 keeps 8 bits
+    EXPECT_GT(largest, 0.0) << n;
+  }
+  // down_proj [4 experts, 256, 128]: each expert's columns.
+  const std::vector<double>& down = before.at(p + "mlp.experts.down_proj");
+  const std::vector<double>& down_r = after.at(p + "mlp.experts.down_proj");
+  double worst = 0, largest = 0;
+  std::vector<double> col(h);
+  for (std::uint64_t e = 0; e < 4; ++e) {
+    for (std::uint64_t c = 0; c < 128; ++c) {
+      for (std::uint64_t i = 0; i < h; ++i) col[i] = down_r[(e * h + i) * 128 + c];
+      q1.apply_transposed(col.data(), scratch);  // (c'^T Q1^T)^T = Q1 c'
+      for (std::uint64_t i = 0; i < h; ++i) {
+        worst = std::max(worst, std::fabs(col[i] - down[(e * h + i) * 128 + c]));
+        largest = std::max(largest, std::fabs(down[(e * h + i) * 128 + c]));
+      }
+    }
+  }
+  EXPECT_LT(worst, 0.02 * largest);
+  for (double v : after.at(p + "post_attention_layernorm.weight")) EXPECT_EQ(v, 1.0);
+  // The per-head q/k norms are kept as they are.
+  EXPECT_EQ(after.at(p + "self_attn.q_norm.weight"), before.at(p + "self_attn.q_norm.weight"));
+  // Quantized (the stacked experts split as model_free_ptq splits them) and
+  // verified against INPUT rotated again.
+  const CommandResult run =
+      run_ctquant({"quantize", in.string(), (dir / "out").string(), "--transform", "rotate"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const CommandResult verify =
+      run_ctquant({"verify", (dir / "out").string(), in.string(), "--against-source"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
 }
 
 // A model W4A16 can quantize: hidden and intermediate multiples of 128.

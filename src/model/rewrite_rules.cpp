@@ -20,9 +20,17 @@ using nlohmann::json;
 const std::set<std::string> kSafeArchitectures{"LlamaForCausalLM", "MistralForCausalLM",
                                                "Qwen3ForCausalLM"};
 
+std::uint64_t config_uint(const json& config, const char* key) {
+  const auto it = config.find(key);
+  if (it == config.end() || !it->is_number_unsigned()) return 0;
+  return it->get<std::uint64_t>();
+}
+
+}  // namespace
+
 // Why a family that is not safe is refused, by a fragment of its
 // model_type or architecture.
-std::string family_reason(const std::string& model_type, const std::string& arch) {
+std::string rewrite_family_reason(const std::string& model_type, const std::string& arch) {
   const auto has = [&](const char* s) {
     return model_type.find(s) != std::string::npos || arch.find(s) != std::string::npos;
   };
@@ -44,14 +52,6 @@ std::string family_reason(const std::string& model_type, const std::string& arch
   return "no rule says its blocks are pre-norm Llama blocks (RMSNorm x * g, no biases)";
 }
 
-std::uint64_t config_uint(const json& config, const char* key) {
-  const auto it = config.find(key);
-  if (it == config.end() || !it->is_number_unsigned()) return 0;
-  return it->get<std::uint64_t>();
-}
-
-}  // namespace
-
 BalanceLayout balance_layout(const Checkpoint& checkpoint) {
   BalanceLayout layout;
   auto& problems = layout.problems;
@@ -68,7 +68,7 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
   }
   if (!kSafeArchitectures.contains(arch)) {
     problems.push_back(fmt::format("config.json: architecture '{}' (model_type '{}'): {}", arch,
-                                   model_type, family_reason(model_type, arch)));
+                                   model_type, rewrite_family_reason(model_type, arch)));
   }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (config.value(key, false)) {

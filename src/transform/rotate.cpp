@@ -31,6 +31,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
+#include <regex>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -82,12 +85,80 @@ bool config_tied(const Checkpoint& checkpoint) {
   return it != checkpoint.config->end() && it->is_boolean() && it->get<bool>();
 }
 
+// The families whose blocks are pre-norm Llama blocks, dense or with a
+// mixture of experts whose router and experts all read the post-attention
+// norm (transformers' modeling_llama.py, modeling_mistral.py,
+// modeling_qwen3.py, modeling_qwen3_moe.py, modeling_mixtral.py).
+const std::set<std::string> kRotateArchitectures{"LlamaForCausalLM", "MistralForCausalLM",
+                                                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                                                 "MixtralForCausalLM"};
+
+enum class Role { kInputNorm, kPostNorm, kAttnIn, kV, kO, kMlpIn, kMlpOut, kKeep };
+
+// A tensor of a block by its name after the block prefix, or nullopt.
+std::optional<Role> block_role(const std::string& n) {
+  static const std::regex kExpertIn(
+      R"(^(mlp\.experts\.\d+\.(gate_proj|up_proj)\.weight|mlp\.experts\.gate_up_proj|mlp\.shared_expert\.(gate_proj|up_proj)\.weight|block_sparse_moe\.experts\.\d+\.w[13]\.weight)$)");
+  static const std::regex kExpertOut(
+      R"(^(mlp\.experts\.\d+\.down_proj\.weight|mlp\.experts\.down_proj|mlp\.shared_expert\.down_proj\.weight|block_sparse_moe\.experts\.\d+\.w2\.weight)$)");
+  if (n == "input_layernorm.weight") return Role::kInputNorm;
+  if (n == "post_attention_layernorm.weight") return Role::kPostNorm;
+  if (n == "self_attn.q_proj.weight" || n == "self_attn.k_proj.weight") return Role::kAttnIn;
+  if (n == "self_attn.v_proj.weight") return Role::kV;
+  if (n == "self_attn.o_proj.weight") return Role::kO;
+  // Qwen3's q_norm and k_norm act per head after q_proj and k_proj.
+  if (n == "self_attn.q_norm.weight" || n == "self_attn.k_norm.weight") return Role::kKeep;
+  if (n == "mlp.gate_proj.weight" || n == "mlp.up_proj.weight") return Role::kMlpIn;
+  if (n == "mlp.down_proj.weight") return Role::kMlpOut;
+  // Routers: a Linear of the post-attention norm's output, like the experts.
+  if (n == "mlp.gate.weight" || n == "mlp.shared_expert_gate.weight" ||
+      n == "block_sparse_moe.gate.weight") {
+    return Role::kMlpIn;
+  }
+  if (std::regex_match(n, kExpertIn)) return Role::kMlpIn;
+  if (std::regex_match(n, kExpertOut)) return Role::kMlpOut;
+  return std::nullopt;
+}
+
 RotateLayout rotate_layout(const Checkpoint& checkpoint) {
-  const BalanceLayout blocks = balance_layout(checkpoint);
+  // balance_layout for the attention geometry only: the families and
+  // tensors rotate accepts are its own.
+  const BalanceLayout geometry = balance_layout(checkpoint);
   RotateLayout layout;
-  layout.problems = blocks.problems;
-  layout.head_dim = blocks.head_dim;
+  layout.head_dim = geometry.head_dim;
   auto& problems = layout.problems;
+  if (!checkpoint.config || !checkpoint.config->is_object()) {
+    problems.push_back("no config.json: the family and the attention heads are unknown");
+    return layout;
+  }
+  const json& config = *checkpoint.config;
+  const std::string model_type = config.value("model_type", std::string{});
+  std::string arch;
+  if (config.contains("architectures") && config["architectures"].is_array() &&
+      config["architectures"].size() == 1 && config["architectures"][0].is_string()) {
+    arch = config["architectures"][0].get<std::string>();
+  }
+  if (!kRotateArchitectures.contains(arch)) {
+    std::string why = rewrite_family_reason(model_type, arch);
+    if (why.find("mixture of experts") != std::string::npos) {
+      why =
+          "no rule says its blocks are pre-norm Llama blocks with experts that all read the "
+          "post-attention norm";
+    }
+    problems.push_back(
+        fmt::format("config.json: architecture '{}' (model_type '{}'): {}", arch, model_type, why));
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (config.value(key, false)) {
+      problems.push_back(
+          fmt::format("config.json: {} is true: biased Linears are not handled", key));
+    }
+  }
+  if (geometry.heads == 0 || geometry.head_dim == 0 || geometry.heads % geometry.kv_heads != 0) {
+    problems.push_back(
+        "config.json: num_attention_heads, num_key_value_heads and head_dim (or hidden_size) "
+        "must give whole GQA groups");
+  }
   const TensorEntry* embed = checkpoint.find(kEmbed);
   const TensorEntry* norm = checkpoint.find(kFinalNorm);
   const TensorEntry* head = checkpoint.find(kHead);
@@ -106,14 +177,95 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
   if (!layout.untie && head->shape.size() != 2) {
     problems.push_back(fmt::format("{}: not 2-D", kHead));
   }
+  auto& ops = layout.ops;
+  // Every tensor of every block, by block prefix.
+  static const std::regex kBlock(R"(^(model\.layers\.(\d+)\.)(.*)$)");
+  std::map<std::uint64_t, std::map<std::string, Role>> blocks;
+  std::map<std::uint64_t, std::string> prefixes;
   for (const auto& [name, at] : checkpoint.tensors) {
-    const bool known = name == kEmbed || name == kFinalNorm || name == kHead ||
-                       name.find("layers.") != std::string::npos;
-    if (!known) {
+    if (name == kEmbed || name == kFinalNorm || name == kHead) continue;
+    std::smatch m;
+    std::optional<Role> role;
+    if (std::regex_match(name, m, kBlock)) role = block_role(m[3].str());
+    if (!role) {
       problems.push_back(fmt::format(
-          "{}: outside the decoder blocks, the embedding, the final norm and the head: what "
-          "it reads or writes would need the rotation too",
+          "{}: not part of a pre-norm Llama block, the embedding, the final norm or the head "
+          "(a bias, a sandwich or post norm, an attention output gate, a draft's fc): what it "
+          "reads or writes would need the rotation too",
           name));
+      continue;
+    }
+    const std::uint64_t layer = std::stoull(m[2].str());
+    prefixes[layer] = m[1].str();
+    blocks[layer][m[3].str()] = *role;
+  }
+  if (blocks.empty()) problems.push_back("no decoder blocks (tensors named 'model.layers.N....')");
+  for (const auto& [layer, names] : blocks) {
+    const std::string& p = prefixes[layer];
+    const std::string in_norm = p + "input_layernorm.weight";
+    const std::string post_norm = p + "post_attention_layernorm.weight";
+    bool has_in = false, has_out = false;
+    for (const char* n :
+         {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+          "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight"}) {
+      if (!names.contains(n)) problems.push_back(fmt::format("{}{}: missing", p, n));
+    }
+    for (const auto& [n, role] : names) {
+      const std::string name = p + n;
+      switch (role) {
+        case Role::kInputNorm:
+          ops[name] = {name,  "",    true,  false,
+                       false, false, false, "rotate: g folded into q/k/v_proj, set to 1"};
+          break;
+        case Role::kPostNorm:
+          ops[name] = {name,
+                       "",
+                       true,
+                       false,
+                       false,
+                       false,
+                       false,
+                       "rotate: g folded into the MLP's inputs (gate/up, router, experts), set "
+                       "to 1"};
+          break;
+        case Role::kAttnIn:
+          ops[name] = {name,  in_norm, false, true,
+                       false, false,   false, "rotate: columns × g(input_layernorm), rows × Q1"};
+          break;
+        case Role::kV:
+          ops[name] = {name,
+                       in_norm,
+                       false,
+                       true,
+                       false,
+                       false,
+                       true,
+                       "rotate: columns × g(input_layernorm), rows × Q1, each KV head's rows "
+                       "R2^T ×"};
+          break;
+        case Role::kO:
+          ops[name] = {name, "",   false, false,
+                       true, true, false, "rotate: Q1^T × (rows mixed), each head's columns × R2"};
+          break;
+        case Role::kMlpIn:
+          has_in = true;
+          ops[name] = {
+              name,  post_norm, false, true,
+              false, false,     false, "rotate: columns × g(post_attention_layernorm), rows × Q1"};
+          break;
+        case Role::kMlpOut:
+          has_out = true;
+          ops[name] = {name, "", false, false, false, true, false, "rotate: Q1^T × (rows mixed)"};
+          break;
+        case Role::kKeep:
+          break;
+      }
+    }
+    if (!has_in || !has_out) {
+      problems.push_back(
+          fmt::format("{}: no MLP (gate/up or router and experts reading post_attention_layernorm, "
+                      "down_proj writing the residual stream)",
+                      p));
     }
   }
   for (const auto* e : {embed, norm, head}) {
@@ -143,7 +295,6 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
     problems.push_back(
         fmt::format("{}: {} columns, expected the hidden size {}", kHead, head->shape[1], h));
   }
-  auto& ops = layout.ops;
   ops[kEmbed] = {kEmbed, "", false, true, false, false, false, "rotate: rows × Q1 (R1)"};
   ops[kFinalNorm] = {kFinalNorm, "",    true,  false,
                      false,      false, false, "rotate: g folded into lm_head, set to 1"};
@@ -156,60 +307,34 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
                 false,
                 layout.untie ? "rotate: untied (the embedding), columns × g(model.norm), × Q1"
                              : "rotate: columns × g(model.norm), rows × Q1"};
-  for (const BalanceBlock& b : blocks.blocks) {
-    const std::string& p = b.prefix;
-    const std::string in_norm = p + "input_layernorm.weight";
-    const std::string post_norm = p + "post_attention_layernorm.weight";
-    ops[in_norm] = {in_norm, "",    true,  false,
-                    false,   false, false, "rotate: g folded into q/k/v_proj, set to 1"};
-    ops[post_norm] = {post_norm, "",    true,  false,
-                      false,     false, false, "rotate: g folded into gate/up_proj, set to 1"};
-    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight"}) {
-      ops[p + n] = {p + n, in_norm, false, true,
-                    false, false,   false, "rotate: columns × g(input_layernorm), rows × Q1"};
-    }
-    ops[p + "self_attn.v_proj.weight"] = {
-        p + "self_attn.v_proj.weight",
-        in_norm,
-        false,
-        true,
-        false,
-        false,
-        true,
-        "rotate: columns × g(input_layernorm), rows × Q1, each KV head's rows R2^T ×"};
-    ops[p + "self_attn.o_proj.weight"] = {p + "self_attn.o_proj.weight",
-                                          "",
-                                          false,
-                                          false,
-                                          true,
-                                          true,
-                                          false,
-                                          "rotate: Q1^T × (rows mixed), each head's columns × R2"};
-    for (const char* n : {"mlp.gate_proj.weight", "mlp.up_proj.weight"}) {
-      ops[p + n] = {
-          p + n, post_norm, false, true,
-          false, false,     false, "rotate: columns × g(post_attention_layernorm), rows × Q1"};
-    }
-    ops[p + "mlp.down_proj.weight"] = {
-        p + "mlp.down_proj.weight",   "", false, false, false, true, false,
-        "rotate: Q1^T × (rows mixed)"};
-  }
-  // Shapes: every rotated side must have the rotation's size.
+  // Dtypes and shapes: every rotated side must have the rotation's size.
   for (const auto& [name, op] : ops) {
     const TensorEntry* e = checkpoint.find(op.source);
-    if (e == nullptr) continue;  // named by balance_layout
-    if (!is_quantizable_float(e->dtype)) continue;
-    const std::uint64_t rows = e->shape.size() == 2 ? e->shape[0] : 1;
-    const std::uint64_t cols = e->shape.empty() ? 1 : e->shape.back();
+    if (e == nullptr) continue;
+    if (!is_quantizable_float(e->dtype)) {
+      if (name != kEmbed && name != kFinalNorm && name != kHead) {
+        problems.push_back(fmt::format("{}: dtype {}: only BF16, F16 and F32 tensors are rotated",
+                                       name, dtype_tag(e->dtype)));
+      }
+      continue;
+    }
+    const std::size_t dims = e->shape.size();
+    const std::uint64_t cols = dims == 0 ? 1 : e->shape.back();
+    const std::uint64_t out_rows = dims >= 2 ? e->shape[dims - 2] : 1;
     const auto bad = [&](const char* side, std::uint64_t got, std::uint64_t want) {
       problems.push_back(
           fmt::format("{}: {} {}, expected {} for its rotation", op.source, side, got, want));
     };
+    if (op.ones && dims != 1) bad("dimensions", dims, 1);
+    if (!op.ones && dims != 2 &&
+        !(dims == 3 && (op.r1_in || op.r1_out) && !op.r2_in && !op.r2_out)) {
+      bad("dimensions", dims, 2);
+      continue;
+    }
     if (op.r1_in && cols != h) bad("columns", cols, h);
-    if (op.r1_out && rows != h) bad("rows", rows, h);
-    if ((op.r2_in && hd != 0 && cols % hd != 0)) bad("columns", cols, hd * (cols / hd + 1));
-    if ((op.r2_out && hd != 0 && rows % hd != 0)) bad("rows", rows, hd * (rows / hd + 1));
-    if (op.ones && e->shape.size() != 1) bad("dimensions", e->shape.size(), 1);
+    if (op.r1_out && out_rows != h) bad("rows", out_rows, h);
+    if (op.r2_in && hd != 0 && cols % hd != 0) bad("columns", cols, hd * (cols / hd + 1));
+    if (op.r2_out && hd != 0 && out_rows % hd != 0) bad("rows", out_rows, hd * (out_rows / hd + 1));
   }
   return layout;
 }
@@ -314,8 +439,8 @@ RewritePlan plan_rotate(const Checkpoint& checkpoint) {
     TensorRewrite& r = plan.tensors.emplace_back();
     r.tensor = name;
     const TensorEntry* e = checkpoint.find(op.source);
-    r.rows = e->shape.size() == 2 ? e->shape[0] : 1;
     r.cols = e->shape.empty() ? 1 : e->shape.back();
+    r.rows = e->numel() / std::max<std::uint64_t>(1, r.cols);
     r.what.push_back(op.what);
   }
   return plan;
@@ -386,13 +511,14 @@ void write_rotated_source(const Checkpoint& checkpoint, const fs::path& dir, boo
         continue;
       }
       const RotateOp& op = op_it->second;
-      const std::uint64_t rows = e.shape.size() == 2 ? e.shape[0] : 1;
+      // A 3-D stacked expert tensor is its experts' rows one after another.
       const std::uint64_t cols = e.shape.empty() ? 1 : e.shape.back();
+      const std::uint64_t rows = e.numel() / std::max<std::uint64_t>(1, cols);
       const std::size_t size = dtype_bits(e.dtype) / 8;
       // Rows read at once: all of them when columns are rotated over all
       // rows, a KV head's when over heads, else about 8 MiB.
       std::uint64_t step = std::max<std::uint64_t>(1, (std::uint64_t{8} << 20) / (cols * size));
-      if (op.r1_out) step = rows;
+      if (op.r1_out) step = layout.hidden;  // one expert's (or the tensor's) rows
       if (op.r2_out) step = std::max<std::uint64_t>(1, step / layout.head_dim) * layout.head_dim;
       step = std::min(step, rows);
       const std::vector<double>* gamma = gamma_of(op.gamma);

@@ -1,8 +1,9 @@
 // Which checkpoints a function-keeping rewrite (transform/transform.hpp)
 // may change, decided from config.json and the tensor names alone: the
-// blocks `--transform balance` and `--transform rotate` rewrite and every
-// reason they refuse (rotate adds its own: the embedding, final norm and
-// head it needs, sizes with a Hadamard matrix; src/transform/rotate.cpp).
+// blocks `--transform balance` rewrites and every reason it refuses
+// (`--transform rotate` takes the attention geometry and the family
+// reasons from here and classifies its blocks itself, mixtures of experts
+// included: src/transform/rotate.cpp).
 //
 // A block is safe to rewrite when it is exactly a pre-norm Llama block:
 // RMSNorm x * g with no bias (input_layernorm feeding q/k/v,
@@ -42,6 +43,11 @@ struct BalanceLayout {
   // Every reason the checkpoint cannot be balanced; empty when it can.
   std::vector<std::string> problems;
 };
+
+// Why a family that is not a pre-norm Llama family is refused, from a
+// fragment of its model_type or architecture (a draft, Gemma, MLA, a
+// mixture of experts, or none known).
+std::string rewrite_family_reason(const std::string& model_type, const std::string& arch);
 
 // The blocks of `checkpoint` and the reasons to refuse (reads config.json
 // and the tensor names and shapes; never the data).
