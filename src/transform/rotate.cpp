@@ -2,7 +2,7 @@
 // (R1) and of each attention head's values (R2), as QuaRot and SpinQuant
 // with fixed Hadamards (llm-compressor's SpinQuantModifier R1 and R2,
 // `pipeline="datafree"`) absorb them into the weights. The rewritten model
-// computes the same function (docs/transforms.md "rotate"; the float64
+// computes the same function (docs/cli.md `--transform rotate`; the float64
 // forward pass of tests/test_transform_rotate.cpp), so vLLM and
 // transformers load it as an ordinary checkpoint.
 //
