@@ -325,9 +325,13 @@ TEST(Rotate, QuantizeWritesTheRotatedSourceUntiedAndVerifies) {
   EXPECT_FALSE(std::filesystem::exists(dir / "out"));
   EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
 
-  const CommandResult run = run_ctquant({"quantize", in, out, "--transform", "rotate"});
+  const CommandResult run = run_ctquant({"quantize", in, out, "--transform", "rotate",
+                                         "--write-recipe", (dir / "recipe.yaml").string()});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   expect_message(run.err, {"writing the rewritten source", "transform rotate"});
+  // The recipe says the rewrite is not part of it.
+  expect_message(read_file(dir / "recipe.yaml"),
+                 {"rewritten first with ctquant's --transform rotate", "give it again"});
   EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
   const json written = read_json(dir / "out" / "config.json");
   EXPECT_EQ(written["tie_word_embeddings"], false);

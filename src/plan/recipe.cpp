@@ -387,6 +387,14 @@ std::string recipe_yaml(const EffectiveRecipe& r, const QuantizePlan& plan) {
       "# this run. Reproduce it with ctquant quantize --recipe FILE, or with llm-compressor's\n"
       "# oneshot(model=..., recipe=FILE).\n",
       ctquant_version());
+  if (plan.rewrite) {
+    // A ctquant rewrite is not a field of the recipe: it is named so that
+    // whoever reproduces the run gives it again.
+    text += fmt::format(
+        "# The weights were rewritten first with ctquant's --transform {} (config.json's\n"
+        "# ctquant_transform): give it again with --recipe; llm-compressor does not read it.\n",
+        plan.rewrite->transform);
+  }
   text += "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n";
   // A preset alone when it says everything: no group size, no per-pattern
   // schemes, no observer (config groups carry weights.observer), and the
