@@ -279,31 +279,43 @@ TEST(Balance, RefusedRunWritesNothing) {
   expect_message(unknown.err, {"--transform spin: unknown transform (known: balance, rotate)"});
 }
 
-// --observer auto and --target-bits measure the weights as stored;
-// --more-bits reads none: each refusal gives its own reason. An empty
-// --transform is a usage error, not "no transform".
-TEST(Balance, RefusesMeasuringAndSplittingOptionsEachWithItsReason) {
+// --observer auto, --target-bits and --more-bits measure or split the
+// modules of the rewritten model: the run writes the balanced source
+// beside OUTPUT first (as rotate does), quantizes it and removes it; the
+// rewritten norm is the one the plain balanced run writes, and
+// verify --against-source reads SAME. An empty --transform is a usage
+// error, not "no transform".
+TEST(Balance, MeasuringAndSplittingOptionsReadTheBalancedWeights) {
   TempDir dir;
-  const Geometry g;
+  const Geometry g{128, 4, 2, 32, 256};
   write_block(dir / "in", g, DType::kBF16, llama_config(g, "LlamaForCausalLM"));
-  const auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args{"quantize", (dir / "in").string(), (dir / "out").string(),
-                                  "--group-size", "8"};
+  const std::string in = (dir / "in").string();
+  const CommandResult plain =
+      run_ctquant({"quantize", in, (dir / "plain").string(), "--transform", "balance"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::string norm = "model.layers.0.post_attention_layernorm.weight";
+  const auto balanced_norm = read_tensor(dir / "plain" / "model.safetensors", norm);
+  int n = 0;
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
+           {"--observer", "auto"}, {"--target-bits", "5"}, {"--more-bits", "layers"}}) {
+    const std::filesystem::path out = dir / ("out" + std::to_string(n++));
+    std::vector<std::string> args{"quantize", in, out.string(), "--transform", "balance"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return run_ctquant(args);
-  };
-  const CommandResult more = run({"--transform", "balance", "--more-bits", "layers"});
-  EXPECT_EQ(more.exit_code, 2) << more.err;
-  expect_message(more.err, {"--transform balance with --more-bits: not supported yet (its split "
-                            "config groups are not planned together with a rewrite)"});
-  const CommandResult bits = run({"--transform", "balance", "--target-bits", "5"});
-  EXPECT_EQ(bits.exit_code, 2) << bits.err;
-  expect_message(bits.err, {"--transform balance with --target-bits: not supported yet (its "
-                            "per-module measurements read the weights as stored"});
-  const CommandResult empty = run({"--transform", ""});
+    const CommandResult r = run_ctquant(args);
+    ASSERT_EQ(r.exit_code, 0) << extra[0] << r.err;
+    expect_message(r.err, {"writing the rewritten source", "transform balance"});
+    EXPECT_EQ(read_tensor(out / "model.safetensors", norm), balanced_norm) << extra[0];
+    EXPECT_EQ(read_json(out / "config.json")["ctquant_transform"]["transform"], "balance");
+    EXPECT_FALSE(
+        std::filesystem::exists(dir / ("." + out.filename().string() + ".ctquant-balance")));
+    const CommandResult verify = run_ctquant({"verify", out.string(), in, "--against-source"});
+    EXPECT_EQ(verify.exit_code, 0) << extra[0] << verify.out << verify.err;
+  }
+  const CommandResult empty =
+      run_ctquant({"quantize", in, (dir / "x").string(), "--transform", ""});
   EXPECT_EQ(empty.exit_code, 2) << empty.err;
-  expect_message(empty.err, {"--transform", "is empty: name a transform (balance)"});
-  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  expect_message(empty.err, {"--transform", "is empty: name a transform (balance, rotate)"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "x"));
 }
 
 }  // namespace

@@ -108,7 +108,9 @@ Weights load_all(const Checkpoint& ck) {
   Weights w;
   for (const auto& [name, at] : ck.tensors) {
     const TensorEntry& e = ck.entry(at);
-    read_rows_as_double(ck, name, 0, e.shape.size() == 2 ? e.shape[0] : 1, w[name]);
+    // Every row of a 2-D or stacked 3-D tensor (a 1-D one is one row).
+    const std::uint64_t cols = e.shape.empty() ? 1 : e.shape.back();
+    read_rows_as_double(ck, name, 0, e.numel() / cols, w[name]);
   }
   return w;
 }
@@ -276,6 +278,9 @@ TEST(Rotate, RotatesTheRouterAndEveryExpertOfAMixture) {
   // down_proj [4 experts, 256, 128]: each expert's columns.
   const std::vector<double>& down = before.at(p + "mlp.experts.down_proj");
   const std::vector<double>& down_r = after.at(p + "mlp.experts.down_proj");
+  ASSERT_EQ(down.size(), 4u * 256u * 128u);
+  ASSERT_EQ(down_r.size(), down.size());
+  ASSERT_EQ(before.at(p + "mlp.experts.gate_up_proj").size(), 4u * 256u * 256u);
   double worst = 0, largest = 0;
   std::vector<double> col(h);
   for (std::uint64_t e = 0; e < 4; ++e) {

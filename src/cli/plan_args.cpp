@@ -115,12 +115,13 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
       app->add_option(
              "--transform", args.transform,
              "Rewrite the BF16 model before quantizing into one computing the same function: "
-             "balance "
-             "(per input column, t = mean |W| over the rows of every Linear reading it, W / t, the "
-             "norm or producing rows times t; Llama, Mistral and Qwen3 only; docs/accuracy.md)")
+             "balance (per input column, t = mean |W| over the rows of every Linear reading it, "
+             "W / t, the norm or producing rows times t; Llama, Mistral and Qwen3) or rotate "
+             "(offline Hadamard R1 and R2, norms folded, a tied head untied; also Qwen3-MoE "
+             "and Mixtral; writes the rotated source beside OUTPUT first). docs/cli.md")
           ->check(CLI::Validator(
               [](std::string& text) -> std::string {
-                return text.empty() ? "is empty: name a transform (balance)" : "";
+                return text.empty() ? "is empty: name a transform (balance, rotate)" : "";
               },
               "NAME", "non_empty_transform")));
   options.push_back(app->add_flag(

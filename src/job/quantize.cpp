@@ -302,8 +302,9 @@ void check_split_groups_found(const QuantizeOptions& options, const LintPolicy& 
   }
 }
 
-// --transform NAME of a row that mixes rows (rotate): the rewritten source
-// is written beside OUTPUT (a dry run: its headers only, in the temporary
+// --transform NAME of a row that mixes rows (rotate), or of any row with
+// --observer auto, --target-bits or --more-bits: the rewritten source is
+// written beside OUTPUT (a dry run: its headers only, in the temporary
 // directory) and quantized as INPUT; it is removed when the run ends.
 QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
                                        const Checkpoint& checkpoint) {
@@ -315,7 +316,10 @@ QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
         "source). Nothing was written. Run it in one process",
         name, options.part ? "--part" : "--resume"));
   }
-  const auto rewrite = plan_transform(checkpoint, name);
+  std::shared_ptr<const RewritePlan> rewrite = plan_transform(checkpoint, name);
+  // A per-element rewrite's scales, from the weights (a dry run writes no
+  // values and needs none).
+  if (!rewrite->staged_source && !options.dry_run) rewrite = derive_transform(checkpoint, *rewrite);
   fs::path dir;
   if (options.dry_run) {
     dir = fs::temp_directory_path() /
@@ -429,28 +433,16 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     // (vLLM reads every tensor of a listed file): written like any other.
     for (const std::string& line : index_omission_lines(checkpoint)) log->warn("{}", line);
   }
-  if (!options.plan.transform.empty() && transform_stages_source(options.plan.transform)) {
+  // A rewrite that mixes rows (rotate) is always staged; a per-element one
+  // (balance) when the run measures or splits modules, which must read the
+  // weights as rewritten.
+  if (!options.plan.transform.empty() &&
+      (transform_stages_source(options.plan.transform) || options.auto_observer ||
+       options.target_bits || options.more_bits_layers)) {
     return quantize_staged_source(options, checkpoint);
   }
   QuantizeSummary summary;
   summary.phases.open = lap();
-  if (!options.plan.transform.empty() &&
-      (options.auto_observer || options.target_bits || options.more_bits_layers)) {
-    // --observer auto and --target-bits measure the weights as stored, not
-    // as rewritten; --more-bits reads none, but its split groups are not
-    // planned together with a rewrite yet.
-    const char* option = options.auto_observer ? "--observer auto"
-                         : options.target_bits ? "--target-bits"
-                                               : "--more-bits";
-    const char* reason = options.more_bits_layers && !options.auto_observer && !options.target_bits
-                             ? "its split config groups are not planned together with a rewrite"
-                             : "its per-module measurements read the weights as stored, not as "
-                               "rewritten";
-    throw usage_error(fmt::format(
-        "--transform {} with {}: not supported yet ({}). Nothing was written. Use --transform "
-        "with a fixed scheme and observer",
-        options.plan.transform, option, reason));
-  }
   summary.plan = make_plan(checkpoint, options.plan);
   summary.phases.plan = lap();
   // A split with more parts than output shards is refused before anything

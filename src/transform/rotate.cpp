@@ -45,6 +45,7 @@
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "transform/rotate.hpp"
+#include "transform/staged_files.hpp"
 
 namespace ctquant::detail {
 namespace {
@@ -419,13 +420,6 @@ void rotate_rows(const RotateOp& op, const std::vector<double>* gamma, DType dty
   }
 }
 
-void write_json_file(const fs::path& path, const json& value) {
-  OutputFile file(path);
-  const std::string text = value.dump(2) + "\n";
-  file.write_at(0, std::as_bytes(std::span<const char>(text.data(), text.size())));
-  file.sync_and_close();
-}
-
 }  // namespace
 
 RewritePlan plan_rotate(const Checkpoint& checkpoint) {
@@ -537,26 +531,15 @@ void write_rotated_source(const Checkpoint& checkpoint, const fs::path& dir, boo
   json config = *checkpoint.config;
   if (layout.untie) config["tie_word_embeddings"] = false;
   config["ctquant_transform"] = plan.record();
-  write_json_file(dir / kConfigFileName, config);
-  if (checkpoint.has_index) {
-    json index = checkpoint.index;
-    if (layout.untie) {
-      index["weight_map"][kHead] = checkpoint.shards[embed_at.shard].path().filename().string();
-      if (index.contains("metadata") && index["metadata"].is_object() &&
-          index["metadata"].contains("total_size")) {
-        index["metadata"]["total_size"] = total_bytes;
-      }
+  json index = checkpoint.index;
+  if (checkpoint.has_index && layout.untie) {
+    index["weight_map"][kHead] = checkpoint.shards[embed_at.shard].path().filename().string();
+    if (index.contains("metadata") && index["metadata"].is_object() &&
+        index["metadata"].contains("total_size")) {
+      index["metadata"]["total_size"] = total_bytes;
     }
-    write_json_file(dir / kIndexFileName, index);
   }
-  for (const std::string& name : checkpoint.other_files) {
-    // Linked where the filesystem allows (a cache snapshot's links are
-    // resolved first), copied otherwise.
-    const fs::path from = fs::canonical(checkpoint.root / name);
-    std::error_code ec;
-    fs::create_hard_link(from, dir / name, ec);
-    if (ec) fs::copy_file(from, dir / name);
-  }
+  write_staged_files(checkpoint, dir, config, checkpoint.has_index ? &index : nullptr);
 }
 
 }  // namespace ctquant::detail

@@ -12,10 +12,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "ctquant/format/safetensors_writer.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "transform/balance.hpp"
 #include "transform/rotate.hpp"
+#include "transform/staged_files.hpp"
 
 namespace ctquant {
 namespace {
@@ -67,6 +70,84 @@ bool transform_stages_source(std::string_view name) {
   return find_transform(name).write_source != nullptr;
 }
 
+namespace detail {
+
+void write_json_file(const std::filesystem::path& path, const nlohmann::json& value) {
+  OutputFile file(path);
+  const std::string text = value.dump(2) + "\n";
+  file.write_at(0, std::as_bytes(std::span<const char>(text.data(), text.size())));
+  file.sync_and_close();
+}
+
+void write_staged_files(const Checkpoint& checkpoint, const std::filesystem::path& dir,
+                        const nlohmann::json& config, const nlohmann::json* index) {
+  write_json_file(dir / kConfigFileName, config);
+  if (index != nullptr) write_json_file(dir / kIndexFileName, *index);
+  for (const std::string& name : checkpoint.other_files) {
+    const std::filesystem::path from = std::filesystem::canonical(checkpoint.root / name);
+    std::error_code ec;
+    std::filesystem::create_hard_link(from, dir / name, ec);
+    if (ec) std::filesystem::copy_file(from, dir / name);
+  }
+}
+
+namespace {
+
+// The rewritten source of a per-element row (balance): every shard with
+// its tensors in the same places, the rewritten ones read in chunks of
+// about 8 MiB and rewritten by apply_rewrite (plan derived).
+void write_elementwise_source(const Checkpoint& checkpoint, const std::filesystem::path& dir,
+                              bool with_data, const RewritePlan& plan) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::byte> buffer;
+  for (const SafetensorsFile& shard : checkpoint.shards) {
+    const SafetensorsHeader& header = shard.header();
+    std::vector<TensorSpec> specs;
+    for (const TensorEntry& e : header.tensors) {
+      specs.push_back({e.name, e.dtype, e.shape, e.byte_size()});
+    }
+    const ShardLayout laid = layout_shard(specs, header.metadata);
+    OutputFile file(dir / shard.path().filename());
+    file.write_at(0, std::as_bytes(std::span<const char>(laid.header.data(), laid.header.size())));
+    if (!with_data) {
+      if (laid.file_size > laid.data_start) {
+        const std::byte zero{};
+        file.write_at(laid.file_size - 1, std::span<const std::byte>(&zero, 1));
+      }
+      file.sync_and_close();
+      continue;
+    }
+    for (std::size_t t = 0; t < header.tensors.size(); ++t) {
+      poll_cancel();
+      const TensorEntry& e = header.tensors[t];
+      const std::uint64_t at = laid.data_start + laid.offsets[t];
+      const TensorRewrite* r = plan.find(e.name);
+      if (r == nullptr) {
+        const FdLease fd = shard.descriptor();
+        file.copy_from(fd->get(), header.data_start + e.begin, at, e.byte_size());
+        continue;
+      }
+      const std::uint64_t size = dtype_bits(e.dtype) / 8;
+      const std::uint64_t row_bytes = r->cols * size;
+      const std::uint64_t step = std::max<std::uint64_t>(1, (std::uint64_t{8} << 20) / row_bytes);
+      for (std::uint64_t r0 = 0; r0 < r->rows; r0 += step) {
+        const std::uint64_t n = std::min(step, r->rows - r0);
+        buffer.resize(n * row_bytes);
+        shard.read(e.begin + r0 * row_bytes, buffer);
+        apply_rewrite(plan, *r, e.dtype, r0 * r->cols, n * r->cols, buffer.data());
+        file.write_at(at + r0 * row_bytes, buffer);
+      }
+    }
+    file.sync_and_close();
+  }
+  nlohmann::json config = *checkpoint.config;
+  config["ctquant_transform"] = plan.record();
+  write_staged_files(checkpoint, dir, config, checkpoint.has_index ? &checkpoint.index : nullptr);
+}
+
+}  // namespace
+}  // namespace detail
+
 StagedSource::StagedSource(const Checkpoint& checkpoint, const RewritePlan& plan,
                            std::filesystem::path dir, bool with_data)
     : dir_(std::move(dir)) {
@@ -76,7 +157,12 @@ StagedSource::StagedSource(const Checkpoint& checkpoint, const RewritePlan& plan
         plan.transform, dir_.string()));
   }
   try {
-    find_transform(plan.transform).write_source(checkpoint, dir_, with_data, plan);
+    const TransformRow& row = find_transform(plan.transform);
+    if (row.write_source != nullptr) {
+      row.write_source(checkpoint, dir_, with_data, plan);
+    } else {
+      detail::write_elementwise_source(checkpoint, dir_, with_data, plan);
+    }
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);

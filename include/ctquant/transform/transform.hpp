@@ -114,9 +114,12 @@ std::shared_ptr<const RewritePlan> derive_transform(const Checkpoint& checkpoint
 // (TransformRow::write_source), removed with this object.
 class StagedSource {
  public:
-  // Writes the rewritten source of `checkpoint` (plan: plan_transform of a
-  // staged_source row) into `dir`, which must not exist. On any error the
-  // directory is removed and the error rethrown.
+  // Writes the rewritten source of `checkpoint` into `dir`, which must not
+  // exist: plan is plan_transform of a staged_source row (its write_source
+  // writes it), or the derived plan of a per-element row (each rewritten
+  // tensor read in chunks and rewritten by apply_rewrite; with_data false
+  // needs no scales). On any error the directory is removed and the error
+  // rethrown.
   StagedSource(const Checkpoint& checkpoint, const RewritePlan& plan, std::filesystem::path dir,
                bool with_data);
   ~StagedSource();
