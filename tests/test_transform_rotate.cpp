@@ -413,5 +413,78 @@ TEST(StoreRounded, RoundsOnceFromDoubleToBf16AndF16) {
   }
 }
 
+// F16 holds at most 65504: a row of 60000s (each Hadamard output sums 8
+// of them with signs; at least one sums to 4 x 60000 / sqrt(8)) leaves it.
+TEST(Rotate, ValueLeavingTheDtypesRangeIsRefused) {
+  TempDir dir;
+  const Geometry g;
+  std::vector<FakeTensor> tensors;
+  for (auto [name, tv] : llama_block(g)) {
+    if (name == "model.embed_tokens.weight") {
+      std::fill(tv.second.begin(), tv.second.begin() + static_cast<std::ptrdiff_t>(g.hidden),
+                60000.0f);
+    }
+    tensors.push_back({name, DType::kF16, tv.first, float_bytes(DType::kF16, tv.second)});
+  }
+  write_checkpoint(dir / "in", tensors, llama_config(g));
+  const Checkpoint ck = open_checkpoint(dir / "in");
+  try {
+    const StagedSource staged(ck, *plan_transform(ck, "rotate"), dir / "rotated", true);
+    ADD_FAILURE() << "an infinite rotated value was written";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+    expect_message(e.what(), {"tensor 'model.embed_tokens.weight' element [0, ",
+                              "not finite in F16", "Rotate a BF16 or F32 copy of INPUT"});
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "rotated"));
+}
+
+TEST(Rotate, KeepsRopeFrequenciesAndRefusesAQuantizedInputWithOneReason) {
+  TempDir dir;
+  const Geometry g;
+  std::vector<FakeTensor> tensors;
+  for (const auto& [name, tv] : llama_block(g)) {
+    tensors.push_back({name, DType::kF32, tv.first, float_bytes(DType::kF32, tv.second)});
+  }
+  tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                     DType::kF32,
+                     {1},
+                     float_bytes(DType::kF32, {0.5f})});
+  write_checkpoint(dir / "rope", tensors, llama_config(g));
+  EXPECT_EQ(rotate_refusal(dir / "rope"), "");
+  const std::string awq = rotate_refusal(golden_dir() / "awq-gemm-zp-g128" / "input");
+  expect_message(awq,
+                 {"INPUT is quantized (config.json: quant_method awq)",
+                  "rotate the 16-bit model it was made from"},
+                 {"not part of"});
+  // The head is neither stored nor tied: refused, not built from the embedding.
+  tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                               [](const FakeTensor& t) { return t.name == "lm_head.weight"; }),
+                tensors.end());
+  write_checkpoint(dir / "no-head", tensors, llama_config(g));
+  expect_message(rotate_refusal(dir / "no-head"),
+                 {"lm_head.weight: missing, and config.json's tie_word_embeddings is not true"});
+}
+
+// OUTPUT given as "dir/" writes dir, with the rewritten source beside it;
+// what lint refuses is refused before any value is rewritten.
+TEST(Rotate, TrailingSlashAndLintBeforeTheRewrite) {
+  TempDir dir;
+  write_block(dir / "in", kWide, DType::kBF16, llama_config(kWide));
+  const std::string in = (dir / "in").string();
+  const CommandResult slash =
+      run_ctquant({"quantize", in, (dir / "out").string() + "/", "--transform", "rotate"});
+  ASSERT_EQ(slash.exit_code, 0) << slash.err;
+  EXPECT_TRUE(std::filesystem::exists(dir / "out" / "config.json"));
+  expect_message(slash.err, {".out.ctquant-rotate"});
+  EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
+  const CommandResult lint = run_ctquant(
+      {"quantize", in, (dir / "l3").string(), "--transform", "rotate", "--ignore", "re:.*v_proj$"});
+  EXPECT_EQ(lint.exit_code, 1) << lint.err;
+  expect_message(lint.err, {"L3"}, {"writing the rewritten source"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "l3"));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".l3.ctquant-rotate"));
+}
+
 }  // namespace
 }  // namespace ctquant

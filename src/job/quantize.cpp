@@ -312,44 +312,63 @@ QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
   const std::string& name = options.plan.transform;
   if (options.part || options.resume) {
     throw usage_error(fmt::format(
-        "--transform {} with {}: not supported yet (every part would write the whole rewritten "
-        "source). Nothing was written. Run it in one process",
-        name, options.part ? "--part" : "--resume"));
+        "--transform {} with {}: not supported yet ({}). Nothing was written. Run it without {}",
+        name, options.part ? "--part" : "--resume",
+        options.part ? "every part would write the whole rewritten source"
+                     : "the rewritten source is written whole by one run and not kept",
+        options.part ? "--part" : "--resume"));
   }
   std::shared_ptr<const RewritePlan> rewrite = plan_transform(checkpoint, name);
-  // A per-element rewrite's scales, from the weights (a dry run writes no
-  // values and needs none).
-  if (!rewrite->staged_source && !options.dry_run) rewrite = derive_transform(checkpoint, *rewrite);
-  fs::path dir;
-  if (options.dry_run) {
-    dir = fs::temp_directory_path() /
-          fmt::format("ctquant-{}-{}-{}", name, ::getpid(),
-                      std::chrono::steady_clock::now().time_since_epoch().count());
-  } else {
-    const fs::path out = fs::absolute(options.output).lexically_normal();
-    dir = out.parent_path() / fmt::format(".{}.ctquant-{}", out.filename().string(), name);
-    if (options.before_writing) options.before_writing();
+  const auto inner_options = [&](const fs::path& input) {
+    QuantizeOptions inner = options;
+    inner.input = input;
+    inner.revision.reset();
+    inner.plan.transform.clear();
+    inner.staged_rewrite = rewrite;
+    return inner;
+  };
+  // Plan and lint first, from the rewritten source's headers (sparse files
+  // under the temporary directory): whatever they refuse is refused before
+  // any value is rewritten. A dry run stops there.
+  const fs::path headers_dir =
+      fs::temp_directory_path() /
+      fmt::format("ctquant-{}-{}-{}", name, ::getpid(),
+                  std::chrono::steady_clock::now().time_since_epoch().count());
+  {
+    const StagedSource headers(checkpoint, *rewrite, headers_dir, false);
+    if (options.dry_run) {
+      if (log) {
+        log->info("--transform {}: planned from the rewritten source's headers", name);
+      }
+      return quantize(inner_options(headers.path()));
+    }
+    QuantizeOptions check = inner_options(headers.path());
+    check.dry_run = true;
+    check.logger = nullptr;
+    check.on_plan = nullptr;
+    check.on_progress = nullptr;
+    quantize(check);
   }
+  // A per-element rewrite's scales, from the weights.
+  if (!rewrite->staged_source) rewrite = derive_transform(checkpoint, *rewrite);
+  fs::path out = fs::absolute(options.output).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // OUTPUT given as "dir/"
+  const fs::path dir =
+      out.parent_path() / fmt::format(".{}.ctquant-{}", out.filename().string(), name);
+  if (options.before_writing) options.before_writing();
   const auto start = std::chrono::steady_clock::now();
-  if (log && options.dry_run) {
-    log->info("--transform {}: planning from the rewritten source's headers ({})", name,
-              dir.string());
-  } else if (log) {
+  if (log) {
     log->info(
-        "--transform {}: writing the rewritten source ({} of tensor data) into {}; removed when "
-        "the run ends",
+        "--transform {}: writing the rewritten source (INPUT's {} of tensor data) into {}; "
+        "removed when the run ends",
         name, human_bytes(checkpoint.total_tensor_bytes()), dir.string());
   }
-  const StagedSource staged(checkpoint, *rewrite, dir, !options.dry_run);
-  if (log && !options.dry_run) {
+  const StagedSource staged(checkpoint, *rewrite, dir, true);
+  if (log) {
     log->info("--transform {}: {} tensors rewritten in {:.1f} s", name, rewrite->tensors.size(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  QuantizeOptions inner = options;
-  inner.input = staged.path();
-  inner.revision.reset();
-  inner.plan.transform.clear();
-  inner.staged_rewrite = rewrite;
+  QuantizeOptions inner = inner_options(staged.path());
   QuantizeSummary summary = quantize(inner);
   summary.bytes_in = checkpoint.total_file_bytes();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -109,6 +109,9 @@ std::optional<Role> block_role(const std::string& n) {
   if (n == "self_attn.o_proj.weight") return Role::kO;
   // Qwen3's q_norm and k_norm act per head after q_proj and k_proj.
   if (n == "self_attn.q_norm.weight" || n == "self_attn.k_norm.weight") return Role::kKeep;
+  // Older Llama checkpoints store RoPE's frequencies; they act on q and k
+  // per head, like the norms (vLLM skips them when it loads).
+  if (n == "self_attn.rotary_emb.inv_freq") return Role::kKeep;
   if (n == "mlp.gate_proj.weight" || n == "mlp.up_proj.weight") return Role::kMlpIn;
   if (n == "mlp.down_proj.weight") return Role::kMlpOut;
   // Routers: a Linear of the post-attention norm's output, like the experts.
@@ -160,9 +163,30 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
         "config.json: num_attention_heads, num_key_value_heads and head_dim (or hidden_size) "
         "must give whole GQA groups");
   }
+  // A quantized input (FP8, AWQ, ModelOpt, compressed-tensors) is one
+  // reason, not one per tensor it stores.
+  const bool modelopt = std::find(checkpoint.other_files.begin(), checkpoint.other_files.end(),
+                                  "hf_quant_config.json") != checkpoint.other_files.end();
+  if (config.contains("quantization_config") || modelopt) {
+    const auto qc = config.find("quantization_config");
+    const std::string method = qc != config.end() && qc->is_object()
+                                   ? qc->value("quant_method", std::string("unknown"))
+                                   : std::string("modelopt");
+    problems.push_back(fmt::format(
+        "INPUT is quantized ({}: quant_method {}): the rotation rewrites BF16, F16 and F32 "
+        "weights only; rotate the 16-bit model it was made from",
+        modelopt && qc == config.end() ? "hf_quant_config.json" : "config.json", method));
+    return layout;
+  }
   const TensorEntry* embed = checkpoint.find(kEmbed);
   const TensorEntry* norm = checkpoint.find(kFinalNorm);
   const TensorEntry* head = checkpoint.find(kHead);
+  if (head == nullptr && !config_tied(checkpoint)) {
+    problems.push_back(fmt::format(
+        "{}: missing, and config.json's tie_word_embeddings is not true: the head is not in "
+        "the checkpoint, so the model it would be rotated with is unknown",
+        kHead));
+  }
   if (embed == nullptr || embed->shape.size() != 2) {
     problems.push_back(fmt::format(
         "{}: missing or not 2-D: R1 rotates the embedding, which must be in the checkpoint",
@@ -374,9 +398,9 @@ struct RotateContext {
   std::vector<double> scratch;
 };
 
-void rotate_rows(const RotateOp& op, const std::vector<double>* gamma, DType dtype,
-                 std::uint64_t rows, std::uint64_t cols, const std::byte* in, std::byte* out,
-                 RotateContext& ctx) {
+void rotate_rows(const std::string& tensor, std::uint64_t first_row, const RotateOp& op,
+                 const std::vector<double>* gamma, DType dtype, std::uint64_t rows,
+                 std::uint64_t cols, const std::byte* in, std::byte* out, RotateContext& ctx) {
   const std::size_t size = dtype_bits(dtype) / 8;
   if (op.ones) {
     for (std::uint64_t k = 0; k < rows * cols; ++k) store_rounded(dtype, 1.0, out + k * size);
@@ -414,7 +438,17 @@ void rotate_rows(const RotateOp& op, const std::vector<double>* gamma, DType dty
     }
     for (std::uint64_t i = 0; i < rows; ++i) {
       for (std::uint64_t j = 0; j < w; ++j) {
-        store_rounded(dtype, s[i * w + j], out + (i * cols + c0 + j) * size);
+        std::byte* p = out + (i * cols + c0 + j) * size;
+        store_rounded(dtype, s[i * w + j], p);
+        if (!std::isfinite(load_as_float(dtype, p))) {
+          // A sum of many values of a column or row can leave F16's range
+          // (65504), where the input's values did not.
+          throw bad_input(fmt::format(
+              "--transform rotate: tensor '{}' element [{}, {}]: the rotated value {} is not "
+              "finite in {} (the rotation sums the values of a row or column, and may leave "
+              "the dtype's range). Nothing was written. Rotate a BF16 or F32 copy of INPUT",
+              tensor, first_row + i, c0 + j, s[i * w + j], dtype_tag(dtype)));
+        }
       }
     }
   }
@@ -521,7 +555,7 @@ void write_rotated_source(const Checkpoint& checkpoint, const fs::path& dir, boo
         in.resize(n * cols * size);
         out.resize(in.size());
         in_shard.read(e.begin + r0 * cols * size, in);
-        rotate_rows(op, gamma, e.dtype, n, cols, in.data(), out.data(), ctx);
+        rotate_rows(spec.name, r0, op, gamma, e.dtype, n, cols, in.data(), out.data(), ctx);
         file.write_at(at + r0 * cols * size, out);
       }
     }
