@@ -62,6 +62,14 @@ int run_finalize(const FinalizeArgs& args, int verbosity) {
   return 0;
 }
 
+// A signal that came while a run wrote its temporary files and polled
+// nothing more: the run finished and removed them; it ends as interrupted.
+void throw_if_interrupted() {
+  if (cancel_flag()->load()) {
+    throw ctquant::Error(ctquant::ErrorKind::kInterrupted, "interrupted by a signal");
+  }
+}
+
 struct InspectArgs {
   std::string input;
   std::optional<std::string> revision;
@@ -85,9 +93,13 @@ int run_inspect_errors(const InspectArgs& args, bool plan_requested,
         "--errors takes the scheme groups and ignore list from OUTPUT's config.json: give no "
         "--plan or quantize options");
   }
+  // A rotated output's INPUT is rewritten again under the temporary
+  // directory: from then on a signal sets the flag, and the run removes it.
   const ctquant::CheckpointErrors errors =
       ctquant::checkpoint_errors(ctquant::resolve_checkpoint_input(args.input, args.revision),
-                                 ctquant::resolve_checkpoint_input(*args.source, std::nullopt));
+                                 ctquant::resolve_checkpoint_input(*args.source, std::nullopt),
+                                 4u << 20, cancel_flag(), [] { on_signal_cancel(); });
+  throw_if_interrupted();
   if (args.json) {
     print_json_report(
         ctquant::with_envelope(ctquant::checkpoint_errors_json(errors), "inspect", argv));
@@ -169,11 +181,16 @@ int run_verify(const VerifyArgs& args, int verbosity, const std::vector<std::str
   options.scale_ulp = args.scale_ulp;
   options.threads = args.threads;
   options.logger = make_logger(verbosity);
+  // A rotated output's INPUT is rewritten again under the temporary
+  // directory: from then on a signal sets the flag, and the run removes it.
+  options.cancel = cancel_flag();
+  options.before_writing = [] { on_signal_cancel(); };
   const std::filesystem::path reference =
       ctquant::resolve_checkpoint_input(args.reference, args.revision);
   const ctquant::VerifyReport report =
       args.against_source ? ctquant::verify_against_source(args.output, reference, options)
                           : ctquant::verify_checkpoints(args.output, reference, options);
+  throw_if_interrupted();
   if (args.json) {
     print_json_report(ctquant::with_envelope(ctquant::verify_json(report), "verify", argv));
   } else {
@@ -366,6 +383,12 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
 // The message of an error that ends a command, with what a signal left.
 std::string error_message(const ctquant::Error& e, const CommandLine& line) {
   if (e.kind() != ctquant::ErrorKind::kInterrupted) return e.what();
+  // verify and inspect write no OUTPUT: only the rewritten INPUT of a
+  // rotated output, removed by then.
+  if (std::string_view(e.what()).find("OUTPUT") == std::string_view::npos) {
+    return fmt::format("{} ({}); the temporary files were removed", e.what(),
+                       signal_name(caught_signal()));
+  }
   // --part and --resume are quantize's: set only when quantize runs.
   if (line.quantize.part || line.quantize.resume) {
     return fmt::format(

@@ -551,6 +551,7 @@ void write_rotated_source(const Checkpoint& checkpoint, const fs::path& dir, boo
       step = std::min(step, rows);
       const std::vector<double>* gamma = gamma_of(op.gamma);
       for (std::uint64_t r0 = 0; r0 < rows; r0 += step) {
+        poll_cancel();
         const std::uint64_t n = std::min(step, rows - r0);
         in.resize(n * cols * size);
         out.resize(in.size());

@@ -131,6 +131,7 @@ void write_elementwise_source(const Checkpoint& checkpoint, const std::filesyste
       const std::uint64_t row_bytes = r->cols * size;
       const std::uint64_t step = std::max<std::uint64_t>(1, (std::uint64_t{8} << 20) / row_bytes);
       for (std::uint64_t r0 = 0; r0 < r->rows; r0 += step) {
+        poll_cancel();
         const std::uint64_t n = std::min(step, r->rows - r0);
         buffer.resize(n * row_bytes);
         shard.read(e.begin + r0 * row_bytes, buffer);
@@ -176,7 +177,8 @@ StagedSource::~StagedSource() {
 }
 
 std::unique_ptr<StagedSource> stage_source_for_output(
-    const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input) {
+    const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input,
+    const std::function<void()>& before_writing) {
   if (!output_config || !output_config->is_object()) return nullptr;
   const auto t = output_config->find("ctquant_transform");
   if (t == output_config->end() || !t->is_object() || !t->contains("transform") ||
@@ -194,6 +196,7 @@ std::unique_ptr<StagedSource> stage_source_for_output(
       std::filesystem::temp_directory_path() /
       fmt::format("ctquant-source-{}-{}-{}", name, ::getpid(),
                   std::chrono::steady_clock::now().time_since_epoch().count());
+  if (before_writing) before_writing();
   return std::make_unique<StagedSource>(checkpoint, *plan, dir, true);
 }
 

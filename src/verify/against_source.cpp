@@ -26,6 +26,7 @@
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/scheme/scale_check.hpp"
 #include "ctquant/source/weight_rows.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/loadability.hpp"
 #include "util/ordered_parallel.hpp"
@@ -55,6 +56,7 @@ class AgainstSource : TensorChecks {
   void run_modules() {
     compute_amax();
     for (std::size_t mi = 0; mi < plan_.modules.size(); ++mi) {
+      poll_cancel();
       if (plan_.modules[mi].kind == PlannedModule::Kind::kQuantize) check_quantized(mi);
     }
   }
@@ -66,11 +68,14 @@ class AgainstSource : TensorChecks {
     check_fates();
     compute_amax();
     for (std::size_t mi = 0; mi < plan_.modules.size(); ++mi) {
+      poll_cancel();
       const PlannedModule& m = plan_.modules[mi];
       if (handled_modules_.contains(mi)) continue;
       if (m.kind == PlannedModule::Kind::kQuantize) check_quantized(mi);
     }
+    poll_cancel();
     check_tensors();
+    poll_cancel();
   }
 
  private:
@@ -639,7 +644,9 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   const Side out = open_side(output, "OUTPUT");
   // --transform rotate: the source is INPUT rewritten again as quantize
   // rewrote it (transform/transform.hpp, stage_source_for_output).
-  const auto staged = stage_source_for_output(out.config, input);
+  // Signals are polled from here on (a no-op without options.cancel).
+  const CancelScope cancel_scope(options.cancel, "interrupted by a signal");
+  const auto staged = stage_source_for_output(out.config, input, options.before_writing);
   const fs::path source = staged ? staged->path() : input;
   Side src = open_side(source, "INPUT");
   restrict_to_index(src);

@@ -9,6 +9,7 @@
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/source/weight_rows.hpp"
+#include "ctquant/util/cancel.hpp"
 #include "verify/side.hpp"
 
 namespace ctquant {
@@ -107,7 +108,9 @@ std::optional<QuantError> module_error(const detail::Side& out, const Checkpoint
 }  // namespace
 
 CheckpointErrors checkpoint_errors(const fs::path& output, const fs::path& input,
-                                   std::uint64_t chunk_bytes) {
+                                   std::uint64_t chunk_bytes, const std::atomic<bool>* cancel,
+                                   const std::function<void()>& before_writing) {
+  const CancelScope cancel_scope(cancel, "interrupted by a signal");
   CheckpointErrors result;
   result.output = output.string();
   result.input = input.string();
@@ -115,7 +118,7 @@ CheckpointErrors checkpoint_errors(const fs::path& output, const fs::path& input
   PlanOptions options = detail::plan_options_of_output(out, "inspect --errors");
   options.default_ignore = false;  // the written list is the whole list
   // --transform rotate: against INPUT rewritten again as quantize rewrote it.
-  const auto staged = stage_source_for_output(out.config, input);
+  const auto staged = stage_source_for_output(out.config, input, before_writing);
   if (staged) options.transform.clear();
   // Read-only: links out of the directory (a cache snapshot) are followed.
   const Checkpoint checkpoint =
@@ -124,6 +127,7 @@ CheckpointErrors checkpoint_errors(const fs::path& output, const fs::path& input
   if (result.plan.rewrite) result.plan.rewrite = derive_transform(checkpoint, *result.plan.rewrite);
   result.input_quantization = result.plan.input_quantization.describe();
   for (std::size_t mi = 0; mi < result.plan.modules.size(); ++mi) {
+    poll_cancel();
     const PlannedModule& m = result.plan.modules[mi];
     if (m.kind != PlannedModule::Kind::kQuantize) continue;
     std::string why;

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -140,8 +141,11 @@ bool transform_stages_source(std::string_view name);
 // system's temporary directory (as large as INPUT's tensors) and removed
 // with the object; null otherwise. Throws as open_checkpoint and the row's
 // plan and write_source.
+// before_writing (may be empty) is called just before the directory is
+// created.
 std::unique_ptr<StagedSource> stage_source_for_output(
-    const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input);
+    const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input,
+    const std::function<void()>& before_writing = {});
 
 // Rewrites n elements of `rewrite`'s tensor in place, starting at element
 // `first` of its row-major [rows, cols] view, stored as `dtype` (BF16, F16

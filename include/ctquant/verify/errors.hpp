@@ -13,8 +13,10 @@
 // Memory is a few chunks of rows; files are opened read-only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,10 +28,10 @@
 namespace ctquant {
 
 struct CheckpointErrors {
-  std::string output;  // as given
-  std::string input;   // as given
-  std::string input_quantization;  // InputQuantization::describe() of INPUT
-  QuantizePlan plan;   // INPUT planned with OUTPUT's quantization_config
+  std::string output;                // as given
+  std::string input;                 // as given
+  std::string input_quantization;    // InputQuantization::describe() of INPUT
+  QuantizePlan plan;                 // INPUT planned with OUTPUT's quantization_config
   std::vector<ModuleError> modules;  // plan order
   // Modules the plan quantizes that have no figures, one line each naming
   // the module and why: an output tensor OUTPUT lacks or holds with another
@@ -40,9 +42,13 @@ struct CheckpointErrors {
 // Throws Error{kIo} when a path does not exist or cannot be read,
 // Error{kBadInput} for a broken safetensors header, an OUTPUT config.json
 // without a quantization_config, or an INPUT quantize does not convert.
+// cancel and before_writing: as VerifyOptions (a transform whose source
+// is rewritten again under the temporary directory).
 CheckpointErrors checkpoint_errors(const std::filesystem::path& output,
                                    const std::filesystem::path& input,
-                                   std::uint64_t chunk_bytes = 4u << 20);
+                                   std::uint64_t chunk_bytes = 4u << 20,
+                                   const std::atomic<bool>* cancel = nullptr,
+                                   const std::function<void()>& before_writing = {});
 
 // {"mode": "errors", "output", "input", "input_quantization",
 // "weight_error" (weight_error_json, report/weight_error.hpp), "skipped"}.

@@ -32,9 +32,11 @@
 // a way ctquant does not convert) throw ctquant::Error.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,11 +54,19 @@ struct VerifyOptions {
   // the last place are accepted and reported as notes (F32 checkpoints made on
   // a GPU may differ by one ulp). 0: scales must be bit-identical.
   std::uint64_t scale_ulp = 0;
-  std::uint64_t chunk_bytes = 4u << 20;    // bytes read per side per step
+  std::uint64_t chunk_bytes = 4u << 20;  // bytes read per side per step
   // Threads that compare chunks at once (--against-source); 0: one per
   // core. The report does not depend on it; with 1 no thread is created.
   unsigned threads = 0;
   std::shared_ptr<spdlog::logger> logger;  // debug lines; may be null
+  // --against-source on an output whose transform rewrote its source
+  // (`--transform rotate`): before_writing is called once before the
+  // rewritten INPUT is written under the temporary directory (the only
+  // files verify writes), and from then on `cancel` (when set) is polled
+  // between tensors and modules: a signal ends the run with
+  // Error{kInterrupted} after that directory is removed.
+  const std::atomic<bool>* cancel = nullptr;
+  std::function<void()> before_writing;
 };
 
 enum class VerifyMode { kGolden, kAgainstSource };
@@ -85,7 +95,7 @@ struct ModuleCheck {
   // The first column of that group whose code is not the RTN code; nullopt
   // when only its scale or zero point differs.
   std::optional<std::uint64_t> first_column;
-  bool fp8_source = false;   // the source weight is FP8, W below its BF16 dequantization
+  bool fp8_source = false;  // the source weight is FP8, W below its BF16 dequantization
   // The weight error of the stored values W' (the family's dequantize)
   // against the source rows W, computed as quant_error.hpp defines it: the
   // figures quantize reports for the module.
