@@ -352,6 +352,14 @@ TEST(Rotate, QuantizeWritesTheRotatedSourceUntiedAndVerifies) {
 
   const CommandResult verify = run_ctquant({"verify", out, in, "--against-source"});
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+  // The record must say how the weights were made: a changed sign seed is
+  // a difference.
+  json changed = written;
+  changed["ctquant_transform"]["r1"]["sign_seed"] = 7;
+  write_file(dir / "out" / "config.json", changed.dump(2));
+  const CommandResult tampered = run_ctquant({"verify", out, in, "--against-source"});
+  EXPECT_EQ(tampered.exit_code, 3) << tampered.out << tampered.err;
+  expect_message(tampered.out, {"ctquant_transform.r1.sign_seed: 7 in OUTPUT, 0 in INPUT"});
 }
 
 TEST(Rotate, RefusedRunsLeaveNothingBehind) {

@@ -449,10 +449,13 @@ void compare_config_values(json ca, json cb, const Labels& labels, bool compare_
   if (!compare_qc) {
     // What quantize adds: the quantization_config, and the record of a
     // --transform (ctquant_transform), which --against-source plans with.
+    // A rewritten source (rotate) holds the record too: then it must agree.
+    const bool both_record = ca.is_object() && cb.is_object() &&
+                             ca.contains("ctquant_transform") && cb.contains("ctquant_transform");
     for (json* cfg : {&ca, &cb}) {
       if (!cfg->is_object()) continue;
       cfg->erase("quantization_config");
-      cfg->erase("ctquant_transform");
+      if (!both_record) cfg->erase("ctquant_transform");
     }
   } else if (ca.is_object() && cb.is_object() && ca.contains("quantization_config") &&
              cb.contains("quantization_config") && ca["quantization_config"].is_object() &&
