@@ -346,9 +346,10 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
     const std::size_t dims = e->shape.size();
     const std::uint64_t cols = dims == 0 ? 1 : e->shape.back();
     const std::uint64_t out_rows = dims >= 2 ? e->shape[dims - 2] : 1;
+    const std::string& source = op.source;
     const auto bad = [&](const char* side, std::uint64_t got, std::uint64_t want) {
       problems.push_back(
-          fmt::format("{}: {} {}, expected {} for its rotation", op.source, side, got, want));
+          fmt::format("{}: {} {}, expected {} for its rotation", source, side, got, want));
     };
     if (op.ones && dims != 1) bad("dimensions", dims, 1);
     if (!op.ones && dims != 2 &&
