@@ -14,6 +14,9 @@
 #                        own, so --ignore lm_head for transformers' Qwen3 class)
 #   llama-fp8-dynamic    --scheme FP8_DYNAMIC
 #   llama-nvfp4a16       --scheme NVFP4A16
+#   qwen3-tied-w4a16-rotate, llama-w4a16-rotate
+#                        --transform rotate (Hadamard R1 + R2; the tied head
+#                        untied)
 # and the converter golden cases (tests/golden/<case>/input, converted by
 # ctquant; the logits compared with those of the library's own output,
 # tests/golden/<case>/expected, loaded the same way):
@@ -209,6 +212,10 @@ case_ qwen3-tied-w4a16 realref-qwen3-tied
 case_ dflash-w4a16 realref-dflash --ignore lm_head
 case_ llama-fp8-dynamic realref-llama --scheme FP8_DYNAMIC
 case_ llama-nvfp4a16 realref-llama --scheme NVFP4A16
+# --transform rotate: the tied head untied (lm_head.weight written), every
+# norm 1; the logit error against the unrotated input is that of W4A16.
+case_ qwen3-tied-w4a16-rotate realref-qwen3-tied --transform rotate
+case_ llama-w4a16-rotate realref-llama --transform rotate
 converter_case_ awq-gemm-zp-g128
 converter_case_ awq-gemm-sym-g128
 # Not modelopt-nvfp4-kv: the library's own output (tests/golden/modelopt-nvfp4-kv/
