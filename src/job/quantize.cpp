@@ -324,7 +324,11 @@ QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
     inner.input = input;
     inner.revision.reset();
     inner.plan.transform.clear();
-    inner.staged_rewrite = rewrite;
+    // What the staged source holds: recorded, never applied (or derived)
+    // again by the run that reads it.
+    auto held = std::make_shared<RewritePlan>(*rewrite);
+    held->staged_source = true;
+    inner.staged_rewrite = std::move(held);
     return inner;
   };
   // Plan and lint first, from the rewritten source's headers (sparse files

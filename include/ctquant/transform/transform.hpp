@@ -61,9 +61,11 @@ struct RewritePlan {
   // the rotations).
   nlohmann::json details = nlohmann::json::object();
   // A row that mixes rows of a tensor (rotate) is not applied chunk by
-  // chunk: the run writes the rewritten source first (stage_rewritten_source)
-  // and quantizes that. Such a plan has no scales; it lists the tensors
-  // and what is done to them, for inspect --plan and --dry-run.
+  // chunk: the run writes the rewritten source first (StagedSource) and
+  // quantizes that. Such a plan has no scales; it lists the tensors and
+  // what is done to them, for inspect --plan and --dry-run. The run that
+  // reads a staged source (of any row) holds its plan with this set too:
+  // apply_rewrite and derive_transform leave it as it is.
   bool staged_source = false;
 
   // The rewrite of an input tensor, or null.
