@@ -789,8 +789,18 @@ TEST(ConverterRefusals, ScaleThatIsNotFiniteIsRefused) {
   expect_message(modelopt.err,
                  {"converted tensor 'model.layers.0.mlp.gate_proj.weight_global_scale' (F32) "
                   "element 0: inf is not finite (made from "
-                  "model.layers.0.mlp.gate_proj.weight_scale_2)",
+                  "model.layers.0.mlp.gate_proj.weight_scale_2's 0 in model.safetensors)",
                   "Nothing was written"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  // A renamed scale is checked too: an FP8 block scale of NVFP4 that is NaN.
+  copy_dir(golden_dir() / "modelopt-nvfp4-kv" / "input", tmp / "fp8-nan");
+  patch_element(tmp / "fp8-nan" / "model.safetensors", "model.layers.0.mlp.gate_proj.weight_scale",
+                2 * 16 + 5, {0x7f});
+  const CommandResult fp8 =
+      run_ctquant({"quantize", (tmp / "fp8-nan").string(), (tmp / "out").string()});
+  EXPECT_EQ(fp8.exit_code, 1) << fp8.err;
+  expect_message(fp8.err, {"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight_scale' "
+                           "(F8_E4M3) element [2, 5]: nan is not finite"});
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 

@@ -65,7 +65,9 @@ class Executor {
             options.fsync, [this](std::size_t job) { job_written(job); },
             [this](std::size_t job, std::exception_ptr e) { record_error(job, e); }, failed_,
             [this](const OutputFile& file, std::uint64_t offset, std::uint64_t length,
-                   std::span<const std::byte> bytes) { report_written(file, offset, length, bytes); },
+                   std::span<const std::byte> bytes) {
+              report_written(file, offset, length, bytes);
+            },
             times_) {}
 
   ExecuteStats run() {
@@ -143,7 +145,6 @@ class Executor {
     return std::max(align, n / align * align);
   }
 
-
   // Grows the per-worker buffers for rows [r0, r1) of module m.
   void note_rows(const ModuleRun& m, std::uint64_t r0, std::uint64_t r1) {
     max_in_bytes_ = std::max(max_in_bytes_, (r1 - r0) * m.rows.row_bytes());
@@ -184,11 +185,14 @@ class Executor {
     } while (pos < t.byte_size);
   }
 
-  // An output tensor of a converted module: a renamed tensor is copied as
-  // bytes; any other is one job that reads its inputs whole.
+  // An output tensor of a converted module: a renamed tensor of codes is
+  // copied as bytes; any other (a float scale renamed, or made from its
+  // inputs) is one job that reads its inputs whole and checks that its
+  // values are finite (check_converted_values).
   void add_convert_job(std::size_t s, const PlannedTensor& t) {
     const ConvertedTensor& c = plan_.converted[t.converted].outputs[*t.output];
-    if (c.op == kRenameOp) {
+    const DType in_dtype = c.inputs.empty() ? c.dtype : ckpt_.entry(c.inputs[0]).dtype;
+    if (c.op == kRenameOp && !is_quantizable_float(in_dtype) && !is_fp8(in_dtype)) {
       const SafetensorsFile& in = ckpt_.shards[c.inputs[0].shard];
       if (t.byte_size > 0) {
         add_copy_jobs(s, t, &in, in.header().data_start + ckpt_.entry(c.inputs[0]).begin, 0);
@@ -392,9 +396,8 @@ class Executor {
       std::size_t whole_index = 0;
       for (std::size_t o = 0; o < m->specs.size(); ++o) {
         if (m->specs[o].fill != OutputTensorSpec::Fill::kWhole) continue;
-        const std::vector<std::byte> bytes =
-            m->family->whole_tensor(*m->args, m->module->dtype, m->rows.rows(), m->rows.cols(),
-                                    m->set_amax, whole_index++);
+        const std::vector<std::byte> bytes = m->family->whole_tensor(
+            *m->args, m->module->dtype, m->rows.rows(), m->rows.cols(), m->set_amax, whole_index++);
         detail::check_whole_scale(
             m->subject(), m->specs[o], bytes, m->set_amax,
             m->module->amax_set && plan_.amax_sets[*m->module->amax_set].size() > 1);
@@ -696,7 +699,7 @@ class Executor {
 
   std::vector<std::unique_ptr<ModuleRun>> modules_;  // one per plan module
   std::vector<std::string> warnings_;                // collect_amax_warnings()
-  std::vector<Job> observe_jobs_;  // the MSE cutoff pre-pass
+  std::vector<Job> observe_jobs_;                    // the MSE cutoff pre-pass
   std::vector<Job> amax_jobs_;  // the pre-pass: max |w| of modules that need it
   std::vector<Job> jobs_;       // everything else, in plan order
   const std::vector<Job>* current_jobs_ = &jobs_;

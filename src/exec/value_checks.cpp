@@ -119,7 +119,7 @@ void check_converted_values(const Checkpoint& checkpoint, const ConvertedModule&
     if (const auto k = first_not_finite(e.dtype, inputs[i])) {
       throw bad_input(fmt::format(
           "{}: tensor '{}' ({}) {}: {} is not finite; module '{}' is converted as it is "
-          "stored (no requantization), so vLLM would compute NaN for every weight it scales. "
+          "stored (no requantization), so vLLM would compute NaN from it. "
           "Nothing was written",
           checkpoint.shards[t.inputs[i].shard].label(), e.name, dtype_tag(e.dtype),
           element_index(e.shape, *k),
@@ -128,11 +128,24 @@ void check_converted_values(const Checkpoint& checkpoint, const ConvertedModule&
   }
   if (!float_dtype(t.dtype)) return;
   if (const auto k = first_not_finite(t.dtype, out)) {
+    // Each input, with its stored value at the same element where it has
+    // as many (weight_scale_2 = 0 makes weight_global_scale = 1/0).
     std::vector<std::string> from;
-    for (const TensorLocation& at : t.inputs) from.push_back(checkpoint.entry(at).name);
+    for (std::size_t i = 0; i < t.inputs.size(); ++i) {
+      const TensorEntry& e = checkpoint.entry(t.inputs[i]);
+      const std::string where = checkpoint.shards[t.inputs[i].shard].label();
+      if (float_dtype(e.dtype) && e.numel() * (dtype_bits(e.dtype) / 8) == inputs[i].size() &&
+          e.numel() == t.byte_size / (dtype_bits(t.dtype) / 8)) {
+        from.push_back(fmt::format(
+            "{}'s {} in {}", e.name,
+            load_as_float(e.dtype, inputs[i].data() + *k * (dtype_bits(e.dtype) / 8)), where));
+      } else {
+        from.push_back(fmt::format("{} in {}", e.name, where));
+      }
+    }
     throw bad_input(fmt::format(
         "converted tensor '{}' ({}) {}: {} is not finite (made from {}); vLLM would compute NaN "
-        "for the weights it scales. Nothing was written",
+        "from it. Nothing was written",
         t.name, dtype_tag(t.dtype), element_index(t.shape, *k),
         load_as_float(t.dtype, out.data() + *k * (dtype_bits(t.dtype) / 8)), join(from, 10)));
   }
