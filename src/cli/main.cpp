@@ -384,8 +384,8 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
 std::string error_message(const ctquant::Error& e, const CommandLine& line) {
   if (e.kind() != ctquant::ErrorKind::kInterrupted) return e.what();
   // verify and inspect write no OUTPUT: only the rewritten INPUT of a
-  // rotated output, removed by then.
-  if (std::string_view(e.what()).find("OUTPUT") == std::string_view::npos) {
+  // rotated output, removed by then (their message is the plain one).
+  if (std::string_view(e.what()) == "interrupted by a signal") {
     return fmt::format("{} ({}); the temporary files were removed", e.what(),
                        signal_name(caught_signal()));
   }
