@@ -5,6 +5,11 @@
 #include <cmath>
 #include <random>
 
+#include <gtest/gtest.h>
+
+#include "ctquant/source/checkpoint.hpp"
+#include "ctquant/transform/transform.hpp"
+#include "ctquant/util/error.hpp"
 #include "test_support.hpp"
 
 namespace ctquant::test {
@@ -156,6 +161,16 @@ std::vector<double> model_forward(const Weights& w, const Geometry& g,
   const auto y = rms_norm(block_forward(w, g, x, t), t, h, w.at("model.norm.weight"));
   const auto head = w.find("lm_head.weight");
   return linear(y, t, head != w.end() ? head->second : embed, vocab, h);
+}
+
+std::string transform_refusal(const std::filesystem::path& dir, const std::string& name) {
+  try {
+    plan_transform(open_checkpoint(dir), name);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace ctquant::test

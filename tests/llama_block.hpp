@@ -51,4 +51,8 @@ std::vector<double> block_forward(const Weights& w, const Geometry& g, const std
 std::vector<double> model_forward(const Weights& w, const Geometry& g,
                                   const std::vector<std::uint64_t>& tokens);
 
+// The message with which --transform `name` refuses the checkpoint at dir
+// (an Error{kUsage}, checked), or "" when it is accepted.
+std::string transform_refusal(const std::filesystem::path& dir, const std::string& name);
+
 }  // namespace ctquant::test

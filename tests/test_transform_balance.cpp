@@ -129,16 +129,7 @@ TEST(Balance, ScalesOfAHandMadeBlock) {
   EXPECT_EQ(gamma, float_bytes(DType::kBF16, {static_cast<float>(9.0 / 7.0), 1.0f}));
 }
 
-// The refusal message of a checkpoint, or "" when it is accepted.
-std::string refusal(const std::filesystem::path& dir) {
-  try {
-    plan_transform(open_checkpoint(dir), "balance");
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-    return e.what();
-  }
-  return "";
-}
+std::string refusal(const std::filesystem::path& dir) { return transform_refusal(dir, "balance"); }
 
 TEST(Balance, RefusesGemmaNorms) {
   TempDir dir;
@@ -318,7 +309,6 @@ TEST(Balance, MeasuringAndSplittingOptionsReadTheBalancedWeights) {
   EXPECT_FALSE(std::filesystem::exists(dir / "x"));
 }
 
-
 // The run that reads a staged balanced source must not balance it again:
 // a second pass derives t from the balanced weights (1 within rounding)
 // and moved a few values by one BF16 unit, which verify --against-source
@@ -326,9 +316,8 @@ TEST(Balance, MeasuringAndSplittingOptionsReadTheBalancedWeights) {
 // model (tools/accuracy), with --target-bits 5.
 TEST(Balance, StagedSourceIsNotBalancedTwice) {
   TempDir dir;
-  const std::filesystem::path model =
-      std::filesystem::path(CTQUANT_DOCS_DIR).parent_path() / "tools" / "accuracy" / "models" /
-      "llama-h128";
+  const std::filesystem::path model = std::filesystem::path(CTQUANT_DOCS_DIR).parent_path() /
+                                      "tools" / "accuracy" / "models" / "llama-h128";
   const CommandResult run = run_ctquant({"quantize", model.string(), (dir / "out").string(),
                                          "--transform", "balance", "--target-bits", "5"});
   ASSERT_EQ(run.exit_code, 0) << run.err;

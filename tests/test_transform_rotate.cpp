@@ -203,13 +203,7 @@ TEST(Rotate, MixesTheRowsOfDownProj) {
 }
 
 std::string rotate_refusal(const std::filesystem::path& dir) {
-  try {
-    plan_transform(open_checkpoint(dir), "rotate");
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kUsage);
-    return e.what();
-  }
-  return "";
+  return transform_refusal(dir, "rotate");
 }
 
 TEST(Rotate, RefusesAHiddenSizeWithNoHadamardMatrix) {

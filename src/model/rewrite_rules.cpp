@@ -52,23 +52,18 @@ std::string rewrite_family_reason(const std::string& model_type, const std::stri
   return "no rule says its blocks are pre-norm Llama blocks (RMSNorm x * g, no biases)";
 }
 
-BalanceLayout balance_layout(const Checkpoint& checkpoint) {
-  BalanceLayout layout;
-  auto& problems = layout.problems;
+RewriteFamily rewrite_family(const Checkpoint& checkpoint) {
+  RewriteFamily family;
+  auto& problems = family.problems;
   if (!checkpoint.config || !checkpoint.config->is_object()) {
     problems.push_back("no config.json: the family and the attention heads are unknown");
-    return layout;
+    return family;
   }
   const json& config = *checkpoint.config;
-  const std::string model_type = config.value("model_type", std::string{});
-  std::string arch;
+  family.model_type = config.value("model_type", std::string{});
   if (config.contains("architectures") && config["architectures"].is_array() &&
       config["architectures"].size() == 1 && config["architectures"][0].is_string()) {
-    arch = config["architectures"][0].get<std::string>();
-  }
-  if (!kSafeArchitectures.contains(arch)) {
-    problems.push_back(fmt::format("config.json: architecture '{}' (model_type '{}'): {}", arch,
-                                   model_type, rewrite_family_reason(model_type, arch)));
+    family.arch = config["architectures"][0].get<std::string>();
   }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (config.value(key, false)) {
@@ -76,6 +71,36 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
           fmt::format("config.json: {} is true: biased Linears are not handled", key));
     }
   }
+  family.heads = config_uint(config, "num_attention_heads");
+  family.kv_heads = config_uint(config, "num_key_value_heads");
+  if (family.kv_heads == 0) family.kv_heads = family.heads;
+  family.head_dim = config_uint(config, "head_dim");
+  const std::uint64_t hidden = config_uint(config, "hidden_size");
+  if (family.head_dim == 0 && family.heads > 0) family.head_dim = hidden / family.heads;
+  if (family.heads == 0 || family.head_dim == 0 || family.heads % family.kv_heads != 0) {
+    problems.push_back(
+        "config.json: num_attention_heads, num_key_value_heads and head_dim (or hidden_size) "
+        "must give whole GQA groups");
+  }
+  return family;
+}
+
+BalanceLayout balance_layout(const Checkpoint& checkpoint) {
+  BalanceLayout layout;
+  RewriteFamily family = rewrite_family(checkpoint);
+  if (!checkpoint.config || !checkpoint.config->is_object()) {
+    layout.problems = std::move(family.problems);
+    return layout;
+  }
+  const json& config = *checkpoint.config;
+  const std::string& arch = family.arch;
+  const std::string& model_type = family.model_type;
+  auto& problems = layout.problems;
+  if (!kSafeArchitectures.contains(arch)) {
+    problems.push_back(fmt::format("config.json: architecture '{}' (model_type '{}'): {}", arch,
+                                   model_type, rewrite_family_reason(model_type, arch)));
+  }
+  for (std::string& p : family.problems) problems.push_back(std::move(p));
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
     if (config_uint(config, key) > 0) {
       problems.push_back(fmt::format(
@@ -84,17 +109,9 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
           key));
     }
   }
-  layout.heads = config_uint(config, "num_attention_heads");
-  layout.kv_heads = config_uint(config, "num_key_value_heads");
-  if (layout.kv_heads == 0) layout.kv_heads = layout.heads;
-  layout.head_dim = config_uint(config, "head_dim");
-  const std::uint64_t hidden = config_uint(config, "hidden_size");
-  if (layout.head_dim == 0 && layout.heads > 0) layout.head_dim = hidden / layout.heads;
-  if (layout.heads == 0 || layout.head_dim == 0 || layout.heads % layout.kv_heads != 0) {
-    problems.push_back(
-        "config.json: num_attention_heads, num_key_value_heads and head_dim (or hidden_size) "
-        "must give whole GQA groups");
-  }
+  layout.heads = family.heads;
+  layout.kv_heads = family.kv_heads;
+  layout.head_dim = family.head_dim;
 
   // Every tensor of every block, by block prefix.
   static const std::regex kBlock(R"(^((?:.*\.)?layers\.(\d+)\.)(.*)$)");

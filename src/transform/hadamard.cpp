@@ -150,23 +150,28 @@ Rotation::Rotation(std::uint64_t n, std::uint64_t seed) : n_(n), seed_(seed) {
 }
 
 void Rotation::apply(double* x, std::vector<double>& scratch) const {
-  const std::uint64_t block = n_ / k_;
   for (std::uint64_t i = 0; i < n_; ++i) x[i] *= signs_[i];
-  for (std::uint64_t a = 0; a < k_; ++a) walsh_hadamard(x + a * block, block);
-  if (k_ > 1) {
-    // (x H_n)[a', b] = sum_a z[a, b] H_k[a, a'].
-    scratch.resize(k_);
-    for (std::uint64_t b = 0; b < block; ++b) {
-      for (std::uint64_t a2 = 0; a2 < k_; ++a2) {
-        double s = 0;
-        for (std::uint64_t a = 0; a < k_; ++a) s += x[a * block + b] * hk_[a * k_ + a2];
-        scratch[a2] = s;
-      }
-      for (std::uint64_t a2 = 0; a2 < k_; ++a2) x[a2 * block + b] = scratch[a2];
-    }
-  }
+  apply_hadamard(x, scratch, false);
   const double norm = 1.0 / std::sqrt(static_cast<double>(n_));
   for (std::uint64_t i = 0; i < n_; ++i) x[i] *= norm;
+}
+
+void Rotation::apply_hadamard(double* x, std::vector<double>& scratch, bool transposed) const {
+  const std::uint64_t block = n_ / k_;
+  for (std::uint64_t a = 0; a < k_; ++a) walsh_hadamard(x + a * block, block);
+  if (k_ == 1) return;
+  // (x H_n)[a', b] = sum_a z[a, b] H_k[a, a'] (transposed: H_k[a', a]).
+  scratch.resize(k_);
+  for (std::uint64_t b = 0; b < block; ++b) {
+    for (std::uint64_t a2 = 0; a2 < k_; ++a2) {
+      double s = 0;
+      for (std::uint64_t a = 0; a < k_; ++a) {
+        s += x[a * block + b] * hk_[transposed ? a2 * k_ + a : a * k_ + a2];
+      }
+      scratch[a2] = s;
+    }
+    for (std::uint64_t a2 = 0; a2 < k_; ++a2) x[a2 * block + b] = scratch[a2];
+  }
 }
 
 void Rotation::apply_to_columns(double* m, std::uint64_t width,
@@ -216,19 +221,7 @@ void Rotation::apply_to_columns(double* m, std::uint64_t width,
 
 void Rotation::apply_transposed(double* x, std::vector<double>& scratch) const {
   // x Q^T = x H_n^T D / sqrt(n).
-  const std::uint64_t block = n_ / k_;
-  for (std::uint64_t a = 0; a < k_; ++a) walsh_hadamard(x + a * block, block);
-  if (k_ > 1) {
-    scratch.resize(k_);
-    for (std::uint64_t b = 0; b < block; ++b) {
-      for (std::uint64_t a2 = 0; a2 < k_; ++a2) {
-        double s = 0;
-        for (std::uint64_t a = 0; a < k_; ++a) s += x[a * block + b] * hk_[a2 * k_ + a];
-        scratch[a2] = s;
-      }
-      for (std::uint64_t a2 = 0; a2 < k_; ++a2) x[a2 * block + b] = scratch[a2];
-    }
-  }
+  apply_hadamard(x, scratch, true);
   const double norm = 1.0 / std::sqrt(static_cast<double>(n_));
   for (std::uint64_t i = 0; i < n_; ++i) x[i] *= signs_[i] * norm;
 }

@@ -21,7 +21,11 @@
 //     sum of its KV head's values, so the head's output is rotated by R2
 //     and o_proj undoes it;
 //   - tied embeddings are untied: lm_head.weight is written (the rotated
-//     embedding times the final norm's g) and tie_word_embeddings set false.
+//     embedding times the final norm's g) and tie_word_embeddings set false,
+//     so vLLM builds the head as a ParallelLMHead and loads lm_head.weight
+//     (vllm/model_executor/models/qwen3.py, Qwen3ForCausalLM.__init__ and
+//     load_weights: lm_head is skipped only when tied); the default ignore
+//     list keeps it in 16 bits.
 // Qwen3's q_norm and k_norm act on q and k per head after their
 // projections, which R1 leaves unchanged. Rows are mixed, so the rewrite is
 // not a per-chunk rewrite (transform/transform.hpp): the run writes the
@@ -125,44 +129,26 @@ std::optional<Role> block_role(const std::string& n) {
 }
 
 RotateLayout rotate_layout(const Checkpoint& checkpoint) {
-  // balance_layout for the attention geometry only: the families and
-  // tensors rotate accepts are its own.
-  const BalanceLayout geometry = balance_layout(checkpoint);
+  RewriteFamily family = rewrite_family(checkpoint);
   RotateLayout layout;
-  layout.head_dim = geometry.head_dim;
+  layout.head_dim = family.head_dim;
   auto& problems = layout.problems;
   if (!checkpoint.config || !checkpoint.config->is_object()) {
-    problems.push_back("no config.json: the family and the attention heads are unknown");
+    layout.problems = std::move(family.problems);
     return layout;
   }
   const json& config = *checkpoint.config;
-  const std::string model_type = config.value("model_type", std::string{});
-  std::string arch;
-  if (config.contains("architectures") && config["architectures"].is_array() &&
-      config["architectures"].size() == 1 && config["architectures"][0].is_string()) {
-    arch = config["architectures"][0].get<std::string>();
-  }
-  if (!kRotateArchitectures.contains(arch)) {
-    std::string why = rewrite_family_reason(model_type, arch);
+  if (!kRotateArchitectures.contains(family.arch)) {
+    std::string why = rewrite_family_reason(family.model_type, family.arch);
     if (why.find("mixture of experts") != std::string::npos) {
       why =
           "no rule says its blocks are pre-norm Llama blocks with experts that all read the "
           "post-attention norm";
     }
-    problems.push_back(
-        fmt::format("config.json: architecture '{}' (model_type '{}'): {}", arch, model_type, why));
+    problems.push_back(fmt::format("config.json: architecture '{}' (model_type '{}'): {}",
+                                   family.arch, family.model_type, why));
   }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (config.value(key, false)) {
-      problems.push_back(
-          fmt::format("config.json: {} is true: biased Linears are not handled", key));
-    }
-  }
-  if (geometry.heads == 0 || geometry.head_dim == 0 || geometry.heads % geometry.kv_heads != 0) {
-    problems.push_back(
-        "config.json: num_attention_heads, num_key_value_heads and head_dim (or hidden_size) "
-        "must give whole GQA groups");
-  }
+  for (std::string& p : family.problems) problems.push_back(std::move(p));
   // A quantized input (FP8, AWQ, ModelOpt, compressed-tensors) is one
   // reason, not one per tensor it stores.
   const bool modelopt = std::find(checkpoint.other_files.begin(), checkpoint.other_files.end(),
@@ -513,17 +499,9 @@ void write_rotated_source(const Checkpoint& checkpoint, const fs::path& dir, boo
     }
     for (const TensorSpec& spec : specs) total_bytes += spec.byte_size;
     const ShardLayout laid = layout_shard(specs, header.metadata);
-    OutputFile file(dir / shard.path().filename());
-    file.write_at(0, std::as_bytes(std::span<const char>(laid.header.data(), laid.header.size())));
-    if (!with_data) {
-      // Headers only (a dry run plans from them): the data is a hole.
-      if (laid.file_size > laid.data_start) {
-        const std::byte zero{};
-        file.write_at(laid.file_size - 1, std::span<const std::byte>(&zero, 1));
-      }
-      file.sync_and_close();
-      continue;
-    }
+    std::optional<OutputFile> staged;
+    if (!open_staged_shard(dir / shard.path().filename(), laid, with_data, staged)) continue;
+    OutputFile& file = *staged;
     for (std::size_t t = 0; t < specs.size(); ++t) {
       poll_cancel();
       const TensorSpec& spec = specs[t];

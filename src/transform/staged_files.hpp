@@ -5,9 +5,11 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/source/checkpoint.hpp"
 
 namespace ctquant::detail {
@@ -15,6 +17,13 @@ namespace ctquant::detail {
 // Writes `value` as an indented JSON file at path (which must not exist).
 // Throws Error{kIo} / Error{kNoSpace}.
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& value);
+
+// Creates the shard `path` laid out as `laid` and writes its header. Without
+// data (a dry run plans from the headers alone) the data is left a hole,
+// the file is closed and false returned; with data, true (the caller writes
+// each tensor, then closes the file).
+bool open_staged_shard(const std::filesystem::path& path, const ShardLayout& laid, bool with_data,
+                       std::optional<OutputFile>& file);
 
 // The files of a rewritten source beside its shards: config.json (`config`),
 // the index (`index`, when the checkpoint has one) and the other files of

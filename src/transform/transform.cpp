@@ -91,6 +91,19 @@ void write_staged_files(const Checkpoint& checkpoint, const std::filesystem::pat
   }
 }
 
+bool open_staged_shard(const std::filesystem::path& path, const ShardLayout& laid, bool with_data,
+                       std::optional<OutputFile>& file) {
+  file.emplace(path);
+  file->write_at(0, std::as_bytes(std::span<const char>(laid.header.data(), laid.header.size())));
+  if (with_data) return true;
+  if (laid.file_size > laid.data_start) {
+    const std::byte zero{};
+    file->write_at(laid.file_size - 1, std::span<const std::byte>(&zero, 1));
+  }
+  file->sync_and_close();
+  return false;
+}
+
 namespace {
 
 // The rewritten source of a per-element row (balance): every shard with
@@ -107,16 +120,9 @@ void write_elementwise_source(const Checkpoint& checkpoint, const std::filesyste
       specs.push_back({e.name, e.dtype, e.shape, e.byte_size()});
     }
     const ShardLayout laid = layout_shard(specs, header.metadata);
-    OutputFile file(dir / shard.path().filename());
-    file.write_at(0, std::as_bytes(std::span<const char>(laid.header.data(), laid.header.size())));
-    if (!with_data) {
-      if (laid.file_size > laid.data_start) {
-        const std::byte zero{};
-        file.write_at(laid.file_size - 1, std::span<const std::byte>(&zero, 1));
-      }
-      file.sync_and_close();
-      continue;
-    }
+    std::optional<OutputFile> staged;
+    if (!open_staged_shard(dir / shard.path().filename(), laid, with_data, staged)) continue;
+    OutputFile& file = *staged;
     for (std::size_t t = 0; t < header.tensors.size(); ++t) {
       poll_cancel();
       const TensorEntry& e = header.tensors[t];

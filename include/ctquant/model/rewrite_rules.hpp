@@ -49,6 +49,20 @@ struct BalanceLayout {
 // mixture of experts, or none known).
 std::string rewrite_family_reason(const std::string& model_type, const std::string& arch);
 
+// What config.json says of a checkpoint a rewrite may change: its family,
+// attention geometry, and the reasons every rewrite refuses (no config.json,
+// biased Linears, heads that do not make whole GQA groups). Reads config.json
+// only.
+struct RewriteFamily {
+  std::string model_type;
+  std::string arch;            // the one entry of `architectures`, or ""
+  std::uint64_t heads = 0;     // num_attention_heads
+  std::uint64_t kv_heads = 0;  // num_key_value_heads (heads when absent)
+  std::uint64_t head_dim = 0;  // head_dim, or hidden_size / heads
+  std::vector<std::string> problems;
+};
+RewriteFamily rewrite_family(const Checkpoint& checkpoint);
+
 // The blocks of `checkpoint` and the reasons to refuse (reads config.json
 // and the tensor names and shapes; never the data).
 BalanceLayout balance_layout(const Checkpoint& checkpoint);

@@ -59,6 +59,9 @@ class Rotation {
   double sign(std::uint64_t i) const { return signs_[i]; }
 
  private:
+  // x <- x H_n (transposed: x H_n^T), unnormalized, signs not applied.
+  void apply_hadamard(double* x, std::vector<double>& scratch, bool transposed) const;
+
   std::uint64_t n_ = 0, k_ = 1, seed_ = 0;
   std::vector<double> signs_;
   std::vector<double> hk_;  // H_k, row-major (k_ > 1)
