@@ -140,6 +140,24 @@ TEST(LintL1, MixtralLayerCountsEachIgnoreEntry) {
       << moe.message;
 }
 
+// --target-bits and --observer auto name a Mixtral layer's experts in
+// targets together with vLLM's probes of the layer (experts.0.gate_proj,
+// up_proj, down_proj: names the checkpoint, which calls them w1 / w3 / w2,
+// does not have). vLLM reads those entries, so L1 says nothing of them; a
+// misspelt name beside them still gets its warning.
+TEST(LintL1, MixtralProbeNamesInTargetsAreNotUnmatched) {
+  const std::string e = "model.layers.0.block_sparse_moe.experts.0.";
+  const Linted r =
+      lint_layout(mixtral_layer(), kLlamaConfig, {"re:.*block_sparse_moe[.]gate$"},
+                  {e + "w1", e + "gate_proj", e + "up_proj", e + "down_proj", e + "w2", e + "w3",
+                   e + "w4"});
+  const auto l1 = with_id(r.findings, "L1");
+  ASSERT_EQ(l1.size(), 1u);
+  EXPECT_TRUE(contains(l1[0].message, "targets entry '" + e + "w4' matched 0 modules"))
+      << l1[0].message;
+  EXPECT_TRUE(with_id(r.findings, "L13").empty());
+}
+
 TEST(LintL1, LlamaLayerGateRegexAlsoCatchesGateProj) {
   const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"lm_head", "re:.*gate"});
   EXPECT_TRUE(r.plan.ignore_matches[0].empty());

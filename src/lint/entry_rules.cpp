@@ -1,11 +1,13 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
-#include <unordered_map>
+#include <set>
 #include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "ctquant/model/vllm_match.hpp"
 #include "ctquant/util/error.hpp"
 #include "lint/lint_context.hpp"
 #include "lint/roles_lint.hpp"
@@ -111,6 +113,16 @@ void with_group_note(Finding& f, const std::string& group_note) {
   if (f.severity == Severity::kInfo) f.severity = Severity::kWarning;
 }
 
+// The names vLLM probes to decide each MoE layer's scheme.
+std::set<std::string> moe_probe_names(const RoleAnalysis& roles) {
+  std::set<std::string> out;
+  for (const ModuleInfo& m : roles.modules) {
+    if (m.role != ModuleRole::kExpert && m.role != ModuleRole::kStackedExperts) continue;
+    for (std::string& probe : VllmLoadRules::moe_probes(m.vllm_layer)) out.insert(std::move(probe));
+  }
+  return out;
+}
+
 // ---- L1: entries that matched nothing ----
 void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::string>& entries,
                             const std::vector<std::vector<std::string>>& matches,
@@ -132,6 +144,7 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
   WordIndex words(ctx.modules);
   // A group's only targets entry cannot simply go: its fix is to correct it.
   const bool removable = role == ModuleMatcher::Role::kIgnore || entries.size() > 1;
+  std::optional<std::set<std::string>> probes;  // moe_probe_names, when first needed
   for (std::size_t i = first_given; i < entries.size(); ++i) {
     if (!unmatched(i)) continue;
     const std::string& entry = entries[i];
@@ -171,6 +184,12 @@ void lint_unmatched_entries(const LintContext& ctx, const std::vector<std::strin
       out.push_back(std::move(f));
       continue;
     }
+    // A name vLLM probes to decide a MoE layer's scheme
+    // (VllmLoadRules::moe_probes: <layer>.0.gate_proj / up_proj / down_proj,
+    // vLLM's names of experts the checkpoint calls w1 / w3 / w2) matches no
+    // module of the checkpoint, but vLLM reads it: the entry is needed.
+    if (!probes) probes = moe_probe_names(ctx.plan.roles);
+    if (!matcher.is_regex(i) && probes->contains(entry)) continue;
     // An ignore entry for the head transformers builds although the
     // checkpoint has none (a tied model or a draft; absent_head_entry())
     // keeps transformers able to load.
