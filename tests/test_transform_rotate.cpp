@@ -354,6 +354,18 @@ TEST(Rotate, QuantizeWritesTheRotatedSourceUntiedAndVerifies) {
   const CommandResult tampered = run_ctquant({"verify", out, in, "--against-source"});
   EXPECT_EQ(tampered.exit_code, 3) << tampered.out << tampered.err;
   expect_message(tampered.out, {"ctquant_transform.r1.sign_seed: 7 in OUTPUT, 0 in INPUT"});
+  // An INPUT the rewrite refuses is not OUTPUT's source: verify says so,
+  // not quantize's "run without --transform rotate".
+  copy_dir(dir / "in", dir / "other");
+  json other = read_json(dir / "in" / "config.json");
+  other["architectures"] = {"GPT2LMHeadModel"};
+  write_file(dir / "other" / "config.json", other.dump(2));
+  const CommandResult refused =
+      run_ctquant({"verify", out, (dir / "other").string(), "--against-source"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  expect_message(refused.err, {"OUTPUT's config.json records --transform rotate",
+                               "give as INPUT the checkpoint OUTPUT was quantized from"});
+  EXPECT_EQ(refused.err.find("run without --transform"), std::string::npos) << refused.err;
 }
 
 TEST(Rotate, RefusedRunsLeaveNothingBehind) {
@@ -371,11 +383,27 @@ TEST(Rotate, RefusedRunsLeaveNothingBehind) {
   expect_message(none.err, {"no tensor would be quantized"});
   EXPECT_FALSE(std::filesystem::exists(dir / "out"));
   EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
-  // A directory left by a run that was killed is named, not overwritten.
+  // No usable temporary directory (the headers are planned there): named.
+  RunOptions no_tmp_dir;
+  no_tmp_dir.env = {"TMPDIR=" + (dir / "no").string()};
+  const CommandResult no_tmp =
+      run_ctquant({"quantize", in, out, "--transform", "rotate"}, no_tmp_dir);
+  EXPECT_EQ(no_tmp.exit_code, 2);
+  expect_message(no_tmp.err, {"no usable temporary directory (TMPDIR=", "set TMPDIR"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+  // A directory left by a run that was killed is named, not overwritten,
+  // and refused before anything is planned or written; a dry run says a
+  // run would refuse it.
   std::filesystem::create_directory(dir / ".out.ctquant-rotate");
   const CommandResult left = run_ctquant({"quantize", in, out, "--transform", "rotate"});
   EXPECT_EQ(left.exit_code, 2);
-  expect_message(left.err, {".out.ctquant-rotate exists", "remove it"});
+  expect_message(left.err, {".out.ctquant-rotate exists", "rm -rf ", "Nothing was written"});
+  EXPECT_EQ(left.err.find("writing the rewritten source"), std::string::npos) << left.err;
+  const CommandResult dry =
+      run_ctquant({"quantize", in, out, "--transform", "rotate", "--dry-run"});
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;
+  expect_message(dry.err, {"a run would refuse", ".out.ctquant-rotate exists"});
+  EXPECT_TRUE(std::filesystem::is_directory(dir / ".out.ctquant-rotate"));
 }
 
 // A double rounded to nearest, ties to even, with `bits` bits of mantissa

@@ -334,10 +334,17 @@ QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
   // Plan and lint first, from the rewritten source's headers (sparse files
   // under the temporary directory): whatever they refuse is refused before
   // any value is rewritten. A dry run stops there.
-  const fs::path headers_dir =
-      fs::temp_directory_path() /
-      fmt::format("ctquant-{}-{}-{}", name, ::getpid(),
-                  std::chrono::steady_clock::now().time_since_epoch().count());
+  // Where the rewritten source goes: refused now, before any work, when a
+  // run could not write it there; a dry run says so.
+  const fs::path dir = staged_source_dir(options.output, name);
+  if (const std::string refusal = staged_source_refusal(dir); !refusal.empty()) {
+    if (!options.dry_run) {
+      throw usage_error(fmt::format("--transform {}: {}. Nothing was written", name, refusal));
+    }
+    if (log) log->warn("--transform {}: a run would refuse: {}", name, refusal);
+  }
+  const fs::path headers_dir = temporary_path(
+      name, fmt::format("the headers of the source rewritten by --transform {}", name));
   {
     const StagedSource headers(checkpoint, *rewrite, headers_dir, false);
     if (options.dry_run) {
@@ -355,10 +362,6 @@ QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
   }
   // A per-element rewrite's scales, from the weights.
   if (!rewrite->staged_source) rewrite = derive_transform(checkpoint, *rewrite);
-  fs::path out = fs::absolute(options.output).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();  // OUTPUT given as "dir/"
-  const fs::path dir =
-      out.parent_path() / fmt::format(".{}.ctquant-{}", out.filename().string(), name);
   if (options.before_writing) options.before_writing();
   const auto start = std::chrono::steady_clock::now();
   if (log) {

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -155,13 +157,49 @@ void write_elementwise_source(const Checkpoint& checkpoint, const std::filesyste
 }  // namespace
 }  // namespace detail
 
+std::filesystem::path temporary_path(std::string_view tag, std::string_view purpose) {
+  std::error_code ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec || !std::filesystem::is_directory(tmp, ec) || ::access(tmp.c_str(), W_OK | X_OK) != 0) {
+    const char* env = std::getenv("TMPDIR");
+    throw usage_error(fmt::format(
+        "no usable temporary directory ({}{}): ctquant writes {} there; set TMPDIR to a "
+        "writable directory",
+        env != nullptr ? fmt::format("TMPDIR={}: ", env) : "/tmp: ",
+        ec ? ec.message() : std::string(std::strerror(errno)), purpose));
+  }
+  return tmp / fmt::format("ctquant-{}-{}-{}", tag, ::getpid(),
+                           std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+std::filesystem::path staged_source_dir(const std::filesystem::path& output,
+                                        std::string_view name) {
+  std::filesystem::path out = std::filesystem::absolute(output).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // OUTPUT given as "dir/"
+  return out.parent_path() / fmt::format(".{}.ctquant-{}", out.filename().string(), name);
+}
+
+std::string staged_source_refusal(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) {
+    return fmt::format(
+        "{} exists: the rewritten source of a run that stopped (ctquant does not remove it); "
+        "if no ctquant run is using it, remove it: rm -rf {}",
+        dir.string(), shell_word(dir.string()));
+  }
+  if (::access(dir.parent_path().c_str(), W_OK | X_OK) != 0) {
+    return fmt::format("cannot write the rewritten source in {} ({})", dir.parent_path().string(),
+                       std::strerror(errno));
+  }
+  return "";
+}
+
 StagedSource::StagedSource(const Checkpoint& checkpoint, const RewritePlan& plan,
                            std::filesystem::path dir, bool with_data)
     : dir_(std::move(dir)) {
   if (std::filesystem::exists(dir_)) {
-    throw usage_error(fmt::format(
-        "--transform {}: {} exists (the rewritten source of a run that stopped?); remove it",
-        plan.transform, dir_.string()));
+    throw usage_error(
+        fmt::format("--transform {}: {}", plan.transform, staged_source_refusal(dir_)));
   }
   try {
     const TransformRow& row = find_transform(plan.transform);
@@ -197,11 +235,22 @@ std::unique_ptr<StagedSource> stage_source_for_output(
   if (row == std::end(kTransforms) || row->write_source == nullptr) return nullptr;
   // Read-only: links out of the directory (a cache snapshot) are followed.
   const Checkpoint checkpoint = open_checkpoint(input, OpenOptions{.follow_links_outside = true});
-  const auto plan = plan_transform(checkpoint, name);
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      fmt::format("ctquant-source-{}-{}-{}", name, ::getpid(),
-                  std::chrono::steady_clock::now().time_since_epoch().count());
+  std::shared_ptr<const RewritePlan> plan;
+  try {
+    plan = plan_transform(checkpoint, name);
+  } catch (const Error& e) {
+    // The refusal speaks to a quantize run ("fix: run without ..."): here
+    // OUTPUT says it was made with the rewrite, so INPUT is not its source.
+    std::string why = e.what();
+    if (const auto fix = why.find("\n  fix:"); fix != std::string::npos) why.resize(fix);
+    throw Error(e.kind(),
+                fmt::format("OUTPUT's config.json records --transform {}, but INPUT cannot be "
+                            "rewritten so again: {}\n  fix: give as INPUT the checkpoint "
+                            "OUTPUT was quantized from",
+                            name, why));
+  }
+  const std::filesystem::path dir = temporary_path(
+      "source-" + name, fmt::format("INPUT rewritten by --transform {} to compare with", name));
   if (before_writing) before_writing();
   return std::make_unique<StagedSource>(checkpoint, *plan, dir, true);
 }

@@ -113,6 +113,22 @@ std::shared_ptr<const RewritePlan> plan_transform(const Checkpoint& checkpoint,
 std::shared_ptr<const RewritePlan> derive_transform(const Checkpoint& checkpoint,
                                                     const RewritePlan& planned);
 
+// A fresh path under the temporary directory (TMPDIR, else /tmp):
+// "<dir>/ctquant-<tag>-<pid>-<clock>", not created. Throws Error{kUsage}
+// naming TMPDIR and `purpose` (what would be written there) when there is
+// no usable temporary directory.
+std::filesystem::path temporary_path(std::string_view tag, std::string_view purpose);
+
+// The directory beside OUTPUT that a quantize run writes the rewritten
+// source of transform `name` into: "<parent>/.<OUTPUT's name>.ctquant-<name>"
+// (a trailing slash of OUTPUT ignored).
+std::filesystem::path staged_source_dir(const std::filesystem::path& output, std::string_view name);
+
+// Why a run cannot write `dir` (staged_source_dir): "" when it can; else
+// "<dir> exists ..." (left by a run that stopped) or "cannot write in
+// <parent> (<errno text>)". A dry run reports it, a run refuses it.
+std::string staged_source_refusal(const std::filesystem::path& dir);
+
 // A rewritten source written into a temporary directory for a run
 // (TransformRow::write_source), removed with this object.
 class StagedSource {
