@@ -323,6 +323,17 @@ TEST(Rotate, QuantizeWritesTheRotatedSourceUntiedAndVerifies) {
                   "transform rotate"});
   EXPECT_FALSE(std::filesystem::exists(dir / "out"));
   EXPECT_FALSE(std::filesystem::exists(dir / ".out.ctquant-rotate"));
+  // inspect --plan --json carries the same record as the quantize report.
+  const CommandResult inspect =
+      run_ctquant({"inspect", in, "--plan", "--transform", "rotate", "--json"});
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  const json planned = json::parse(inspect.out);
+  EXPECT_EQ(planned["transform"]["transform"], "rotate");
+  EXPECT_EQ(planned["transform"]["untied_head"], true);
+  EXPECT_EQ(planned["transform"]["r1"]["size"], 128);
+  // Every tensor of the block: the embedding, two norms, seven Linears, the
+  // final norm and the untied head.
+  EXPECT_EQ(planned["transform"]["tensors"].size(), 12u);
 
   const CommandResult run = run_ctquant({"quantize", in, out, "--transform", "rotate",
                                          "--write-recipe", (dir / "recipe.yaml").string()});

@@ -128,7 +128,10 @@ int run_inspect(const InspectArgs& args, bool plan_requested,
   if (args.json) {
     nlohmann::json doc = ctquant::with_envelope(ctquant::inspect_json(report), "inspect", argv);
     // The plan with each tensor's scheme and output shard, as quantize reports it.
-    if (report.plan) doc["plan"] = ctquant::report_plan_json(report.checkpoint, *report.plan);
+    if (report.plan) {
+      doc["plan"] = ctquant::report_plan_json(report.checkpoint, *report.plan);
+      doc["transform"] = ctquant::transform_json(*report.plan);
+    }
     doc["recipe"] =
         resolved ? ctquant::effective_recipe_json(resolved->effective) : nlohmann::json();
     print_json_report(doc);

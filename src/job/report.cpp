@@ -132,18 +132,18 @@ json quantize_report_json(const QuantizeReportInput& in) {
       s.observer_choice ? observer_choice_json(s.plan, *s.observer_choice) : json(nullptr);
   report["bit_allocation"] =
       s.bit_allocation ? bit_allocation_json(s.plan, *s.bit_allocation) : json(nullptr);
-  // --transform: what config.json's ctquant_transform records, and each
-  // rewritten tensor with what was done to it.
-  report["transform"] = json(nullptr);
-  if (s.plan.rewrite) {
-    json t = s.plan.rewrite->record();
-    t["tensors"] = json::array();
-    for (const TensorRewrite& r : s.plan.rewrite->tensors) {
-      t["tensors"].push_back({{"tensor", r.tensor}, {"what", r.what}});
-    }
-    report["transform"] = t;
-  }
+  report["transform"] = transform_json(s.plan);
   return report;
+}
+
+json transform_json(const QuantizePlan& plan) {
+  if (!plan.rewrite) return json(nullptr);
+  json t = plan.rewrite->record();
+  t["tensors"] = json::array();
+  for (const TensorRewrite& r : plan.rewrite->tensors) {
+    t["tensors"].push_back({{"tensor", r.tensor}, {"what", r.what}});
+  }
+  return t;
 }
 
 }  // namespace ctquant

@@ -56,6 +56,12 @@ std::uint64_t peak_rss_bytes();
 // (QuantizeOptions::on_plan).
 nlohmann::json report_plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan);
 
+// The plan's --transform: what config.json's ctquant_transform records
+// (RewritePlan::record) with "tensors", each rewritten tensor and what was
+// done to it; null when the plan has no rewrite. The "transform" of the
+// quantize report and of `inspect --plan --json`.
+nlohmann::json transform_json(const QuantizePlan& plan);
+
 // What a quantize report is made of. Pointers are borrowed for the call.
 struct QuantizeReportInput {
   std::vector<std::string> argv;
