@@ -801,6 +801,17 @@ TEST(ConverterRefusals, ScaleThatIsNotFiniteIsRefused) {
   EXPECT_EQ(fp8.exit_code, 1) << fp8.err;
   expect_message(fp8.err, {"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight_scale' "
                            "(F8_E4M3) element [2, 5]: nan is not finite"});
+  EXPECT_EQ(fp8.err.find("the first of"), std::string::npos) << fp8.err;  // one bad element
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  // More than one: the first is named, with how many there are.
+  patch_element(tmp / "fp8-nan" / "model.safetensors", "model.layers.0.mlp.gate_proj.weight_scale",
+                3 * 16 + 1, {0xff});
+  patch_element(tmp / "fp8-nan" / "model.safetensors", "model.layers.0.mlp.gate_proj.weight_scale",
+                7 * 16 + 9, {0x7f});
+  const CommandResult three =
+      run_ctquant({"quantize", (tmp / "fp8-nan").string(), (tmp / "out").string()});
+  EXPECT_EQ(three.exit_code, 1) << three.err;
+  expect_message(three.err, {"element [2, 5]: nan is not finite (the first of 3 elements of "});
   EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 

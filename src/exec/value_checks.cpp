@@ -102,6 +102,19 @@ std::optional<std::uint64_t> first_not_finite(DType d, std::span<const std::byte
   return std::nullopt;
 }
 
+// ", the first of N elements of M that are not" when more than the first
+// element of `bytes` (dtype d) is not finite, else "".
+std::string others_not_finite(DType d, std::span<const std::byte> bytes) {
+  const std::size_t size = dtype_bits(d) / 8;
+  std::uint64_t bad = 0;
+  const std::uint64_t n = bytes.size() / size;
+  for (std::uint64_t k = 0; k < n; ++k) {
+    bad += std::isfinite(load_as_float(d, bytes.data() + k * size)) ? 0 : 1;
+  }
+  if (bad < 2) return "";
+  return fmt::format(" (the first of {} elements of {} that are not finite)", bad, n);
+}
+
 std::string element_index(const std::vector<std::uint64_t>& shape, std::uint64_t k) {
   if (shape.size() != 2) return fmt::format("element {}", k);
   return fmt::format("element [{}, {}]", k / shape[1], k % shape[1]);
@@ -118,12 +131,13 @@ void check_converted_values(const Checkpoint& checkpoint, const ConvertedModule&
     if (!float_dtype(e.dtype)) continue;
     if (const auto k = first_not_finite(e.dtype, inputs[i])) {
       throw bad_input(fmt::format(
-          "{}: tensor '{}' ({}) {}: {} is not finite; module '{}' is converted as it is "
+          "{}: tensor '{}' ({}) {}: {} is not finite{}; module '{}' is converted as it is "
           "stored (no requantization), so vLLM would compute NaN from it. "
           "Nothing was written",
           checkpoint.shards[t.inputs[i].shard].label(), e.name, dtype_tag(e.dtype),
           element_index(e.shape, *k),
-          load_as_float(e.dtype, inputs[i].data() + *k * (dtype_bits(e.dtype) / 8)), m.name));
+          load_as_float(e.dtype, inputs[i].data() + *k * (dtype_bits(e.dtype) / 8)),
+          others_not_finite(e.dtype, inputs[i]), m.name));
     }
   }
   if (!float_dtype(t.dtype)) return;
@@ -144,10 +158,11 @@ void check_converted_values(const Checkpoint& checkpoint, const ConvertedModule&
       }
     }
     throw bad_input(fmt::format(
-        "converted tensor '{}' ({}) {}: {} is not finite (made from {}); vLLM would compute NaN "
-        "from it. Nothing was written",
+        "converted tensor '{}' ({}) {}: {} is not finite{} (made from {}); vLLM would compute "
+        "NaN from it. Nothing was written",
         t.name, dtype_tag(t.dtype), element_index(t.shape, *k),
-        load_as_float(t.dtype, out.data() + *k * (dtype_bits(t.dtype) / 8)), join(from, 10)));
+        load_as_float(t.dtype, out.data() + *k * (dtype_bits(t.dtype) / 8)),
+        others_not_finite(t.dtype, out), join(from, 10)));
   }
 }
 
