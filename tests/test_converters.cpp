@@ -611,6 +611,43 @@ TEST(ConverterMix, BadConverterPatternIsNamedByItsOption) {
   }
 }
 
+// --convert-ignore or --convert-targets that leaves out a module holding the
+// format's quantized tensors is refused by the option, exit 2, nothing
+// written: ctquant converts such a module as stored or not at all (it has no
+// 16-bit weight to keep).
+TEST(ConverterMix, ConverterOptionLeavingAQuantizedModuleOutIsRefused) {
+  struct Case {
+    std::string golden;
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"modelopt-nvfp4-kv",
+       {"--convert-ignore", "re:.*self_attn.*"},
+       "--convert-ignore 're:.*self_attn.*' leaves 4 module(s) out of the conversion that hold "
+       "ModelOpt NVFP4 tensors: model.layers.0.self_attn.k_proj, "
+       "model.layers.0.self_attn.o_proj, model.layers.0.self_attn.q_proj, "
+       "model.layers.0.self_attn.v_proj."},
+      {"awq-gemm-zp-g128",
+       {"--convert-ignore", "re:.*self_attn.*"},
+       "--convert-ignore 're:.*self_attn.*' leaves 6 module(s) out of the conversion that hold "
+       "AWQ tensors: model.layers.0.self_attn.k_proj"},
+      {"awq-gemm-zp-g128",
+       {"--convert-targets", "re:.*mlp.*"},
+       "--convert-targets 're:.*mlp.*' leaves 6 module(s) out"},
+  };
+  for (const Case& c : cases) {
+    TempDir tmp;
+    std::vector<std::string> args = {"quantize", (golden_dir() / c.golden / "input").string(),
+                                     (tmp / "out").string()};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const CommandResult r = run_ctquant(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    expect_message(r.err, {c.message, "Nothing was written"});
+    EXPECT_FALSE(fs::exists(tmp / "out"));
+  }
+}
+
 // A pure conversion asks for no scheme: its default group quantizing
 // nothing is by design, not a finding (no L1), so --strict converts too.
 TEST(ConverterMix, PureConversionHasNoFindingEvenUnderStrict) {

@@ -19,6 +19,7 @@
 #include "ctquant/util/cancel.hpp"
 #include "ctquant/util/checked.hpp"
 #include "ctquant/util/error.hpp"
+#include "ctquant/util/text.hpp"
 #include "plan/fates.hpp"
 
 namespace ctquant {
@@ -522,11 +523,53 @@ json converted_config(const QuantizePlan& plan, const json& block) {
                                        plan.lifted_convert_ignore);
 }
 
+// --convert-ignore and --convert-targets choose the converter's arguments;
+// they cannot leave out a module that holds the format's quantized tensors
+// (ctquant converts them as stored and never dequantizes them, so such a
+// module has no 16-bit weight to keep or requantize). The modules the
+// converter takes by its own arguments, against those it takes with the
+// options': any left out is refused here, naming the option, rather than
+// later as tensors the converter or the planner cannot place.
+void refuse_unconverted_modules(const Checkpoint& checkpoint, const QuantizePlan& plan) {
+  const auto defaults = detect_source_format(checkpoint, ConvertOptions{});
+  if (!defaults) return;
+  std::vector<std::string> problems;
+  const auto all = defaults->converter->plan(checkpoint, *defaults, problems);
+  if (!problems.empty()) return;  // the input's own problems: said by the run with the options
+  std::vector<std::string> ignored;
+  const auto taken = plan.source_format->converter->plan(checkpoint, *plan.source_format, ignored);
+  std::set<std::string> names;
+  for (const ConvertedModule& m : taken) names.insert(m.name);
+  std::vector<std::string> left;
+  for (const ConvertedModule& m : all) {
+    if (!names.contains(m.name)) left.push_back(m.name);
+  }
+  if (left.empty()) return;
+  const ConvertOptions& given = plan.options.convert;
+  const auto words = [](const std::vector<std::string>& entries) {
+    std::vector<std::string> out;
+    for (const std::string& e : entries) out.push_back(shell_word(e));
+    return join(out, 8, " ");
+  };
+  std::vector<std::string> options;
+  if (given.ignore) options.push_back("--convert-ignore " + words(*given.ignore));
+  if (given.targets) options.push_back("--convert-targets " + words(*given.targets));
+  throw usage_error(fmt::format(
+      "{} leave{} {} module(s) out of the conversion that hold {} tensors: {}. ctquant converts "
+      "such modules as stored and does not dequantize them, so each must be converted. Nothing "
+      "was written. Remove them from --convert-ignore (or add them to --convert-targets); "
+      "--ignore and --targets choose what the scheme quantizes among the 16-bit modules",
+      join(options, 2, " with "), options.size() == 1 ? "s" : "", left.size(),
+      plan.source_format->converter->name, join(left, 4)));
+}
+
 // The converted modules of an input a converter takes (source/converter.hpp):
 // every problem of its tensors refused at once, as an unsupported input.
 void plan_conversion(const Checkpoint& checkpoint, QuantizePlan& plan) {
   plan.source_format = detect_source_format(checkpoint, plan.options.convert);
   if (!plan.source_format) return;
+  const ConvertOptions& given = plan.options.convert;
+  if (given.ignore || given.targets) refuse_unconverted_modules(checkpoint, plan);
   std::vector<std::string> problems;
   plan.converted = plan.source_format->converter->plan(checkpoint, *plan.source_format, problems);
   if (!problems.empty()) {
