@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -147,10 +147,9 @@ TEST(LintL1, MixtralLayerCountsEachIgnoreEntry) {
 // misspelt name beside them still gets its warning.
 TEST(LintL1, MixtralProbeNamesInTargetsAreNotUnmatched) {
   const std::string e = "model.layers.0.block_sparse_moe.experts.0.";
-  const Linted r =
-      lint_layout(mixtral_layer(), kLlamaConfig, {"re:.*block_sparse_moe[.]gate$"},
-                  {e + "w1", e + "gate_proj", e + "up_proj", e + "down_proj", e + "w2", e + "w3",
-                   e + "w4"});
+  const Linted r = lint_layout(
+      mixtral_layer(), kLlamaConfig, {"re:.*block_sparse_moe[.]gate$"},
+      {e + "w1", e + "gate_proj", e + "up_proj", e + "down_proj", e + "w2", e + "w3", e + "w4"});
   const auto l1 = with_id(r.findings, "L1");
   ASSERT_EQ(l1.size(), 1u);
   EXPECT_TRUE(contains(l1[0].message, "targets entry '" + e + "w4' matched 0 modules"))
@@ -189,7 +188,8 @@ TEST(LintL1, NearMissForLiteralWithModelPrefix) {
                        "near misses (names containing 'qkv_proj'): "
                        "layers.0.self_attn.qkv_proj, layers.1.self_attn.qkv_proj"));
   EXPECT_EQ(l1[0].fix,
-            "the names differ by a prefix: use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$' instead");
+            "the names differ by a prefix: use --ignore 're:.*layers\\.0\\.self_attn\\.qkv_proj$' "
+            "instead");
   EXPECT_EQ(l1[0].tensors, (std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight",
                                                      "layers.1.self_attn.qkv_proj.weight"}));
 }
@@ -253,15 +253,13 @@ TEST(LintL2, LiteralEntryInDFlashDraftGetsAnchoredRegex) {
   EXPECT_EQ(l2[0].tensors, std::vector<std::string>{"layers.0.self_attn.qkv_proj.weight"});
   EXPECT_TRUE(contains(l2[0].message, "the module is 'model.layers.0.self_attn.qkv_proj'"))
       << l2[0].message;
-  EXPECT_EQ(l2[0].fix,
-            "use --ignore 're:^(model\\.)?layers\\.0\\.self_attn\\.qkv_proj$' instead");
-  EXPECT_TRUE(with_id(r.findings, "L4").empty());  // both qkv_proj kept here
+  EXPECT_EQ(l2[0].fix, "use --ignore 're:^(model\\.)?layers\\.0\\.self_attn\\.qkv_proj$' instead");
+  EXPECT_TRUE(with_id(r.findings, "L4").empty());   // both qkv_proj kept here
   EXPECT_TRUE(with_id(r.findings, "L13").empty());  // L2 explains them
   // The fix clears it.
-  const Linted fixed =
-      lint_layout(dflash_layers(), kDFlashConfig,
-                  {"re:^(model\\.)?layers\\.0\\.self_attn\\.qkv_proj$",
-                   "re:^(model\\.)?layers\\.1\\.self_attn\\.qkv_proj$"});
+  const Linted fixed = lint_layout(dflash_layers(), kDFlashConfig,
+                                   {"re:^(model\\.)?layers\\.0\\.self_attn\\.qkv_proj$",
+                                    "re:^(model\\.)?layers\\.1\\.self_attn\\.qkv_proj$"});
   EXPECT_TRUE(blocking_findings(fixed.findings, false, false).empty());
 }
 
@@ -316,8 +314,8 @@ TEST(LintL3, QkvSplitAcrossLayersIsOneError) {
   EXPECT_TRUE(contains(l3[0].message, "k_proj, q_proj quantized but v_proj not"));
   EXPECT_TRUE(contains(l3[0].message, "ignored by 're:.*v_proj$'"));
   // Keeping the groups whole takes exactly their members.
-  EXPECT_TRUE(contains(l3[0].fix,
-                       "--ignore 're:^model\\.layers\\.\\d+\\.self_attn\\.(k_proj|q_proj|v_proj)$'"))
+  EXPECT_TRUE(contains(
+      l3[0].fix, "--ignore 're:^model\\.layers\\.\\d+\\.self_attn\\.(k_proj|q_proj|v_proj)$'"))
       << l3[0].fix;
 }
 
@@ -437,8 +435,9 @@ TEST(LintL5, TensorParallelSplitsOutOrInFeatures) {
   EXPECT_TRUE(contains(l5[2].message, "(row-parallel, split along in_features)"));
   EXPECT_TRUE(contains(l5[2].message, "in_features 704 per shard is not a multiple of 128"));
   // 704 is not a multiple of the group size either: vLLM refuses that shard.
-  EXPECT_TRUE(contains(l5[2].message, "in_features 704 per shard is not a multiple of the group "
-                                      "size 128"));
+  EXPECT_TRUE(contains(l5[2].message,
+                       "in_features 704 per shard is not a multiple of the group "
+                       "size 128"));
   EXPECT_EQ(l5[2].severity, Severity::kError);
   EXPECT_TRUE(contains(l5[2].message, "vLLM's pack-quantized kernels"));
   EXPECT_FALSE(contains(l5[2].message, "older"));
@@ -536,10 +535,12 @@ TEST(LintL14, Nvfp4ExpertGateAndUpWithTheirOwnGlobalScalesWarn) {
   EXPECT_EQ(l14[0].tensors[0], "model.layers.0.mlp.experts.0.gate_proj.weight");
   EXPECT_EQ(l14[0].tensors[1], "model.layers.0.mlp.experts.0.up_proj.weight");
   EXPECT_EQ(l14[0].tensors[7], "model.layers.0.mlp.experts.3.up_proj.weight");
-  EXPECT_TRUE(contains(l14[0].message, "4 pairs of modules that vLLM fuses into one layer (MoE "
-                                       "experts) get their own NVFP4 global scales"))
+  EXPECT_TRUE(contains(l14[0].message,
+                       "4 pairs of modules that vLLM fuses into one layer (MoE "
+                       "experts) get their own NVFP4 global scales"))
       << l14[0].message;
-  EXPECT_TRUE(contains(l14[0].message, "w13_weight_global_scale[:, 0] in compressed_tensors_moe.py"))
+  EXPECT_TRUE(
+      contains(l14[0].message, "w13_weight_global_scale[:, 0] in compressed_tensors_moe.py"))
       << l14[0].message;
   EXPECT_FALSE(contains(l14[0].message, "dense layers")) << l14[0].message;
   // A warning: quantize still writes the output model_free_ptq writes.
@@ -548,10 +549,10 @@ TEST(LintL14, Nvfp4ExpertGateAndUpWithTheirOwnGlobalScalesWarn) {
   // Dense gate/up and q/k/v share one scale: nothing to say.
   const test::GoldenCase dense = test::find_case("llama-bf16-nvfp4a16");
   const Checkpoint dense_checkpoint = open_checkpoint(test::input_of(dense));
-  EXPECT_TRUE(with_id(run_lint(dense_checkpoint, make_plan(dense_checkpoint, test::plan_of(dense)),
-                               {}),
-                      "L14")
-                  .empty());
+  EXPECT_TRUE(
+      with_id(run_lint(dense_checkpoint, make_plan(dense_checkpoint, test::plan_of(dense)), {}),
+              "L14")
+          .empty());
   // Partners in different shards still share.
   const test::GoldenCase sharded = test::find_case("sharded-bf16-nvfp4a16");
   const Checkpoint sharded_checkpoint = open_checkpoint(test::input_of(sharded));
@@ -604,6 +605,33 @@ TEST(LintL10, GroupSizesMarlinDoesNotRunAreErrors) {
   }
 }
 
+// 3- and 2-bit codes: no group size makes vLLM run them (Marlin takes 4 and
+// 8), so the fix names the code width and --allow L10, not a group size.
+TEST(LintL10, CodesOtherThanFourAndEightBitsNameTheWidth) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), llama_layer(), kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  for (const int bits : {2, 3}) {
+    SCOPED_TRACE(bits);
+    PlanOptions options;
+    options.default_ignore = false;
+    options.groups.front().weights.num_bits = bits;
+    const QuantizePlan plan = make_plan(checkpoint, options);
+    const auto l10 = with_id(run_lint(checkpoint, plan, LintOptions{}), "L10");
+    ASSERT_EQ(l10.size(), 1u);
+    EXPECT_TRUE(contains(l10[0].message,
+                         fmt::format("vLLM has no weight-only kernel for {}-bit integer codes "
+                                     "(Marlin: 4, 8)",
+                                     bits)))
+        << l10[0].message;
+    EXPECT_EQ(l10[0].fix, fmt::format("use 4- or 8-bit codes (num_bits 4 or 8, e.g. --scheme "
+                                      "W4A16 or W8A16); {}-bit codes load in transformers "
+                                      "through compressed-tensors, not in vLLM: pass --allow L10 "
+                                      "to write them anyway",
+                                      bits));
+  }
+}
+
 // ---- L6 ----
 
 TEST(LintL6, TiedEmbeddingsWithQuantizedLmHeadIsError) {
@@ -646,7 +674,8 @@ TEST(LintL7, StackedExpertsVllmReadsPerExpertAreRefused) {
   EXPECT_EQ(l7[0].tensors, std::vector<std::string>{"model.layers.0.mlp.experts.gate_up.weight"});
   EXPECT_TRUE(contains(l7[0].message, "model.layers.0.mlp.experts.gate_up.weight [8, 1024, 2048]"))
       << l7[0].message;
-  EXPECT_TRUE(contains(l7[0].message, "Llama's vLLM loader reads the experts of a layer per expert"))
+  EXPECT_TRUE(
+      contains(l7[0].message, "Llama's vLLM loader reads the experts of a layer per expert"))
       << l7[0].message;
   EXPECT_TRUE(contains(l7[0].fix, "no ignore entry makes this loadable"));
   EXPECT_EQ(with_id(lint_layout(specs, kLlamaConfig, {"re:.*\\.gate_up$"}).findings, "L7").size(),
@@ -797,9 +826,8 @@ TEST(QuantizeLintCli, DFlashWithoutQkvIgnoreExitsOneAndWritesNothing) {
   EXPECT_TRUE(contains(r.err, "warning: L5:"));  // g_proj [4, 256], reported but not blocking
   EXPECT_FALSE(fs::exists(dir / "out"));
 
-  const auto allowed =
-      test::run_ctquant({"quantize", input.string(), (dir / "out").string(),
-                         "--no-default-ignore", "--allow-unloadable", "-q"});
+  const auto allowed = test::run_ctquant({"quantize", input.string(), (dir / "out").string(),
+                                          "--no-default-ignore", "--allow-unloadable", "-q"});
   EXPECT_EQ(allowed.exit_code, 0) << allowed.err;
   EXPECT_TRUE(fs::exists(dir / "out" / "model.safetensors.index.json"));
 }
@@ -934,8 +962,7 @@ TEST(LintFixes, ApplyFixChangesTheOptionsAsTheCommandLineWould) {
 // build check their own fixes the same way, in lint_layout).
 TEST(LintFixes, EveryFixPassesLintOnGoldenInputsAndFamilies) {
   for (const test::GoldenCase& c : test::golden_cases()) {
-    check_fixes_with_provocations(test::input_of(c), test::plan_of(c),
-                                  "golden " + c.name);
+    check_fixes_with_provocations(test::input_of(c), test::plan_of(c), "golden " + c.name);
   }
   for (const test::Family family : test::all_families()) {
     test::TempDir dir;
@@ -1042,9 +1069,8 @@ TEST(DefaultIgnore, TiedModelWithoutHeadTensorGetsLmHeadEntry) {
   EXPECT_TRUE(r.findings.empty()) << render_findings_text(r.findings);
   // An untied model keeps its own head's entry only.
   const Linted llama = lint_family(test::Family::kLlama);
-  EXPECT_EQ(std::count(llama.plan.options.ignore.begin(), llama.plan.options.ignore.end(),
-                       "lm_head"),
-            1);
+  EXPECT_EQ(
+      std::count(llama.plan.options.ignore.begin(), llama.plan.options.ignore.end(), "lm_head"), 1);
 }
 
 // Without the default list the missing entry is a warning whose fix, given
@@ -1165,11 +1191,9 @@ TEST(LintL16, DFlashFcAndMtpFcPackedNameTheEngines) {
   EXPECT_TRUE(contains(l16[0].message, "qwen3_dflash.py"));
   EXPECT_TRUE(contains(l16[0].message, "python/sglang/srt/models/dflash.py"));
   // Qwen3-Next's MTP layer: vLLM packs mtp.fc, SGLang reads a plain Linear.
-  const Linted mtp = lint_layout({{"mtp.fc.weight", {2048, 4096}},
-                                  {"model.layers.0.mlp.down_proj.weight", {2048, 2048}}},
-                                 json{{"architectures", {"Qwen3NextForCausalLM"}},
-                                      {"model_type", "qwen3_next"}},
-                                 {});
+  const Linted mtp = lint_layout(
+      {{"mtp.fc.weight", {2048, 4096}}, {"model.layers.0.mlp.down_proj.weight", {2048, 2048}}},
+      json{{"architectures", {"Qwen3NextForCausalLM"}}, {"model_type", "qwen3_next"}}, {});
   const auto mtp16 = with_id(mtp.findings, "L16");
   ASSERT_EQ(mtp16.size(), 1u);
   EXPECT_TRUE(contains(mtp16[0].message, "MTP fc would be packed (mtp.fc)"));
@@ -1225,9 +1249,9 @@ TEST(LintL17, UntiedConfigWithoutHeadTensorWarnsAndStrictStops) {
   EXPECT_TRUE(with_id(lint_layout(model, tied, {}).findings, "L17").empty());
   // A sample of some layers (no embedding either) is not a model missing its head.
   EXPECT_TRUE(with_id(lint_layout(llama_layer(), kLlamaConfig, {}).findings, "L17").empty());
-  EXPECT_TRUE(with_id(lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$"}).findings,
-                      "L17")
-                  .empty());
+  EXPECT_TRUE(
+      with_id(lint_layout(dflash_layers(), kDFlashConfig, {"re:.*qkv_proj$"}).findings, "L17")
+          .empty());
 }
 
 // ---- the rule table ----

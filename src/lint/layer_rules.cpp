@@ -452,10 +452,19 @@ void lint_kernel_args(const LintContext& ctx, std::vector<Finding>& out) {
     }
     f.message = fmt::format("scheme group '{}' ({}): {} ({})", group.name, family->format, why,
                             family->vllm_source);
-    f.fix = group.weights.type == QuantArgs::Type::kInt &&
-                    group.weights.strategy == QuantArgs::Strategy::kGroup
-                ? "pick a group size vLLM runs (--group-size 32, 64 or 128, or -1 for channel-wise)"
-                : "pick a scheme vLLM runs (see `ctquant quantize --help`)";
+    const bool int_codes = group.weights.type == QuantArgs::Type::kInt;
+    if (int_codes && group.weights.num_bits != 4 && group.weights.num_bits != 8) {
+      // No group size helps: Marlin and the other wNa16 kernels take 4 and 8.
+      f.fix = fmt::format(
+          "use 4- or 8-bit codes (num_bits 4 or 8, e.g. --scheme W4A16 or W8A16); {}-bit codes "
+          "load in transformers through compressed-tensors, not in vLLM: pass --allow L10 to "
+          "write them anyway",
+          group.weights.num_bits);
+    } else if (int_codes && group.weights.strategy == QuantArgs::Strategy::kGroup) {
+      f.fix = "pick a group size vLLM runs (--group-size 32, 64 or 128, or -1 for channel-wise)";
+    } else {
+      f.fix = "pick a scheme vLLM runs (see `ctquant quantize --help`)";
+    }
     out.push_back(std::move(f));
   }
 }
