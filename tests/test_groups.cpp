@@ -109,6 +109,28 @@ TEST(LintL11, OverlappingRegexGroupsResolveDifferentlyInCompressedTensors) {
       << l11[0].message;
 }
 
+// The same overlap on q_proj where the compressed-tensors group is written
+// (it quantizes the MLP): the output would be read with a scheme q_proj was
+// not written with.
+TEST(LintL11, OverlapOnWrittenGroupsIsReadWithAnotherScheme) {
+  const Linted r =
+      lint_groups(llama_layer(), {group_for("W8A16", {"re:.*self_attn\\..*"}),
+                                  group_for("W4A16_ASYM", {"re:.*q_proj$", "re:.*mlp\\..*"}),
+                                  group_for("W4A16", {"Linear"})});
+  const auto l11 = with_id(r.findings, "L11");
+  ASSERT_EQ(l11.size(), 1u);
+  EXPECT_EQ(l11[0].tensors, std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight"});
+  EXPECT_TRUE(contains(l11[0].message,
+                       "read as 'W8A16' by ctquant and model_free_ptq (which write it) and "
+                       "vLLM, but 'W4A16_ASYM' by compressed-tensors (transformers' loader)"))
+      << l11[0].message;
+  EXPECT_TRUE(contains(l11[0].message,
+                       "so the output would be read with a scheme its tensors were not written "
+                       "with"))
+      << l11[0].message;
+  EXPECT_EQ(r.plan.group_modules, (std::vector<std::size_t>{4, 3, 0}));
+}
+
 // A Linear group given first takes everything here; both readers prefer
 // any pattern that matches over the class name, so the MLP would go to
 // W8A16.
@@ -121,6 +143,13 @@ TEST(LintL11, LinearGroupBeforePatternGroupIsError) {
   EXPECT_TRUE(contains(l11[0].message,
                        "are read as 'W4A16' by ctquant and model_free_ptq (which write it), but "
                        "'W8A16' by compressed-tensors (transformers' loader) and vLLM"))
+      << l11[0].message;
+  // ctquant would not write W8A16 (it quantizes nothing): said, not
+  // "read with a scheme its tensors were not written with".
+  EXPECT_TRUE(contains(l11[0].message,
+                       "so the config's groups do not say which scheme these modules get: "
+                       "quantized with the first group given, they leave 'W8A16' with no module, "
+                       "and ctquant would not write it"))
       << l11[0].message;
   // The other order is what vLLM does: no finding.
   const Linted ok = lint_groups(
@@ -530,8 +559,9 @@ TEST(QuantizeNothing, AllowL9DoesNotWriteAConfigWithNoGroup) {
   const auto q = test::run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(),
                                     "--allow", "L9", "--targets", "nomatch"});
   EXPECT_EQ(q.exit_code, 2) << q.err;
-  EXPECT_TRUE(contains(q.err, "no tensor would be quantized (of 21 tensors; lint L9), so there "
-                              "is no scheme group to write"))
+  EXPECT_TRUE(contains(q.err,
+                       "no tensor would be quantized (of 21 tensors; lint L9), so there "
+                       "is no scheme group to write"))
       << q.err;
   EXPECT_TRUE(contains(q.err, "--allow L9 does not write it (nothing was written)")) << q.err;
   EXPECT_FALSE(fs::exists(dir / "out"));

@@ -421,14 +421,34 @@ void lint_group_assignment(const LintContext& ctx, std::vector<Finding>& out) {
     f.id = "L11";
     f.severity = Severity::kError;
     f.tensors = c.tensors;
+    // A reader's group that quantizes nothing is not written (L1 says so):
+    // the output would then be read consistently, but without the scheme
+    // the config gives these modules.
+    std::vector<std::string> unwritten;
+    for (const auto& g : {r.compressed_tensors, r.vllm}) {
+      if (!g || ctx.plan.group_modules[*g] != 0) continue;
+      const std::string name = fmt::format("'{}'", o.groups[*g].name);
+      if (std::find(unwritten.begin(), unwritten.end(), name) == unwritten.end()) {
+        unwritten.push_back(name);
+      }
+    }
+    const std::string outcome =
+        unwritten.empty()
+            ? std::string(
+                  "so the output would be read with a scheme its tensors were not "
+                  "written with")
+            : fmt::format(
+                  "so the config's groups do not say which scheme these modules get: "
+                  "quantized with the first group given, they leave {} with no module, "
+                  "and ctquant would not write {}",
+                  join(unwritten, 2, " and "), unwritten.size() == 1 ? "it" : "them");
     f.message = fmt::format(
         "{} ({}) matched by the targets of more than one scheme group {} read as {}: the readers "
         "resolve overlapping targets differently (compressed-tensors takes an exact name before "
         "any re: pattern, vLLM the first target in config.json's group order, model_free_ptq "
-        "the first group given), so the output would be read with a scheme its tensors were not "
-        "written with",
+        "the first group given), {}",
         plural(c.modules.size(), "module"), join(c.modules, 4),
-        c.modules.size() == 1 ? "is" : "are", resolution_text(o, r));
+        c.modules.size() == 1 ? "is" : "are", resolution_text(o, r), outcome);
     f.fix =
         "make the groups' targets disjoint: take the modules out of one group's targets (narrow "
         "its patterns, or list exact names), so that every module is matched by one group only";
