@@ -165,14 +165,166 @@ TEST(Balance, RefusesBiasesAndSandwichNorms) {
        "model.layers.0.post_feedforward_layernorm.weight: not part", "attention_bias is true"});
 }
 
-TEST(Balance, RefusesMixturesOfExperts) {
+// The names of a mixture's router and expert tensors in one family.
+struct MoeNaming {
+  std::string arch, model_type, router, expert, gate, up, down;
+};
+const MoeNaming kMixtralNames{"MixtralForCausalLM",
+                              "mixtral",
+                              "block_sparse_moe.gate.weight",
+                              "block_sparse_moe.experts.",
+                              "w1",
+                              "w3",
+                              "w2"};
+const MoeNaming kQwen3MoeNames{
+    "Qwen3MoeForCausalLM", "qwen3_moe", "mlp.gate.weight", "mlp.experts.",
+    "gate_proj",           "up_proj",   "down_proj"};
+
+// llama_block(g) with its dense MLP replaced by a router and `experts`
+// experts (seeded values, each expert's own), one 2-D tensor per expert.
+TensorValues moe_block(const Geometry& g, const MoeNaming& n, std::uint64_t experts) {
+  TensorValues t = llama_block(g);
+  const std::string p = "model.layers.0.";
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) t.erase(p + "mlp." + m + ".weight");
+  std::uint32_t seed = 100;
+  const auto add = [&](const std::string& name, std::uint64_t rows, std::uint64_t cols) {
+    t[p + name] = {{rows, cols}, spread_values(rows, cols, seed++)};
+  };
+  add(n.router, experts, g.hidden);
+  for (std::uint64_t e = 0; e < experts; ++e) {
+    const std::string x = fmt::format("{}{}.", n.expert, e);
+    add(x + n.gate + ".weight", g.inter, g.hidden);
+    add(x + n.up + ".weight", g.inter, g.hidden);
+    add(x + n.down + ".weight", g.hidden, g.inter);
+  }
+  return t;
+}
+
+void write_moe_block(const std::filesystem::path& dir, const Geometry& g, const MoeNaming& n,
+                     std::uint64_t experts, DType dtype) {
+  json config = llama_config(g, n.arch);
+  config["model_type"] = n.model_type;
+  config[n.arch == "MixtralForCausalLM" ? "num_local_experts" : "num_experts"] = experts;
+  std::vector<FakeTensor> tensors;
+  for (const auto& [name, tv] : moe_block(g, n, experts)) {
+    tensors.push_back({name, dtype, tv.first, float_bytes(dtype, tv.second)});
+  }
+  write_checkpoint(dir, tensors, config);
+}
+
+// A mixture: post_attention_layernorm feeds the router and every expert's
+// gate/up, each expert's up_proj rows carry its own down_proj's t. In
+// float64 every expert, run as the block's MLP, gives the same block
+// output, and the router the same logits (so the same routing), for
+// Mixtral's and Qwen3-MoE's names.
+TEST(Balance, KeepsEveryExpertAndTheRouterOfAMixtureInFloat64) {
+  const Geometry g;
+  const std::uint64_t experts = 3, tokens = 5;
+  for (const MoeNaming& n : {kMixtralNames, kQwen3MoeNames}) {
+    SCOPED_TRACE(n.arch);
+    TempDir dir;
+    write_moe_block(dir.path(), g, n, experts, DType::kF32);
+    const Checkpoint ck = open_checkpoint(dir.path());
+    const auto plan = derive_transform(ck, *plan_transform(ck, "balance"));
+    // Two norms, four attention Linears, the router, three per expert.
+    ASSERT_EQ(plan->tensors.size(), 7u + 3u * experts);
+    ASSERT_EQ(plan->scales.size(), 5u + experts);
+    const std::string p = "model.layers.0.";
+    EXPECT_NE(plan->find(p + n.router), nullptr);
+    const Weights before = load_weights(ck, nullptr);
+    const Weights after = load_weights(ck, plan.get());
+    const auto f = spread_values(tokens, g.hidden, 99);
+    const std::vector<double> x(f.begin(), f.end());
+    double t_spread = 0;  // the experts' down scales differ from each other
+    for (std::uint64_t e = 0; e < experts; ++e) {
+      SCOPED_TRACE(e);
+      const std::string xp = fmt::format("{}{}{}.", p, n.expert, e);
+      const auto as_dense = [&](const Weights& w) {
+        Weights dense = w;
+        dense[p + "mlp.gate_proj.weight"] = w.at(xp + n.gate + ".weight");
+        dense[p + "mlp.up_proj.weight"] = w.at(xp + n.up + ".weight");
+        dense[p + "mlp.down_proj.weight"] = w.at(xp + n.down + ".weight");
+        return dense;
+      };
+      const auto y0 = block_forward(as_dense(before), g, x, tokens);
+      const auto y1 = block_forward(as_dense(after), g, x, tokens);
+      double worst = 0, largest = 0;
+      for (std::size_t i = 0; i < y0.size(); ++i) {
+        worst = std::max(worst, std::fabs(y0[i] - y1[i]));
+        largest = std::max(largest, std::fabs(y0[i]));
+      }
+      EXPECT_GT(largest, 1.0);
+      EXPECT_LT(worst, 1e-12 * largest) << worst << " of " << largest;
+      const std::vector<double>& t_e = plan->scales[5 + e];
+      ASSERT_EQ(t_e.size(), g.inter);
+      t_spread = std::max(t_spread, std::fabs(t_e[0] - plan->scales[5][0]));
+    }
+    EXPECT_GT(t_spread, 1e-3);
+    // Router logits: router · diag(g) is what multiplies the normalized input.
+    const std::vector<double>& r0 = before.at(p + n.router);
+    const std::vector<double>& r1 = after.at(p + n.router);
+    const std::vector<double>& g0 = before.at(p + "post_attention_layernorm.weight");
+    const std::vector<double>& g1 = after.at(p + "post_attention_layernorm.weight");
+    double worst = 0, moved = 0;
+    for (std::uint64_t k = 0; k < r0.size(); ++k) {
+      const std::uint64_t j = k % g.hidden;
+      worst = std::max(worst, std::fabs(r1[k] * g1[j] - r0[k] * g0[j]) / std::fabs(r0[k] * g0[j]));
+      moved = std::max(moved, std::fabs(r1[k] / r0[k] - 1));
+    }
+    EXPECT_LT(worst, 1e-14);
+    EXPECT_GT(moved, 0.1);
+  }
+}
+
+// Quantized as a run does it (the experts W4A16, the router kept in 16
+// bits but rewritten), and verified against INPUT balanced again.
+TEST(Balance, QuantizesAMixtureAndVerifies) {
+  const Geometry g;
+  for (const MoeNaming& n : {kMixtralNames, kQwen3MoeNames}) {
+    SCOPED_TRACE(n.arch);
+    TempDir dir;
+    write_moe_block(dir / "in", g, n, 3, DType::kBF16);
+    const CommandResult run =
+        run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(), "--transform",
+                     "balance", "--group-size", "8", "--allow-unloadable"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    expect_message(run.err, {"16 tensors rewritten before quantizing (8 scale vectors)"});
+    const std::string router = "model.layers.0." + n.router;
+    EXPECT_NE(read_tensor(dir / "out" / "model.safetensors", router),
+              read_tensor(dir / "in" / "model.safetensors", router));
+    const CommandResult verify =
+        run_ctquant({"verify", (dir / "out").string(), (dir / "in").string(), "--against-source"});
+    EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+  }
+}
+
+// Stacked 3-D experts need a t per expert along a tensor's columns; a
+// mixture with shared experts, or of a family with no rule, is refused.
+TEST(Balance, RefusesStackedExpertsAndUnknownMixtures) {
+  expect_message(refusal(golden_dir() / "qwen3moe-fused-bf16-w4a16" / "input"),
+                 {"model.layers.0.mlp.experts.gate_up_proj: stacked 3-D experts",
+                  "--transform rotate takes stacked experts"});
   TempDir dir;
   const Geometry g;
-  json config = llama_config(g, "MixtralForCausalLM");
-  config["num_local_experts"] = 8;
+  json config = llama_config(g, "Qwen2MoeForCausalLM");
+  config["model_type"] = "qwen2_moe";
   write_block(dir.path(), g, DType::kBF16, config);
-  expect_message(refusal(dir.path()),
-                 {"a mixture of experts", "num_local_experts", "every expert"});
+  expect_message(refusal(dir.path()), {"architecture 'Qwen2MoeForCausalLM'",
+                                       "a mixture of experts with no rule here", "shared experts"});
+  // An expert with a tensor missing.
+  TempDir gap;
+  write_moe_block(gap.path(), g, kMixtralNames, 2, DType::kBF16);
+  std::filesystem::remove(gap.path() / "model.safetensors");
+  std::vector<FakeTensor> tensors;
+  for (const auto& [name, tv] : moe_block(g, kMixtralNames, 2)) {
+    if (name == "model.layers.0.block_sparse_moe.experts.1.w2.weight") continue;
+    tensors.push_back({name, DType::kBF16, tv.first, float_bytes(DType::kBF16, tv.second)});
+  }
+  json mixtral = llama_config(g, "MixtralForCausalLM");
+  mixtral["model_type"] = "mixtral";
+  write_checkpoint(gap.path(), tensors, mixtral);
+  expect_message(refusal(gap.path()),
+                 {"model.layers.0.block_sparse_moe.experts.1.w2.weight: missing"});
 }
 
 TEST(Balance, RefusesDrafts) {

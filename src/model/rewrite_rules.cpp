@@ -2,6 +2,7 @@
 #include "ctquant/model/rewrite_rules.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <regex>
 #include <set>
@@ -16,9 +17,70 @@ namespace {
 using nlohmann::json;
 
 // The families whose blocks are pre-norm Llama blocks (transformers'
-// modeling_llama.py, modeling_mistral.py, modeling_qwen3.py).
+// modeling_llama.py, modeling_mistral.py, modeling_qwen3.py), dense or with
+// a router and experts that all read the post-attention norm
+// (modeling_qwen3_moe.py, modeling_mixtral.py).
 const std::set<std::string> kSafeArchitectures{"LlamaForCausalLM", "MistralForCausalLM",
-                                               "Qwen3ForCausalLM"};
+                                               "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                                               "MixtralForCausalLM"};
+
+// A block's mixture of experts in one family's names.
+struct MoeNames {
+  const char* router;  // after the block prefix
+  const char* expert;  // "<prefix>experts.", followed by the expert number
+  const char* gate;
+  const char* up;
+  const char* down;
+};
+constexpr MoeNames kQwen3Moe{"mlp.gate.weight", "mlp.experts.", "gate_proj.weight",
+                             "up_proj.weight", "down_proj.weight"};
+constexpr MoeNames kMixtral{"block_sparse_moe.gate.weight", "block_sparse_moe.experts.",
+                            "w1.weight", "w3.weight", "w2.weight"};
+
+// The experts of a block by number, from its tensor names; every name it
+// takes is removed from `names`. Problems (a gap in the numbering, an
+// expert without one of its three tensors) are appended.
+std::vector<BalanceExpert> experts_of(const std::string& prefix, const MoeNames& moe,
+                                      std::set<std::string>& names,
+                                      std::vector<std::string>& problems) {
+  std::map<std::uint64_t, std::set<std::string>> found;
+  const std::string head = moe.expert;
+  for (auto it = names.begin(); it != names.end();) {
+    const std::string& n = *it;
+    std::size_t digits = head.size();
+    while (digits < n.size() && std::isdigit(static_cast<unsigned char>(n[digits]))) ++digits;
+    if (!n.starts_with(head) || digits == head.size() || digits >= n.size() || n[digits] != '.') {
+      ++it;
+      continue;
+    }
+    found[std::stoull(n.substr(head.size(), digits - head.size()))].insert(n.substr(digits + 1));
+    it = names.erase(it);
+  }
+  std::vector<BalanceExpert> experts;
+  std::uint64_t next = 0;
+  for (const auto& [e, parts] : found) {
+    const std::string at = fmt::format("{}{}{}.", prefix, head, e);
+    if (e != next) {
+      problems.push_back(
+          fmt::format("{}: experts numbered with a gap (expert {} missing)", at, next));
+    }
+    next = e + 1;
+    for (const char* part : {moe.gate, moe.up, moe.down}) {
+      if (!parts.contains(part)) problems.push_back(fmt::format("{}{}: missing", at, part));
+    }
+    for (const std::string& part : parts) {
+      if (part != moe.gate && part != moe.up && part != moe.down) {
+        problems.push_back(fmt::format(
+            "{}{}: not part of an expert (gate, up, down): its producer or consumer would need "
+            "the rewrite too",
+            at, part));
+      }
+    }
+    const std::string base = fmt::format("{}{}.", head, e);
+    experts.push_back({base + moe.gate, base + moe.up, base + moe.down});
+  }
+  return experts;
+}
 
 std::uint64_t config_uint(const json& config, const char* key) {
   const auto it = config.find(key);
@@ -46,8 +108,9 @@ std::string rewrite_family_reason(const std::string& model_type, const std::stri
     return "MLA (latent q/kv projections with their own norms)";
   }
   if (has("moe") || has("Moe") || has("MoE") || has("mixtral") || has("Mixtral")) {
-    return "a mixture of experts: the router, shared experts and every expert would all need "
-           "the rewrite of the norm that feeds them; not done";
+    return "a mixture of experts with no rule here (Qwen3-MoE's and Mixtral's are known: a "
+           "router and experts that all read the post-attention norm; shared experts and their "
+           "gates are not handled)";
   }
   return "no rule says its blocks are pre-norm Llama blocks (RMSNorm x * g, no biases)";
 }
@@ -92,7 +155,6 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
     layout.problems = std::move(family.problems);
     return layout;
   }
-  const json& config = *checkpoint.config;
   const std::string& arch = family.arch;
   const std::string& model_type = family.model_type;
   auto& problems = layout.problems;
@@ -101,14 +163,8 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
                                    model_type, rewrite_family_reason(model_type, arch)));
   }
   for (std::string& p : family.problems) problems.push_back(std::move(p));
-  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
-    if (config_uint(config, key) > 0) {
-      problems.push_back(fmt::format(
-          "config.json: {}: a mixture of experts (the router, shared experts and every expert "
-          "would need the rewrite of the norm that feeds them; not done)",
-          key));
-    }
-  }
+  const bool moe_family = arch == "Qwen3MoeForCausalLM" || arch == "MixtralForCausalLM";
+  const MoeNames& moe = arch == "MixtralForCausalLM" ? kMixtral : kQwen3Moe;
   layout.heads = family.heads;
   layout.kv_heads = family.kv_heads;
   layout.head_dim = family.head_dim;
@@ -128,30 +184,64 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
     block.second.insert(m[3].str());
   }
   if (blocks.empty()) problems.push_back("no decoder blocks (tensors named '...layers.N....')");
-  std::set<std::string> expected;
-  for (const char* n : kBalanceNorms) expected.insert(std::string(n) + ".weight");
-  for (const char* n : kBalanceAttn) expected.insert(std::string("self_attn.") + n + ".weight");
-  for (const char* n : kBalanceMlp) expected.insert(std::string("mlp.") + n + ".weight");
-  std::set<std::string> allowed = expected;
-  if (arch == "Qwen3ForCausalLM") {
+  std::set<std::string> attention;
+  for (const char* n : kBalanceNorms) attention.insert(std::string(n) + ".weight");
+  for (const char* n : kBalanceAttn) attention.insert(std::string("self_attn.") + n + ".weight");
+  std::set<std::string> dense;
+  for (const char* n : kBalanceMlp) dense.insert(std::string("mlp.") + n + ".weight");
+  std::set<std::string> allowed_extra;
+  if (arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM") {
     // Per-head norms of q and k after their projections: unchanged by a
     // rewrite of q_proj's and k_proj's input columns.
-    allowed.insert("self_attn.q_norm.weight");
-    allowed.insert("self_attn.k_norm.weight");
+    allowed_extra.insert("self_attn.q_norm.weight");
+    allowed_extra.insert("self_attn.k_norm.weight");
   }
-  for (const auto& [layer, block] : blocks) {
-    const auto& [prefix, names] = block;
-    for (const std::string& n : names) {
-      if (!allowed.contains(n)) {
+  for (auto& [layer, block] : blocks) {
+    auto& [prefix, names] = block;
+    BalanceBlock out{prefix, layer, "", {}};
+    // A mixture (Qwen3-MoE may keep some layers dense: mlp_only_layers).
+    std::set<std::string> expected = attention;
+    if (moe_family && names.contains(moe.router)) {
+      out.router = moe.router;
+      expected.insert(moe.router);
+      names.erase(moe.router);
+      out.experts = experts_of(prefix, moe, names, problems);
+      for (const BalanceExpert& x : out.experts) {
+        for (const std::string* n : {&x.gate, &x.up, &x.down}) {
+          if (checkpoint.find(prefix + *n) != nullptr) expected.insert(*n);
+        }
+      }
+      bool stacked_found = false;
+      for (const char* stacked : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}) {
+        if (names.erase(stacked) > 0) {
+          problems.push_back(fmt::format(
+              "{}{}: stacked 3-D experts: balance rescales one expert's columns by its own t, "
+              "which needs one 2-D tensor per expert (--transform rotate takes stacked experts)",
+              prefix, stacked));
+          stacked_found = true;
+        }
+      }
+      if (out.experts.empty() && !stacked_found) {
+        problems.push_back(fmt::format("{}{}: no experts", prefix, moe.expert));
+      }
+    } else {
+      expected.insert(dense.begin(), dense.end());
+    }
+    const std::set<std::string> in_block = names;
+    for (const std::string& n : in_block) {
+      if (expected.contains(n)) continue;
+      if (!allowed_extra.contains(n)) {
         problems.push_back(fmt::format(
             "{}{}: not part of a pre-norm Llama block (a bias, a sandwich or post norm, an "
-            "attention output gate, an expert or router): its producer or consumer would need "
-            "the rewrite too",
+            "attention output gate, a shared expert, an expert or router of a family whose "
+            "mixture is not known): its producer or consumer would need the rewrite too",
             prefix, n));
       }
     }
     for (const std::string& n : expected) {
-      if (!names.contains(n)) problems.push_back(fmt::format("{}{}: missing", prefix, n));
+      if (checkpoint.find(prefix + n) == nullptr) {
+        problems.push_back(fmt::format("{}{}: missing", prefix, n));
+      }
     }
     for (const std::string& n : expected) {
       const TensorEntry* e = checkpoint.find(prefix + n);
@@ -168,7 +258,7 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
             fmt::format("{}{}: {}-D, expected {}-D", prefix, n, e->shape.size(), dims));
       }
     }
-    layout.blocks.push_back({prefix, layer});
+    layout.blocks.push_back(std::move(out));
   }
   return layout;
 }

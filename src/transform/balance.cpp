@@ -14,6 +14,16 @@
 // with s(W)_j = max(mean_i |W_ij|, 1e-12) over the rows of every consumer,
 // divided by its (lower, torch.median's) median. The final norm, which
 // feeds lm_head (and a tied embedding), is never rescaled.
+//
+// A mixture of experts (Qwen3-MoE, Mixtral) has one down scale per expert,
+// and its gate/up scale reads every expert:
+//   down    t_e = s(down_e)                down_e ÷ t_e, up_e's rows × t_e
+//   gate/up t_m = s(gate_e; up_e × t_e over every expert)
+//                                          every gate_e, up_e and the router ÷ t_m,
+//                                          post_attention_layernorm g × t_m
+// The router reads the same normalized input, so its columns are divided
+// too (its logits, and so the routing, are unchanged); it is kept in 16
+// bits and does not enter t_m.
 #include <algorithm>
 #include <cmath>
 
@@ -27,8 +37,11 @@
 namespace ctquant::detail {
 namespace {
 
-// The five scale vectors of a block, by their offset in RewritePlan::scales.
+// The scale vectors of a block, by their offset in RewritePlan::scales: five,
+// then a mixture's one per expert (kDown is then left empty).
 enum Scale : std::size_t { kQkv, kGateUp, kDown, kVoRows, kVoCols, kScalesPerBlock };
+
+std::size_t scales_of(const BalanceBlock& block) { return kScalesPerBlock + block.experts.size(); }
 
 std::uint64_t cols_of(const TensorEntry& e) { return e.shape.empty() ? 1 : e.shape.back(); }
 std::uint64_t rows_of(const TensorEntry& e) { return e.shape.size() == 2 ? e.shape[0] : 1; }
@@ -89,15 +102,28 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
       const TensorEntry* e = checkpoint.find(p + name);
       return e != nullptr ? e->shape : std::vector<std::uint64_t>{};
     };
+    const bool moe = !block.experts.empty();
     const auto hidden_v = shape("input_layernorm.weight");
-    const auto up_v = shape("mlp.up_proj.weight");
+    const auto up_v = shape(moe ? block.experts.front().up : "mlp.up_proj.weight");
     if (hidden_v.size() != 1 || up_v.size() != 2) continue;  // named in layout.problems
     const std::uint64_t h = hidden_v[0], inter = up_v[0];
-    const std::vector<std::pair<std::string, std::vector<std::uint64_t>>> expected{
-        {"post_attention_layernorm.weight", {h}},   {"self_attn.q_proj.weight", {nh * hd, h}},
-        {"self_attn.k_proj.weight", {nkv * hd, h}}, {"self_attn.v_proj.weight", {nkv * hd, h}},
-        {"self_attn.o_proj.weight", {h, nh * hd}},  {"mlp.gate_proj.weight", {inter, h}},
-        {"mlp.down_proj.weight", {h, inter}}};
+    std::vector<std::pair<std::string, std::vector<std::uint64_t>>> expected{
+        {"post_attention_layernorm.weight", {h}},
+        {"self_attn.q_proj.weight", {nh * hd, h}},
+        {"self_attn.k_proj.weight", {nkv * hd, h}},
+        {"self_attn.v_proj.weight", {nkv * hd, h}},
+        {"self_attn.o_proj.weight", {h, nh * hd}}};
+    if (moe) {
+      expected.push_back({block.router, {block.experts.size(), h}});
+      for (const BalanceExpert& x : block.experts) {
+        expected.push_back({x.gate, {inter, h}});
+        expected.push_back({x.up, {inter, h}});
+        expected.push_back({x.down, {h, inter}});
+      }
+    } else {
+      expected.push_back({"mlp.gate_proj.weight", {inter, h}});
+      expected.push_back({"mlp.down_proj.weight", {h, inter}});
+    }
     for (const auto& [name, want] : expected) {
       if (!shape(name).empty() && shape(name) != want) {  // a missing one is named already
         problems.push_back(
@@ -110,6 +136,10 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
     for (const char* what :
          {"t(q/k/v)", "t(gate/up)", "t(down)", "t(o) per v_proj row", "t(o) per o_proj column"}) {
       plan.scale_names.push_back(p + what);
+      plan.scales.emplace_back();
+    }
+    for (std::size_t e = 0; e < block.experts.size(); ++e) {
+      plan.scale_names.push_back(fmt::format("{}t(down) of expert {}", p, e));
       plan.scales.emplace_back();
     }
     const auto add = [&](const std::string& name, std::uint64_t rows, std::uint64_t cols) {
@@ -128,7 +158,8 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
     r->what.emplace_back("balance: g × t (for q_proj, k_proj, v_proj)");
     r = add("post_attention_layernorm.weight", 1, h);
     r->col_mul = base + kGateUp;
-    r->what.emplace_back("balance: g × t (for gate_proj, up_proj)");
+    r->what.emplace_back(moe ? "balance: g × t (for the router and every expert's gate/up)"
+                             : "balance: g × t (for gate_proj, up_proj)");
     div(add("self_attn.q_proj.weight", nh * hd, h), kQkv, "input_layernorm");
     div(add("self_attn.k_proj.weight", nkv * hd, h), kQkv, "input_layernorm");
     r = add("self_attn.v_proj.weight", nkv * hd, h);
@@ -137,6 +168,23 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
     div(r, kQkv, "input_layernorm");
     div(add("self_attn.o_proj.weight", h, nh * hd), kVoCols,
         "v_proj's rows; query head i reads KV head i // (heads / kv_heads)");
+    if (moe) {
+      r = add(block.router, block.experts.size(), h);
+      r->col_div = base + kGateUp;
+      r->what.emplace_back(
+          "balance: columns ÷ t (post_attention_layernorm; the router's logits are unchanged)");
+      for (std::size_t e = 0; e < block.experts.size(); ++e) {
+        const BalanceExpert& x = block.experts[e];
+        const auto expert_scale = static_cast<Scale>(kScalesPerBlock + e);
+        div(add(x.gate, inter, h), kGateUp, "post_attention_layernorm, every expert");
+        r = add(x.up, inter, h);
+        r->row_mul = base + expert_scale;
+        r->what.emplace_back("balance: rows × t (for this expert's down_proj)");
+        div(r, kGateUp, "post_attention_layernorm, every expert");
+        div(add(x.down, h, inter), expert_scale, "this expert's up_proj rows");
+      }
+      continue;
+    }
     div(add("mlp.gate_proj.weight", inter, h), kGateUp, "post_attention_layernorm");
     r = add("mlp.up_proj.weight", inter, h);
     r->row_mul = base + kDown;
@@ -154,24 +202,16 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
 }
 
 void derive_balance(const Checkpoint& checkpoint, RewritePlan& plan) {
-  // Blocks in plan order: every block's five scales follow each other.
-  for (std::size_t base = 0; base + kScalesPerBlock <= plan.scales.size();
-       base += kScalesPerBlock) {
-    const std::string& name = plan.scale_names[base];
-    const std::string p = name.substr(0, name.size() - std::string_view("t(q/k/v)").size());
+  // The blocks in plan order (plan_balance walks the same layout): each
+  // block's scales follow each other.
+  std::size_t base = 0;
+  for (const BalanceBlock& block : balance_layout(checkpoint).blocks) {
+    const std::string& p = block.prefix;
     const TensorRewrite* q = plan.find(p + "self_attn.q_proj.weight");
     const TensorRewrite* k = plan.find(p + "self_attn.k_proj.weight");
     const TensorRewrite* v = plan.find(p + "self_attn.v_proj.weight");
     const TensorRewrite* o = plan.find(p + "self_attn.o_proj.weight");
-    const TensorRewrite* gate = plan.find(p + "mlp.gate_proj.weight");
-    const TensorRewrite* up = plan.find(p + "mlp.up_proj.weight");
-    const TensorRewrite* down = plan.find(p + "mlp.down_proj.weight");
     const auto same = [](std::uint64_t j) { return j; };
-
-    std::vector<double>& t_down = plan.scales[base + kDown];
-    t_down.assign(down->cols, 0.0);
-    add_abs_columns(checkpoint, down->tensor, nullptr, t_down, same);
-    finish_scale(t_down, static_cast<double>(down->rows));
 
     // o_proj's columns (h, d) by KV head: h / rep.
     const std::uint64_t kv_rows = v->rows;  // kv_heads * head_dim
@@ -197,11 +237,35 @@ void derive_balance(const Checkpoint& checkpoint, RewritePlan& plan) {
     add_abs_columns(checkpoint, v->tensor, &t_vo, t_qkv, same);
     finish_scale(t_qkv, static_cast<double>(q->rows + k->rows + v->rows));
 
+    // Each (gate, up, down) of the MLP: the dense one, or every expert.
+    struct Mlp {
+      const TensorRewrite *gate, *up, *down;
+      std::size_t t_down;
+    };
+    std::vector<Mlp> mlps;
+    if (block.experts.empty()) {
+      mlps.push_back({plan.find(p + "mlp.gate_proj.weight"), plan.find(p + "mlp.up_proj.weight"),
+                      plan.find(p + "mlp.down_proj.weight"), base + kDown});
+    }
+    for (std::size_t e = 0; e < block.experts.size(); ++e) {
+      const BalanceExpert& x = block.experts[e];
+      mlps.push_back({plan.find(p + x.gate), plan.find(p + x.up), plan.find(p + x.down),
+                      base + kScalesPerBlock + e});
+    }
     std::vector<double>& t_gu = plan.scales[base + kGateUp];
-    t_gu.assign(gate->cols, 0.0);
-    add_abs_columns(checkpoint, gate->tensor, nullptr, t_gu, same);
-    add_abs_columns(checkpoint, up->tensor, &t_down, t_gu, same);
-    finish_scale(t_gu, static_cast<double>(gate->rows + up->rows));
+    t_gu.assign(mlps.front().gate->cols, 0.0);
+    std::uint64_t gu_rows = 0;
+    for (const Mlp& m : mlps) {
+      std::vector<double>& t_down = plan.scales[m.t_down];
+      t_down.assign(m.down->cols, 0.0);
+      add_abs_columns(checkpoint, m.down->tensor, nullptr, t_down, same);
+      finish_scale(t_down, static_cast<double>(m.down->rows));
+      add_abs_columns(checkpoint, m.gate->tensor, nullptr, t_gu, same);
+      add_abs_columns(checkpoint, m.up->tensor, &t_down, t_gu, same);
+      gu_rows += m.gate->rows + m.up->rows;
+    }
+    finish_scale(t_gu, static_cast<double>(gu_rows));
+    base += scales_of(block);
   }
 }
 

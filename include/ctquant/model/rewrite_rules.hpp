@@ -11,9 +11,11 @@
 // output o_proj(attn(v)) and MLP down(act(gate) * up), as transformers'
 // modeling_llama.py and modeling_qwen3.py compute them (Qwen3's q_norm and
 // k_norm act on q and k after their projections, which the rewrite leaves
-// unchanged). Refused: Gemma's (1 + g) norms, sandwich / post norms, MLA,
-// attention output gates, mixtures of experts (the router, shared experts
-// and every expert would all need compensating; not done), biases, drafts
+// unchanged). The MLP may be a mixture of experts whose router and experts
+// all read post_attention_layernorm (Qwen3-MoE, Mixtral; one 2-D tensor per
+// expert): every one of them is compensated. Refused: Gemma's (1 + g)
+// norms, sandwich / post norms, MLA, attention output gates, shared
+// experts, stacked 3-D experts, other mixtures, biases, drafts
 // (DFlash, EAGLE: their fc and hidden-state inputs feed norms ctquant does
 // not see), and any tensor in a block that is not one of these.
 #pragma once
@@ -28,11 +30,23 @@
 
 namespace ctquant {
 
+// One expert of a mixture, its tensor names after the block prefix
+// ("mlp.experts.3.gate_proj.weight"; Mixtral's w1 / w3 / w2).
+struct BalanceExpert {
+  std::string gate, up, down;
+};
+
 // One decoder block to balance: its tensor name prefix ("model.layers.3.")
-// and the attention geometry its o_proj and v_proj rewrite needs.
+// and its MLP: dense (mlp.gate_proj / up_proj / down_proj), or a router
+// and experts that all read post_attention_layernorm (Qwen3-MoE's
+// mlp.gate and mlp.experts.E.*, Mixtral's block_sparse_moe.gate and
+// block_sparse_moe.experts.E.w1 / w3 / w2; transformers'
+// modeling_qwen3_moe.py, modeling_mixtral.py).
 struct BalanceBlock {
   std::string prefix;
   std::uint64_t layer = 0;
+  std::string router;                  // "" for a dense MLP
+  std::vector<BalanceExpert> experts;  // by expert number; empty for a dense MLP
 };
 
 struct BalanceLayout {
