@@ -648,6 +648,37 @@ TEST(ConverterMix, ConverterOptionLeavingAQuantizedModuleOutIsRefused) {
   }
 }
 
+// A new group named as the converter's ("config_group_0") is written as
+// "config_group_1" (compressed-tensors' find_unique_name, as
+// model_free_ptq merges it), and the summary calls it that too.
+TEST(ConverterMix, NewGroupIsNamedAsConfigJsonWritesIt) {
+  const fs::path input = golden_dir() / "awq-gemm-zp-g128" / "input";
+  TempDir tmp;
+  const json qc = {{"config_groups",
+                    {{"config_group_0",
+                      {{"targets", {"re:.*o_proj$"}},
+                       {"format", "pack-quantized"},
+                       {"weights",
+                        {{"num_bits", 8},
+                         {"type", "int"},
+                         {"symmetric", true},
+                         {"strategy", "group"},
+                         {"group_size", 128}}}}}}}};
+  write_file(tmp / "qc.json", qc.dump());
+  const CommandResult r =
+      run_ctquant({"quantize", input.string(), (tmp / "out").string(), "--quantization-config",
+                   (tmp / "qc.json").string(), "--convert-ignore", "lm_head"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(r.err, {"2 tensors quantized (config_group_1)"}, {"(config_group_0)"});
+  const json groups =
+      read_json(tmp / "out" / "config.json")["quantization_config"]["config_groups"];
+  EXPECT_EQ(groups["config_group_0"]["targets"], json::array({"Linear"}));
+  EXPECT_EQ(groups["config_group_1"]["targets"], json::array({"re:.*o_proj$"}));
+  const CommandResult verify =
+      run_ctquant({"verify", (tmp / "out").string(), input.string(), "--against-source"});
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
 // A pure conversion asks for no scheme: its default group quantizing
 // nothing is by design, not a finding (no L1), so --strict converts too.
 TEST(ConverterMix, PureConversionHasNoFindingEvenUnderStrict) {

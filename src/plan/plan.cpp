@@ -568,6 +568,13 @@ void refuse_unconverted_modules(const Checkpoint& checkpoint, const QuantizePlan
 void plan_conversion(const Checkpoint& checkpoint, QuantizePlan& plan) {
   plan.source_format = detect_source_format(checkpoint, plan.options.convert);
   if (!plan.source_format) return;
+  // The groups as config.json names them beside the converter's
+  // (merged_group_names): a group given as "config_group_0" is written as
+  // "config_group_1", and every message and the report say so.
+  std::vector<std::string> names;
+  for (const SchemeGroup& g : plan.options.groups) names.push_back(g.name);
+  const auto merged = merged_group_names(names);
+  for (SchemeGroup& g : plan.options.groups) g.name = merged.at(g.name);
   const ConvertOptions& given = plan.options.convert;
   if (given.ignore || given.targets) refuse_unconverted_modules(checkpoint, plan);
   std::vector<std::string> problems;

@@ -74,6 +74,19 @@ std::string unique_name(const std::string& name, const json& taken) {
 
 }  // namespace
 
+std::map<std::string, std::string> merged_group_names(const std::vector<std::string>& names) {
+  json taken = json{{"config_group_0", nullptr}};  // the converter's group
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  std::map<std::string, std::string> out;
+  for (const std::string& name : sorted) {
+    const std::string unique = unique_name(name, taken);
+    taken[unique] = nullptr;
+    out[name] = unique;
+  }
+  return out;
+}
+
 json converted_quantization_config(const SourceFormat& format, const json& new_block,
                                    const std::vector<std::string>& keep_ignore,
                                    const std::vector<std::string>& lifted) {

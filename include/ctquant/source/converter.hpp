@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -146,6 +147,14 @@ void produce_converted(const SourceConverter& converter, const ConvertedTensor& 
 // a config vLLM reads wrong, docs/converters.md). `lifted` are entries of
 // the converter's ignore list left out because a new group's name or `re:`
 // target quantizes a module they match (QuantizePlan::lifted_convert_ignore).
+// The names the groups this run quantizes with get in that merged config:
+// each of `names` in sorted order (the order of new_block's groups), made
+// unique against the converter's "config_group_0" and the names given
+// before it (compressed-tensors' find_unique_name: a taken "base_N" becomes
+// "base_{N+1}"). The plan renames its groups with this, so the summary and
+// the report name each group as config.json does.
+std::map<std::string, std::string> merged_group_names(const std::vector<std::string>& names);
+
 nlohmann::json converted_quantization_config(const SourceFormat& format,
                                              const nlohmann::json& new_block,
                                              const std::vector<std::string>& keep_ignore,
