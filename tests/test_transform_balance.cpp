@@ -288,7 +288,8 @@ TEST(Balance, QuantizesAMixtureAndVerifies) {
         run_ctquant({"quantize", (dir / "in").string(), (dir / "out").string(), "--transform",
                      "balance", "--group-size", "8", "--allow-unloadable"});
     ASSERT_EQ(run.exit_code, 0) << run.err;
-    expect_message(run.err, {"16 tensors rewritten before quantizing (8 scale vectors)"});
+    // Five scales of the block but the dense down_proj's, one per expert.
+    expect_message(run.err, {"16 tensors rewritten before quantizing (7 scale vectors)"});
     const std::string router = "model.layers.0." + n.router;
     EXPECT_NE(read_tensor(dir / "out" / "model.safetensors", router),
               read_tensor(dir / "in" / "model.safetensors", router));
@@ -309,8 +310,25 @@ TEST(Balance, RefusesStackedExpertsAndUnknownMixtures) {
   json config = llama_config(g, "Qwen2MoeForCausalLM");
   config["model_type"] = "qwen2_moe";
   write_block(dir.path(), g, DType::kBF16, config);
-  expect_message(refusal(dir.path()), {"architecture 'Qwen2MoeForCausalLM'",
-                                       "a mixture of experts with no rule here", "shared experts"});
+  const std::string qwen2 = refusal(dir.path());
+  expect_message(qwen2, {"architecture 'Qwen2MoeForCausalLM'",
+                         "a mixture of experts with no rule here", "shared experts"});
+  // The family is the reason: its tensors are not listed one by one.
+  EXPECT_EQ(qwen2.find("not part of a pre-norm Llama block"), std::string::npos) << qwen2;
+  EXPECT_EQ(qwen2.find("missing"), std::string::npos) << qwen2;
+  // A whole expert missing: named by the router's rows.
+  TempDir whole;
+  std::vector<FakeTensor> kept;
+  for (const auto& [name, tv] : moe_block(g, kMixtralNames, 3)) {
+    if (name.find("block_sparse_moe.experts.2.") != std::string::npos) continue;
+    kept.push_back({name, DType::kBF16, tv.first, float_bytes(DType::kBF16, tv.second)});
+  }
+  json three = llama_config(g, "MixtralForCausalLM");
+  three["model_type"] = "mixtral";
+  write_checkpoint(whole.path(), kept, three);
+  expect_message(refusal(whole.path()),
+                 {"model.layers.0.block_sparse_moe.gate.weight: 3 rows (experts), but the "
+                  "checkpoint holds experts 0 to 1 only: expert 2 is missing"});
   // An expert with a tensor missing.
   TempDir gap;
   write_moe_block(gap.path(), g, kMixtralNames, 2, DType::kBF16);

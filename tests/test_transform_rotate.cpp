@@ -373,10 +373,19 @@ TEST(Rotate, QuantizeWritesTheRotatedSourceUntiedAndVerifies) {
   write_file(dir / "other" / "config.json", other.dump(2));
   const CommandResult refused =
       run_ctquant({"verify", out, (dir / "other").string(), "--against-source"});
-  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
-  expect_message(refused.err, {"OUTPUT's config.json records --transform rotate",
-                               "give as INPUT the checkpoint OUTPUT was quantized from"});
-  EXPECT_EQ(refused.err.find("run without --transform"), std::string::npos) << refused.err;
+  EXPECT_EQ(refused.exit_code, 3) << refused.out << refused.err;  // DIFFERENT
+  expect_message(refused.out, {"OUTPUT's config.json records --transform rotate, which INPUT "
+                               "cannot be rewritten with, so INPUT is not the checkpoint OUTPUT "
+                               "was quantized from",
+                               "GPT2LMHeadModel"});
+  EXPECT_EQ(refused.out.find("run without --transform"), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.out.find("nothing was written"), std::string::npos) << refused.out;
+  // inspect --errors cannot compare at all: an error that says why.
+  const CommandResult errors =
+      run_ctquant({"inspect", out, "--errors", "--source", (dir / "other").string()});
+  EXPECT_EQ(errors.exit_code, 2) << errors.out << errors.err;
+  expect_message(errors.err, {"OUTPUT's config.json records --transform rotate",
+                              "give as INPUT the checkpoint OUTPUT was quantized from"});
 }
 
 TEST(Rotate, RefusedRunsLeaveNothingBehind) {

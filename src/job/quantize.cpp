@@ -339,7 +339,13 @@ QuantizeSummary quantize_staged_source(const QuantizeOptions& options,
   const fs::path dir = staged_source_dir(options.output, name);
   if (const std::string refusal = staged_source_refusal(dir); !refusal.empty()) {
     if (!options.dry_run) {
-      throw usage_error(fmt::format("--transform {}: {}. Nothing was written", name, refusal));
+      // A leftover is a path the run may not write (exit 2, as an OUTPUT
+      // that exists); a directory it cannot write in is the operating
+      // system's refusal (exit 1, as a plain run's OUTPUT directory).
+      std::error_code ec;
+      const bool leftover = fs::exists(fs::symlink_status(dir, ec));
+      throw Error(leftover ? ErrorKind::kUsage : ErrorKind::kIo,
+                  fmt::format("--transform {}: {}. Nothing was written", name, refusal));
     }
     if (log) log->warn("--transform {}: a run would refuse: {}", name, refusal);
   }
@@ -526,9 +532,11 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     // rewrites; a few vectors per block in memory).
     summary.plan.rewrite = derive_transform(checkpoint, *summary.plan.rewrite);
     if (log && !summary.plan.rewrite->staged_source) {
-      log->info("--transform {}: {} tensors rewritten before quantizing ({} scale vectors)",
-                summary.plan.rewrite->transform, summary.plan.rewrite->tensors.size(),
-                summary.plan.rewrite->scales.size());
+      log->info(
+          "--transform {}: {} tensors rewritten before quantizing ({} scale vectors)",
+          summary.plan.rewrite->transform, summary.plan.rewrite->tensors.size(),
+          std::count_if(summary.plan.rewrite->scales.begin(), summary.plan.rewrite->scales.end(),
+                        [](const std::vector<double>& t) { return !t.empty(); }));
     }
   }
   if (options.before_writing) options.before_writing();

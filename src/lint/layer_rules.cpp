@@ -445,8 +445,9 @@ void lint_group_assignment(const LintContext& ctx, std::vector<Finding>& out) {
     f.message = fmt::format(
         "{} ({}) matched by the targets of more than one scheme group {} read as {}: the readers "
         "resolve overlapping targets differently (compressed-tensors takes an exact name before "
-        "any re: pattern, vLLM the first target in config.json's group order, model_free_ptq "
-        "the first group given), {}",
+        "any re: pattern, vLLM the first target that names or re:-matches the module, in "
+        "config.json's group order, before a class name such as Linear, model_free_ptq the "
+        "first group given), {}",
         plural(c.modules.size(), "module"), join(c.modules, 4),
         c.modules.size() == 1 ? "is" : "are", resolution_text(o, r), outcome);
     f.fix =

@@ -163,6 +163,9 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
                                    model_type, rewrite_family_reason(model_type, arch)));
   }
   for (std::string& p : family.problems) problems.push_back(std::move(p));
+  // A family with no rule: its tensors are not looked at one by one (each
+  // would only repeat that its block is not a known one).
+  if (!kSafeArchitectures.contains(arch)) return layout;
   const bool moe_family = arch == "Qwen3MoeForCausalLM" || arch == "MixtralForCausalLM";
   const MoeNames& moe = arch == "MixtralForCausalLM" ? kMixtral : kQwen3Moe;
   layout.heads = family.heads;

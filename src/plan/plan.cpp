@@ -554,13 +554,16 @@ void refuse_unconverted_modules(const Checkpoint& checkpoint, const QuantizePlan
   std::vector<std::string> options;
   if (given.ignore) options.push_back("--convert-ignore " + words(*given.ignore));
   if (given.targets) options.push_back("--convert-targets " + words(*given.targets));
+  std::vector<std::string> fixes;
+  if (given.ignore) fixes.emplace_back("take them out of --convert-ignore");
+  if (given.targets) fixes.emplace_back("make --convert-targets match them");
   throw usage_error(fmt::format(
       "{} leave{} {} module(s) out of the conversion that hold {} tensors: {}. ctquant converts "
       "such modules as stored and does not dequantize them, so each must be converted. Nothing "
-      "was written. Remove them from --convert-ignore (or add them to --convert-targets); "
-      "--ignore and --targets choose what the scheme quantizes among the 16-bit modules",
+      "was written. Fix: {}; --ignore and --targets choose what the scheme quantizes among the "
+      "16-bit modules",
       join(options, 2, " with "), options.size() == 1 ? "s" : "", left.size(),
-      plan.source_format->converter->name, join(left, 4)));
+      plan.source_format->converter->name, join(left, 4), join(fixes, 2, ", and ")));
 }
 
 // The converted modules of an input a converter takes (source/converter.hpp):

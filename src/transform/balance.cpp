@@ -126,6 +126,18 @@ RewritePlan plan_balance(const Checkpoint& checkpoint) {
     }
     for (const auto& [name, want] : expected) {
       if (!shape(name).empty() && shape(name) != want) {  // a missing one is named already
+        if (moe && name == block.router && shape(name).size() == 2 && shape(name)[1] == h &&
+            shape(name)[0] > block.experts.size()) {
+          // One router row per expert: the experts after the last one stored are missing.
+          problems.push_back(fmt::format(
+              "{}{}: {} rows (experts), but the checkpoint holds experts 0 to {} only: expert "
+              "{}{} missing",
+              p, name, shape(name)[0], block.experts.size() - 1, block.experts.size(),
+              shape(name)[0] - block.experts.size() > 1
+                  ? fmt::format(" to {} are", shape(name)[0] - 1)
+                  : std::string(" is")));
+          continue;
+        }
         problems.push_back(
             fmt::format("{}{}: shape [{}], expected [{}] from config.json's "
                         "heads and the norms",

@@ -220,9 +220,14 @@ StagedSource::~StagedSource() {
   std::filesystem::remove_all(dir_, ec);
 }
 
+std::string rewrite_refusal_reason(std::string message) {
+  if (const auto fix = message.find("\n  fix:"); fix != std::string::npos) message.resize(fix);
+  return replace_all(std::move(message), " (nothing was written)", "");
+}
+
 std::unique_ptr<StagedSource> stage_source_for_output(
     const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input,
-    const std::function<void()>& before_writing) {
+    const std::function<void()>& before_writing, std::string* refused) {
   if (!output_config || !output_config->is_object()) return nullptr;
   const auto t = output_config->find("ctquant_transform");
   if (t == output_config->end() || !t->is_object() || !t->contains("transform") ||
@@ -241,8 +246,11 @@ std::unique_ptr<StagedSource> stage_source_for_output(
   } catch (const Error& e) {
     // The refusal speaks to a quantize run ("fix: run without ..."): here
     // OUTPUT says it was made with the rewrite, so INPUT is not its source.
-    std::string why = e.what();
-    if (const auto fix = why.find("\n  fix:"); fix != std::string::npos) why.resize(fix);
+    const std::string why = rewrite_refusal_reason(e.what());
+    if (refused != nullptr) {
+      *refused = why;
+      return nullptr;
+    }
     throw Error(e.kind(),
                 fmt::format("OUTPUT's config.json records --transform {}, but INPUT cannot be "
                             "rewritten so again: {}\n  fix: give as INPUT the checkpoint "

@@ -26,6 +26,7 @@
 #include "ctquant/scheme/quant_error.hpp"
 #include "ctquant/scheme/scale_check.hpp"
 #include "ctquant/source/weight_rows.hpp"
+#include "ctquant/transform/transform.hpp"
 #include "ctquant/util/cancel.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/verify/loadability.hpp"
@@ -646,7 +647,8 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   // rewrote it (transform/transform.hpp, stage_source_for_output).
   // Signals are polled from here on (a no-op without options.cancel).
   const CancelScope cancel_scope(options.cancel, "interrupted by a signal");
-  const auto staged = stage_source_for_output(out.config, input, options.before_writing);
+  std::string refused;  // INPUT refused by the recorded rewrite: not OUTPUT's source
+  const auto staged = stage_source_for_output(out.config, input, options.before_writing, &refused);
   const fs::path source = staged ? staged->path() : input;
   Side src = open_side(source, "INPUT");
   restrict_to_index(src);
@@ -669,6 +671,15 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
   report.tensors_output = out.n_tensors();
   report.tensors_reference = src.n_tensors();
   Collector c(report);
+  if (!refused.empty()) {
+    c.diff(
+        "fate", "", "",
+        fmt::format("OUTPUT's config.json records --transform {}, which INPUT cannot be "
+                    "rewritten with, so INPUT is not the checkpoint OUTPUT was quantized from: "
+                    "{}",
+                    (*out.config)["ctquant_transform"]["transform"].get<std::string>(), refused));
+    return report;
+  }
   const Labels labels{"OUTPUT", "INPUT"};
   compare_shard_files(out, src, labels, c);
   check_alignment(out, c);
@@ -686,9 +697,9 @@ VerifyReport verify_against_source(const fs::path& output, const fs::path& input
     plan = make_plan(checkpoint, plan_options);
   } catch (const Error& e) {
     c.diff("fate", "", "",
-           fmt::format("cannot plan INPUT with config.json's scheme groups, ignore list and "
-                       "targets: {}",
-                       e.what()));
+           fmt::format("cannot plan INPUT with config.json's scheme groups, ignore list, "
+                       "targets and transform: {}",
+                       rewrite_refusal_reason(e.what())));
     return report;
   }
   if (plan.rewrite) {

@@ -158,12 +158,19 @@ bool transform_stages_source(std::string_view name);
 // source, INPUT rewritten as quantize rewrote it, written under the
 // system's temporary directory (as large as INPUT's tensors) and removed
 // with the object; null otherwise. Throws as open_checkpoint and the row's
-// plan and write_source.
+// plan and write_source; a refusal of INPUT by the row's plan (INPUT is
+// then not OUTPUT's source) is thrown as Error{kUsage} saying so, or, when
+// `refused` is given, returned there (rewrite_refusal_reason) with null.
 // before_writing (may be empty) is called just before the directory is
 // created.
 std::unique_ptr<StagedSource> stage_source_for_output(
     const std::optional<nlohmann::json>& output_config, const std::filesystem::path& input,
-    const std::function<void()>& before_writing = {});
+    const std::function<void()>& before_writing = {}, std::string* refused = nullptr);
+
+// A transform row's refusal (TransformRow::plan's message) without what
+// speaks to a quantize run ("(nothing was written)", "fix: run without
+// --transform NAME"): for verify, where it means INPUT is not the source.
+std::string rewrite_refusal_reason(std::string message);
 
 // Rewrites n elements of `rewrite`'s tensor in place, starting at element
 // `first` of its row-major [rows, cols] view, stored as `dtype` (BF16, F16
