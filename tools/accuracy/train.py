@@ -31,6 +31,9 @@ SPECS = {
                         steps=2000, batch=16, seq=256, lr=3e-3, seed=1),
     "qwen3-h128": dict(arch="qwen3", hidden=128, inter=512, layers=4, heads=4, kv_heads=2,
                        head_dim=32, steps=2000, batch=16, seq=256, lr=3e-3, seed=2),
+    # Wider: rows of two (q/k/v, gate/up) and five (down_proj) groups of 128.
+    "llama-h256": dict(arch="llama", hidden=256, inter=640, layers=4, heads=4, kv_heads=2,
+                       steps=2000, batch=16, seq=256, lr=3e-3, seed=3),
 }
 
 
