@@ -163,6 +163,15 @@ std::vector<double> model_forward(const Weights& w, const Geometry& g,
   return linear(y, t, head != w.end() ? head->second : embed, vocab, h);
 }
 
+OutputDifference output_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  OutputDifference d;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d.worst = std::max(d.worst, std::fabs(a[i] - b[i]));
+    d.largest = std::max(d.largest, std::fabs(a[i]));
+  }
+  return d;
+}
+
 std::string transform_refusal(const std::filesystem::path& dir, const std::string& name) {
   try {
     plan_transform(open_checkpoint(dir), name);

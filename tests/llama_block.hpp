@@ -51,6 +51,13 @@ std::vector<double> block_forward(const Weights& w, const Geometry& g, const std
 std::vector<double> model_forward(const Weights& w, const Geometry& g,
                                   const std::vector<std::uint64_t>& tokens);
 
+// The largest |a[i] - b[i]| and the largest |a[i]|, over a's elements (b at
+// least as long): how far a rewritten model's outputs moved, against their size.
+struct OutputDifference {
+  double worst = 0, largest = 0;
+};
+OutputDifference output_difference(const std::vector<double>& a, const std::vector<double>& b);
+
 // The message with which --transform `name` refuses the checkpoint at dir
 // (an Error{kUsage}, checked), or "" when it is accepted.
 std::string transform_refusal(const std::filesystem::path& dir, const std::string& name);

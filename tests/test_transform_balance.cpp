@@ -69,11 +69,7 @@ TEST(Balance, KeepsTheFunctionOfALlamaBlockInFloat64) {
   const auto y1 = block_forward(after, g, x, tokens);
   // Equal to float64 rounding: the largest difference within 1e-12 of the
   // largest output.
-  double worst = 0, largest = 0;
-  for (std::size_t i = 0; i < y0.size(); ++i) {
-    worst = std::max(worst, std::fabs(y0[i] - y1[i]));
-    largest = std::max(largest, std::fabs(y0[i]));
-  }
+  const auto [worst, largest] = output_difference(y0, y1);
   EXPECT_GT(largest, 1.0);
   EXPECT_LT(worst, 1e-12 * largest) << worst << " of " << largest;
   // The final norm (lm_head's producer) and the embedding are untouched.
@@ -248,11 +244,7 @@ TEST(Balance, KeepsEveryExpertAndTheRouterOfAMixtureInFloat64) {
       };
       const auto y0 = block_forward(as_dense(before), g, x, tokens);
       const auto y1 = block_forward(as_dense(after), g, x, tokens);
-      double worst = 0, largest = 0;
-      for (std::size_t i = 0; i < y0.size(); ++i) {
-        worst = std::max(worst, std::fabs(y0[i] - y1[i]));
-        largest = std::max(largest, std::fabs(y0[i]));
-      }
+      const auto [worst, largest] = output_difference(y0, y1);
       EXPECT_GT(largest, 1.0);
       EXPECT_LT(worst, 1e-12 * largest) << worst << " of " << largest;
       const std::vector<double>& t_e = plan->scales[5 + e];

@@ -147,11 +147,7 @@ void expect_same_logits(const Geometry& g, const json& config, bool drop_head) {
   const auto y0 = model_forward(before, g, tokens);
   const auto y1 = model_forward(after, g, tokens);
   ASSERT_EQ(y0.size(), y1.size());
-  double worst = 0, largest = 0;
-  for (std::size_t i = 0; i < y0.size(); ++i) {
-    worst = std::max(worst, std::fabs(y0[i] - y1[i]));
-    largest = std::max(largest, std::fabs(y0[i]));
-  }
+  const auto [worst, largest] = output_difference(y0, y1);
   EXPECT_GT(largest, 1.0);
   EXPECT_LT(worst, 1e-5 * largest) << worst << " of " << largest;
 }
