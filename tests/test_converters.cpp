@@ -106,7 +106,8 @@ TEST_P(ConverterGolden, SameBytesWithOneThread) {
 }
 
 // Through the binary: a pure conversion needs no option; its summary says
-// the conversion is lossless.
+// the conversion is lossless. Its dry run's plan line says that only the
+// converted modules are written, not the default W4A16 group nothing takes.
 TEST_P(ConverterGolden, BinaryConvertsWithNoOptions) {
   const json c = find_converter_case(GetParam());
   if (c["kind"] != "conversion") GTEST_SKIP() << "the mix needs its scheme";
@@ -116,6 +117,16 @@ TEST_P(ConverterGolden, BinaryConvertsWithNoOptions) {
   for (const std::string& t : strings(c["converter_args"].value("targets", json::array()))) {
     args.insert(args.end(), {"--convert-targets", t});
   }
+  std::vector<std::string> dry = args;
+  dry.push_back("--dry-run");
+  const CommandResult plan = run_ctquant(dry);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const std::string converter = GetParam().starts_with("awq") ? "AWQ" : "ModelOpt NVFP4";
+  EXPECT_TRUE(plan.out.starts_with("plan: convert the " + converter +
+                                   " modules only; 16-bit modules kept (give --scheme to "
+                                   "quantize them)\n"))
+      << plan.out;
+  EXPECT_EQ(plan.out.find("plan: W4A16"), std::string::npos) << plan.out;
   const CommandResult r = run_ctquant(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_message(r.err, {"modules converted (", "lossless: no requantization"});

@@ -299,16 +299,24 @@ std::string render_converted_text(const QuantizePlan& plan) {
 std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   const PlanOptions& o = plan.options;
   std::string text;
-  if (o.groups.size() == 1) {
+  if (plan.source_format && !o.scheme_given) {
+    // A converted input with no scheme for its 16-bit modules: the default
+    // group is not written (config.json holds the converter's group and
+    // ignore list, on the "input:" line below).
+    text = fmt::format(
+        "plan: convert the {} modules only; 16-bit modules kept (give --scheme to quantize "
+        "them)\n",
+        plan.source_format->converter->name);
+  } else if (o.groups.size() == 1) {
     text = fmt::format("plan: {}, targets {}, ignore {}\n", group_text(o.groups[0]),
                        quoted_list(o.groups[0].targets), quoted_list(o.ignore));
   } else {
-    text = fmt::format("plan: {} scheme groups, tried in this order; ignore {}\n",
-                       o.groups.size(), quoted_list(o.ignore));
+    text = fmt::format("plan: {} scheme groups, tried in this order; ignore {}\n", o.groups.size(),
+                       quoted_list(o.ignore));
     for (std::size_t g = 0; g < o.groups.size(); ++g) {
-      text += fmt::format("  {}. {}, targets {}: {}\n", g + 1, group_text(o.groups[g]),
-                          quoted_list(o.groups[g].targets),
-                          plural(plan.group_modules[g], "module"));
+      text +=
+          fmt::format("  {}. {}, targets {}: {}\n", g + 1, group_text(o.groups[g]),
+                      quoted_list(o.groups[g].targets), plural(plan.group_modules[g], "module"));
     }
   }
   text += render_converted_text(plan);
@@ -368,12 +376,11 @@ std::string render_plan_text(const Checkpoint& checkpoint, const QuantizePlan& p
       for (const PlannedTensor* output : outputs_of[mi]) {
         const PlannedTensor& t = *output;
         bytes += t.byte_size;
-        outputs += fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ",
-                               t.name.substr(m.name.size() + 1), dtype_tag(t.dtype),
-                               shape_string(t.shape));
+        outputs +=
+            fmt::format("{}{} {} {}", outputs.empty() ? "" : ", ", t.name.substr(m.name.size() + 1),
+                        dtype_tag(t.dtype), shape_string(t.shape));
       }
-      const std::string what = m.kind == PlannedModule::Kind::kQuantize
-                                   ? plan.group_of(m).name
+      const std::string what = m.kind == PlannedModule::Kind::kQuantize     ? plan.group_of(m).name
                                : m.kind == PlannedModule::Kind::kDequantize ? "BF16 (dequantized)"
                                                                             : "16-bit (kept)";
       text += fmt::format("  {:<{}}  {:<{}}  {}: {} ({} bytes)\n", m.name, module_w,
@@ -474,18 +481,18 @@ json plan_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
                           {"shape", t.shape},
                           {"bytes", t.byte_size}});
     }
-    modules.push_back(json{
-        {"module", m.name},
-        {"tensor", plan.decisions[m.decision].name},
-        {"shape", {m.source.rows, m.source.cols}},
-        {"kind", m.kind == PlannedModule::Kind::kQuantize     ? "quantize"
-                 : m.kind == PlannedModule::Kind::kDequantize ? "dequantize"
-                                                              : "keep"},
-        {"group", m.kind == PlannedModule::Kind::kQuantize ? json(plan.group_of(m).name)
-                                                           : json(nullptr)},
-        {"rule", m.rule},
-        {"shard", plan.shards[m.shard].file_name},
-        {"outputs", outs}});
+    modules.push_back(
+        json{{"module", m.name},
+             {"tensor", plan.decisions[m.decision].name},
+             {"shape", {m.source.rows, m.source.cols}},
+             {"kind", m.kind == PlannedModule::Kind::kQuantize     ? "quantize"
+                      : m.kind == PlannedModule::Kind::kDequantize ? "dequantize"
+                                                                   : "keep"},
+             {"group", m.kind == PlannedModule::Kind::kQuantize ? json(plan.group_of(m).name)
+                                                                : json(nullptr)},
+             {"rule", m.rule},
+             {"shard", plan.shards[m.shard].file_name},
+             {"outputs", outs}});
   }
   json outputs = json::array();
   for (const ShardPlan& s : plan.shards) {
