@@ -81,7 +81,7 @@ TEST(MseObserver, SumFollowsPyTorchsCascadeOrderBitForBit) {
     const DType w = name == "f32" ? DType::kF32 : dtype_of(name);
     std::vector<float> values;
     for (const std::uint32_t b : c.at("in").get<std::vector<std::uint32_t>>()) {
-      values.push_back(w == DType::kF32   ? std::bit_cast<float>(b)
+      values.push_back(w == DType::kF32    ? std::bit_cast<float>(b)
                        : w == DType::kBF16 ? bf16_to_float(static_cast<std::uint16_t>(b))
                                            : f16_to_float(static_cast<std::uint16_t>(b)));
     }
@@ -103,13 +103,13 @@ TEST(MseObserver, SumFollowsPyTorchsCascadeOrderBitForBit) {
         << "n=" << c.at("n");
   }
   const std::map<std::string, int> expected = {
-      {"bf16 random", 10}, {"f16 random", 10},   {"f32 random", 12},  {"bf16 near-tie", 20},
-      {"f16 near-tie", 20}, {"bf16 built", 8}, {"f16 built", 8}};
+      {"bf16 random", 10},  {"f16 random", 10}, {"f32 random", 12}, {"bf16 near-tie", 20},
+      {"f16 near-tie", 20}, {"bf16 built", 8},  {"f16 built", 8}};
   EXPECT_EQ(checked, expected);
 }
 
-QuantArgs args_for(QuantArgs::Type type, int bits, bool symmetric, S strategy,
-                   std::uint64_t group, std::optional<DType> scale_dtype = std::nullopt) {
+QuantArgs args_for(QuantArgs::Type type, int bits, bool symmetric, S strategy, std::uint64_t group,
+                   std::optional<DType> scale_dtype = std::nullopt) {
   QuantArgs a;
   a.type = type;
   a.num_bits = bits;
@@ -177,8 +177,7 @@ std::vector<SearchCase> search_cases() {
        mse("nvfp4_expanded_mse"), 64},
       {"mxfp4", args_for(T::kFloat, 4, true, S::kGroup, 32, DType::kU8), mse("memoryless_mse"),
        128},
-      {"mxfp8", args_for(T::kFloat, 8, true, S::kGroup, 32, DType::kU8), mse("memoryless_mse"),
-       64},
+      {"mxfp8", args_for(T::kFloat, 8, true, S::kGroup, 32, DType::kU8), mse("memoryless_mse"), 64},
       {"int4_kwargs", args_for(T::kInt, 4, true, S::kGroup, 64),
        mse("memoryless_mse", {{"maxshrink", 0.5}, {"grid", 40}, {"norm", 3.0}, {"expand", 1.2}}),
        128},
@@ -348,13 +347,13 @@ TEST(MseObserver, SearchStopsAfterPatienceCandidatesThatImproveNoGroup) {
   EXPECT_EQ(p.steps(), 20u);
   EXPECT_EQ(mse_cutoff(p, bits({0, 1, 2})), 7u);  // 3..7 improve nothing: stop at 7
   EXPECT_EQ(mse_cutoff(p, bits({0, 1, 2, 7, 12, 17})), 19u);
-  EXPECT_EQ(mse_cutoff(p, bits({0, 6, 12})), 5u);   // 1..5
-  EXPECT_EQ(mse_cutoff(p, bits({0, 3, 8})), 13u);   // 9..13
+  EXPECT_EQ(mse_cutoff(p, bits({0, 6, 12})), 5u);  // 1..5
+  EXPECT_EQ(mse_cutoff(p, bits({0, 3, 8})), 13u);  // 9..13
   EXPECT_FALSE(mse_cutoff_settled(p, bits({0, 6, 12})));
   EXPECT_TRUE(mse_cutoff_settled(p, bits({0, 4, 9, 14, 19})));
   EXPECT_FALSE(mse_cutoff_settled(p, bits({0, 4, 9, 14})));  // 15..19
   const ObserverParams expanded = observer_params("nvfp4_expanded_mse", json::object(), "test");
-  EXPECT_EQ(expanded.steps(), 111u);  // int((1 - 0.8 / 1.8) * 200)
+  EXPECT_EQ(expanded.steps(), 111u);              // int((1 - 0.8 / 1.8) * 200)
   EXPECT_TRUE(mse_cutoff_settled(expanded, {}));  // patience 1000: never stops early
 }
 
@@ -385,13 +384,21 @@ TEST(ObserverKwargs, BadKwargsAreRefusedNamingTheKey) {
                    observer_params("memoryless_mse", {{"maxshrnk", 0.2}}, "g");
                  }),
                  {"g", "maxshrnk", "maxshrink"});
-  expect_message(usage_message([] { observer_params("memoryless_mse", {{"expand", 0.9}}, "g"); }),
+  expect_message(usage_message([] {
+                   observer_params("memoryless_mse", {{"expand", 0.9}}, "g");
+                 }),
                  {"expand", "at least 1.0"});
-  expect_message(usage_message([] { observer_params("memoryless_mse", {{"norm", 0}}, "g"); }),
+  expect_message(usage_message([] {
+                   observer_params("memoryless_mse", {{"norm", 0}}, "g");
+                 }),
                  {"norm"});
-  expect_message(usage_message([] { observer_params("memoryless_mse", {{"patience", 1.5}}, "g"); }),
+  expect_message(usage_message([] {
+                   observer_params("memoryless_mse", {{"patience", 1.5}}, "g");
+                 }),
                  {"patience", "whole number"});
-  expect_message(usage_message([] { observer_params("memoryless_minmax", {{"norm", 2}}, "g"); }),
+  expect_message(usage_message([] {
+                   observer_params("memoryless_minmax", {{"norm", 2}}, "g");
+                 }),
                  {"memoryless_minmax takes none"});
   expect_message(usage_message([] {
                    observer_params("memoryless_mse", {{"grid", 1e6}, {"maxshrink", 0.5}}, "g");
@@ -529,7 +536,7 @@ TEST(ObserverKwargs, CandidateRangesWiderThanTwiceTheMinMaxRangeAreWarnedNamingE
   take_observer_warnings();
   observer_params("memoryless_mse", json::object(), "g");
   observer_params("nvfp4_expanded_mse", json::object(), "g");  // narrowest 1.8 * 0.45
-  observer_params("memoryless_mse", {{"expand", 2.4}}, "g");    // narrowest 2.4 * 0.81
+  observer_params("memoryless_mse", {{"expand", 2.4}}, "g");   // narrowest 2.4 * 0.81
   EXPECT_TRUE(take_observer_warnings().empty());
   observer_params("memoryless_mse", {{"expand", 10}}, "--observer-kwarg");
   std::vector<std::string> w = take_observer_warnings();
@@ -541,16 +548,17 @@ TEST(ObserverKwargs, CandidateRangesWiderThanTwiceTheMinMaxRangeAreWarnedNamingE
   observer_params("nvfp4_expanded_mse", {{"expand", 3.4e38}}, "g");
   w = take_observer_warnings();
   ASSERT_EQ(w.size(), 1u);
-  expect_message(w[0], {"every candidate range of nvfp4_expanded_mse", "(its default for "
-                                                                       "nvfp4_expanded_mse is 1.8)"});
+  expect_message(w[0], {"every candidate range of nvfp4_expanded_mse",
+                        "(its default for "
+                        "nvfp4_expanded_mse is 1.8)"});
   // No candidates: the expanded range itself is kept.
   observer_params("memoryless_mse", {{"expand", 5}, {"grid", 1}}, "g");
   EXPECT_EQ(take_observer_warnings().size(), 1u);
 }
 
 TEST(ObserverRows, PerTensorScalesRefuseMseObservers) {
-  json w = {{"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"},
-            {"observer", "memoryless_mse"}};
+  json w = {
+      {"num_bits", 8}, {"type", "float"}, {"strategy", "tensor"}, {"observer", "memoryless_mse"}};
   SchemeGroup g;
   g.weights = quant_args_from_json(w, "w");
   ASSERT_NE(g.family(), nullptr);
@@ -563,7 +571,8 @@ TEST(ObserverRows, PerTensorScalesRefuseMseObservers) {
 
 // Every tensor of the expected single-file checkpoint has the same bytes
 // in actual (names from the expected header); "" when they all do.
-std::string diff_tensors(const std::filesystem::path& actual, const std::filesystem::path& expected) {
+std::string diff_tensors(const std::filesystem::path& actual,
+                         const std::filesystem::path& expected) {
   const std::string bytes = test::read_file(expected);
   std::uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
@@ -583,7 +592,8 @@ std::vector<std::string> llama_ignores() {
 
 TEST(ObserverCli, ObserverMseWritesMemorylessMseAndSaysSo) {
   TempDir tmp;
-  std::vector<std::string> args = {"quantize", (test::golden_dir() / "llama-bf16" / "input").string(),
+  std::vector<std::string> args = {"quantize",
+                                   (test::golden_dir() / "llama-bf16" / "input").string(),
                                    (tmp / "out").string(), "--observer", "mse"};
   for (const std::string& a : llama_ignores()) args.push_back(a);
   const test::CommandResult r = test::run_ctquant(args);
@@ -599,9 +609,9 @@ TEST(ObserverCli, ObserverMseWritesMemorylessMseAndSaysSo) {
 
 TEST(ObserverCli, ImatrixObserverIsAUsageError) {
   TempDir tmp;
-  const test::CommandResult r = test::run_ctquant(
-      {"quantize", (test::golden_dir() / "llama-bf16" / "input").string(), (tmp / "out").string(),
-       "--observer", "imatrix_mse"});
+  const test::CommandResult r =
+      test::run_ctquant({"quantize", (test::golden_dir() / "llama-bf16" / "input").string(),
+                         (tmp / "out").string(), "--observer", "imatrix_mse"});
   EXPECT_EQ(r.exit_code, 2);
   expect_message(r.err, {"--observer", "imatrix_mse", "calibration data"});
   EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
@@ -610,8 +620,8 @@ TEST(ObserverCli, ImatrixObserverIsAUsageError) {
 TEST(ObserverCli, ObserverKwargNeedsANumberAndAnObserver) {
   TempDir tmp;
   const std::string in = (test::golden_dir() / "llama-bf16" / "input").string();
-  test::CommandResult r = test::run_ctquant(
-      {"quantize", in, (tmp / "a").string(), "--observer-kwarg", "norm=2"});
+  test::CommandResult r =
+      test::run_ctquant({"quantize", in, (tmp / "a").string(), "--observer-kwarg", "norm=2"});
   EXPECT_EQ(r.exit_code, 2);
   expect_message(r.err, {"--observer-kwarg needs --observer"});
   r = test::run_ctquant({"quantize", in, (tmp / "b").string(), "--observer", "memoryless_mse",
@@ -629,9 +639,18 @@ TEST(ObserverCli, ObserverKwargsReachConfigAndBytes) {
   // The fixture's kwargs given on the command line give its bytes.
   TempDir tmp;
   std::vector<std::string> args = {
-      "quantize", (test::golden_dir() / "llama-bf16-mse-kwargs" / "input").string(),
-      (tmp / "out").string(), "--observer", "memoryless_mse", "--observer-kwarg", "maxshrink=0.3",
-      "--observer-kwarg", "grid=60", "--observer-kwarg", "norm=2.2", "--observer-kwarg",
+      "quantize",
+      (test::golden_dir() / "llama-bf16-mse-kwargs" / "input").string(),
+      (tmp / "out").string(),
+      "--observer",
+      "memoryless_mse",
+      "--observer-kwarg",
+      "maxshrink=0.3",
+      "--observer-kwarg",
+      "grid=60",
+      "--observer-kwarg",
+      "norm=2.2",
+      "--observer-kwarg",
       "patience=2"};
   for (const std::string& a : llama_ignores()) args.push_back(a);
   const test::CommandResult r = test::run_ctquant(args);
@@ -643,10 +662,10 @@ TEST(ObserverCli, ObserverKwargsReachConfigAndBytes) {
                      .at("weights");
   EXPECT_EQ(w.at("observer_kwargs"),
             json({{"maxshrink", 0.3}, {"grid", 60}, {"norm", 2.2}, {"patience", 2}}));
-  EXPECT_EQ(diff_tensors(tmp / "out" / "model.safetensors", test::golden_dir() /
-                                                                "llama-bf16-mse-kwargs" /
-                                                                "expected" / "model.safetensors"),
-            "");
+  EXPECT_EQ(
+      diff_tensors(tmp / "out" / "model.safetensors",
+                   test::golden_dir() / "llama-bf16-mse-kwargs" / "expected" / "model.safetensors"),
+      "");
 }
 
 TEST(ObserverCli, SchemeForTakesAnObserverPerGroup) {
@@ -678,10 +697,54 @@ TEST(ObserverCli, SchemeForTakesAnObserverPerGroup) {
   }
 }
 
+// A group's own @OBSERVER is the more specific choice: --observer names the
+// observer of the other groups only. --observer auto, which chooses every
+// module's observer, refuses it; so is an '@' naming nothing, and a bad
+// pattern is named by --scheme-for.
+TEST(ObserverCli, SchemeForObserverWinsOverObserverOption) {
+  TempDir tmp;
+  const std::string input = (test::golden_dir() / "llama-bf16" / "input").string();
+  std::vector<std::string> args = {"quantize",
+                                   input,
+                                   (tmp / "out").string(),
+                                   "--scheme-for",
+                                   "re:.*mlp.*=W4A16@memoryless_mse",
+                                   "--observer",
+                                   "memoryless_minmax"};
+  for (const std::string& a : llama_ignores()) args.push_back(a);
+  const test::CommandResult r = test::run_ctquant(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json groups =
+      test::read_json(tmp / "out" / "config.json").at("quantization_config").at("config_groups");
+  EXPECT_EQ(groups.at("W4A16_memoryless_mse").at("weights").at("observer"), "memoryless_mse");
+  EXPECT_EQ(groups.at("W4A16").at("weights").at("observer"), "memoryless_minmax");
+  const auto out = tmp / "out" / "model.safetensors";
+  const auto mse = test::golden_dir() / "llama-bf16-mse" / "expected" / "model.safetensors";
+  EXPECT_EQ(test::read_tensor(out, "model.layers.0.mlp.down_proj.weight_scale"),
+            test::read_tensor(mse, "model.layers.0.mlp.down_proj.weight_scale"));
+
+  const auto refused = [&](std::vector<std::string> extra, const std::string& message) {
+    std::vector<std::string> a = {"quantize", input, (tmp / "refused").string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    const test::CommandResult e = test::run_ctquant(a);
+    EXPECT_EQ(e.exit_code, 2) << e.err;
+    EXPECT_NE(e.err.find(message), std::string::npos) << e.err;
+    EXPECT_FALSE(std::filesystem::exists(tmp / "refused"));
+  };
+  refused({"--scheme-for", "re:.*mlp.*=W4A16@memoryless_mse", "--observer", "auto"},
+          "--observer auto chooses every module's observer, and --scheme-for group "
+          "W4A16_memoryless_mse names one");
+  refused({"--scheme-for", "re:.*mlp.*=W8A16@"},
+          "--scheme-for 're:.*mlp.*=W8A16@': '@' names no "
+          "observer");
+  refused({"--scheme-for", "re:(=W8A16"},
+          "--scheme-for 're:(': invalid regular expression at offset 1");
+}
+
 TEST(ObserverCli, ProgressCountsEachTensorOnceBesideTheCutoffPrePass) {
   TempDir tmp;
-  QuantizeOptions options = test::test_options(test::golden_dir() / "llama-bf16" / "input",
-                                               tmp / "out");
+  QuantizeOptions options =
+      test::test_options(test::golden_dir() / "llama-bf16" / "input", tmp / "out");
   for (SchemeGroup& g : options.plan.groups) g.weights.observer = "memoryless_mse";
   Progress last;
   options.on_progress = [&](const Progress& p) { last = p; };

@@ -86,7 +86,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
       app->add_option("--scheme-for", args.scheme_for,
                       "PATTERN=PRESET[@OBSERVER] (repeatable): modules matching PATTERN (a "
                       "name or re:PATTERN) get PRESET; tried in the order given, "
-                      "before --scheme, which takes the rest")
+                      "before --scheme, which takes the rest; @OBSERVER wins over --observer")
           ->allow_extra_args(false));
   options.push_back(app->add_option("--quantization-config", args.quantization_config,
                                     "A compressed-tensors QuantizationConfig JSON file "

@@ -5,8 +5,9 @@
 
 #include <fmt/format.h>
 
-#include "ctquant/scheme/refused_presets.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/scheme/observer.hpp"
+#include "ctquant/scheme/refused_presets.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/util/error.hpp"
 #include "util/input_file.hpp"
@@ -120,9 +121,17 @@ SchemeGroup scheme_for_group(const std::string& spec) {
   if (const auto at = preset.find('@'); at != std::string::npos) {
     observer = preset.substr(at + 1);
     preset.resize(at);
+    if (observer.empty()) {
+      throw usage_error(
+          fmt::format("--scheme-for '{}': '@' names no observer (PRESET@OBSERVER, e.g. "
+                      "'re:.*self_attn.*=W8A16@memoryless_mse'; or PRESET alone)",
+                      spec));
+    }
   }
   SchemeGroup g = preset_group(preset);
   g.targets = {spec.substr(0, eq)};
+  // The pattern is checked here so that a bad one is named by its option.
+  const ModuleMatcher check(g.targets, ModuleMatcher::Role::kTargets, "--scheme-for");
   if (!observer.empty()) {
     const ObserverChoice choice = resolve_observer(observer, "--scheme-for '" + spec + "'");
     if (!choice.note.empty()) add_observer_note(choice.note);
@@ -149,10 +158,17 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
   if (!config.is_object()) {
     throw usage_error(fmt::format("{}: a QuantizationConfig must be a JSON object", where));
   }
-  static constexpr std::array<std::string_view, 11> kKnown = {
-      "config_groups",     "ignore",          "format",           "quant_method",
-      "quantization_status", "kv_cache_scheme", "global_compression_ratio", "version",
-      "transform_config",  "sparsity_config", "provider"};
+  static constexpr std::array<std::string_view, 11> kKnown = {"config_groups",
+                                                              "ignore",
+                                                              "format",
+                                                              "quant_method",
+                                                              "quantization_status",
+                                                              "kv_cache_scheme",
+                                                              "global_compression_ratio",
+                                                              "version",
+                                                              "transform_config",
+                                                              "sparsity_config",
+                                                              "provider"};
   for (const auto& [key, value] : config.items()) {
     if (std::find(kKnown.begin(), kKnown.end(), key) == kKnown.end()) {
       throw usage_error(fmt::format("{}: unknown key '{}' (QuantizationConfig keys: {})", where,
@@ -171,8 +187,8 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
         where));
   }
   if (non_empty("transform_config")) {
-    throw usage_error(fmt::format("{}: transform_config: transforms are not applied data-free",
-                                  where));
+    throw usage_error(
+        fmt::format("{}: transform_config: transforms are not applied data-free", where));
   }
   if (non_empty("sparsity_config")) {
     throw usage_error(fmt::format("{}: sparsity_config: ctquant writes no sparse formats", where));
@@ -186,8 +202,8 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
   options.ignore.clear();
   const auto groups = config.find("config_groups");
   if (groups == config.end() || !groups->is_object() || groups->empty()) {
-    throw usage_error(fmt::format("{}: config_groups must be an object with at least one group",
-                                  where));
+    throw usage_error(
+        fmt::format("{}: config_groups must be an object with at least one group", where));
   }
   // The groups in the order written (nlohmann's ordered iteration is by key,
   // so the order comes from the text): the caller passes an ordered_json-
@@ -198,12 +214,13 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
       // A preset name mapped to its targets.
       if (find_preset(name) == nullptr) {
         if (const RefusedPreset* refused = refused_preset(name)) {
-          throw usage_error(fmt::format("{}: preset '{}' is not written: {}", at, name,
-                                        refused->reason));
+          throw usage_error(
+              fmt::format("{}: preset '{}' is not written: {}", at, name, refused->reason));
         }
-        throw usage_error(fmt::format("{}: a list of targets needs a preset name as its key "
-                                      "(presets: {})",
-                                      at, preset_names()));
+        throw usage_error(
+            fmt::format("{}: a list of targets needs a preset name as its key "
+                        "(presets: {})",
+                        at, preset_names()));
       }
       SchemeGroup g = preset_group(name);
       g.name = name;  // the file's own key
@@ -213,16 +230,18 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
       continue;
     }
     if (!group.is_object()) {
-      throw usage_error(fmt::format("{}: expected a QuantizationScheme object or a list of "
-                                    "targets",
-                                    at));
+      throw usage_error(
+          fmt::format("{}: expected a QuantizationScheme object or a list of "
+                      "targets",
+                      at));
     }
     for (const auto& [key, value] : group.items()) {
       if (key != "targets" && key != "weights" && key != "input_activations" &&
           key != "output_activations" && key != "format") {
-        throw usage_error(fmt::format("{}: unknown key '{}' (QuantizationScheme keys: targets, "
-                                      "weights, input_activations, output_activations, format)",
-                                      at, key));
+        throw usage_error(
+            fmt::format("{}: unknown key '{}' (QuantizationScheme keys: targets, "
+                        "weights, input_activations, output_activations, format)",
+                        at, key));
       }
     }
     SchemeGroup g;
@@ -236,8 +255,9 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
     }
     g.weights = quant_args_from_json(*weights, at + ".weights");
     const auto targets = group.find("targets");
-    g.targets = targets == group.end() || targets->is_null() ? std::vector<std::string>{}
-                                                             : string_list(*targets, at + ".targets");
+    g.targets = targets == group.end() || targets->is_null()
+                    ? std::vector<std::string>{}
+                    : string_list(*targets, at + ".targets");
     if (g.targets.empty()) g.targets = {"Linear"};
     const auto input = group.find("input_activations");
     if (input != group.end() && !input->is_null()) {
@@ -245,17 +265,19 @@ PlanOptions plan_options_from_config(const json& config, const std::string& wher
     }
     const auto output = group.find("output_activations");
     if (output != group.end() && !output->is_null()) {
-      throw usage_error(fmt::format("{}.output_activations: output activation quantization is "
-                                    "not written data-free",
-                                    at));
+      throw usage_error(
+          fmt::format("{}.output_activations: output activation quantization is "
+                      "not written data-free",
+                      at));
     }
     const SchemeFamily* family = g.family();
     const auto format = group.find("format");
     if (family != nullptr && format != group.end() && !format->is_null() &&
         *format != family->format) {
-      throw usage_error(fmt::format("{}.format: {} is not the format compressed-tensors writes "
-                                    "for these weights (\"{}\")",
-                                    at, format->dump(), family->format));
+      throw usage_error(
+          fmt::format("{}.format: {} is not the format compressed-tensors writes "
+                      "for these weights (\"{}\")",
+                      at, format->dump(), family->format));
     }
     options.groups.push_back(std::move(g));
   }

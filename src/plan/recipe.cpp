@@ -161,9 +161,20 @@ void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
 }
 
 // Sets every group's weight observer to the one given for the run.
-void apply_observer(PlanOptions& options, const EffectiveRecipe& r) {
+// own_observer: the names of the groups whose --scheme-for names their
+// observer (PRESET@OBSERVER); the more specific choice wins over --observer
+// and the recipe's weight_observer, and --observer auto, which measures
+// every group's modules, refuses them.
+void apply_observer(PlanOptions& options, const EffectiveRecipe& r,
+                    const std::set<std::string>& own_observer = {}) {
   if (!r.observer) return;
   const std::string where = origin_label(r.observer_origin, "observer", "--observer");
+  if (*r.observer == "auto" && !own_observer.empty()) {
+    throw usage_error(fmt::format(
+        "{} auto chooses every module's observer, and --scheme-for group {} names one: drop "
+        "the @OBSERVER from --scheme-for, or give --observer a name",
+        where, *own_observer.begin()));
+  }
   if (*r.observer == "auto") {
     // Planned with min-max; quantize measures every module with both
     // observers and splits the groups (exec/observer_choice.hpp).
@@ -181,6 +192,7 @@ void apply_observer(PlanOptions& options, const EffectiveRecipe& r) {
   const ObserverChoice choice = resolve_observer(*r.observer, where);
   if (!choice.note.empty()) add_observer_note(choice.note);
   for (SchemeGroup& g : options.groups) {
+    if (own_observer.contains(g.name)) continue;
     g.weights.observer = choice.written;
     g.weights.observer_kwargs = r.observer_kwargs.is_null() ? json::object() : r.observer_kwargs;
     observer_params(g.weights.observer, g.weights.observer_kwargs,
@@ -334,7 +346,12 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
   options.ignore = r.ignore;
   if (r.scheme) {
     const std::string where = origin_label(r.scheme_origin, "scheme", "--scheme");
-    for (const std::string& spec : r.scheme_for) add_scheme_group(options, scheme_for_group(spec));
+    std::set<std::string> own_observer;
+    for (const std::string& spec : r.scheme_for) {
+      SchemeGroup g = scheme_for_group(spec);
+      if (spec.find('@', spec.rfind('=')) != std::string::npos) own_observer.insert(g.name);
+      add_scheme_group(options, std::move(g));
+    }
     SchemeGroup main;
     try {
       main = preset_group(*r.scheme);
@@ -344,7 +361,7 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
     main.targets = r.targets;
     if (r.group_size) apply_group_size(main, *r.group_size);
     add_scheme_group(options, std::move(main));
-    apply_observer(options, r);
+    apply_observer(options, r, own_observer);
     return options;
   }
   // Config groups, one at a time so that each message names its place and
