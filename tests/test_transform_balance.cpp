@@ -430,6 +430,18 @@ TEST(Balance, RefusedRunWritesNothing) {
       {"quantize", (dir / "in").string(), (dir / "out").string(), "--transform", "spin"});
   EXPECT_EQ(unknown.exit_code, 2);
   expect_message(unknown.err, {"--transform spin: unknown transform (known: balance, rotate)"});
+  // A quantized input is one reason, given before any rule of the plan: the
+  // FP8 golden's down_proj (in_features 320) breaks group 128, but the
+  // refusal comes first, with no line per FP8 tensor.
+  const CommandResult fp8 =
+      run_ctquant({"quantize", (golden_dir() / "fp8-block" / "input").string(),
+                   (dir / "out").string(), "--transform", "balance"});
+  EXPECT_EQ(fp8.exit_code, 2) << fp8.err;
+  expect_message(fp8.err,
+                 {"INPUT is quantized (config.json: quant_method fp8): balance rewrites BF16, "
+                  "F16 and F32 weights only; balance the 16-bit model it was made from"},
+                 {"not part of", "weight_scale_inv", "multiple of the group size"});
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
 
 // --observer auto, --target-bits and --more-bits measure or split the

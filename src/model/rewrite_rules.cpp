@@ -128,6 +128,16 @@ RewriteFamily rewrite_family(const Checkpoint& checkpoint) {
       config["architectures"].size() == 1 && config["architectures"][0].is_string()) {
     family.arch = config["architectures"][0].get<std::string>();
   }
+  const bool modelopt = std::find(checkpoint.other_files.begin(), checkpoint.other_files.end(),
+                                  "hf_quant_config.json") != checkpoint.other_files.end();
+  if (const auto qc = config.find("quantization_config"); qc != config.end() || modelopt) {
+    const std::string method = qc != config.end() && qc->is_object()
+                                   ? qc->value("quant_method", std::string("unknown"))
+                                   : std::string("modelopt");
+    family.quantized = fmt::format(
+        "INPUT is quantized ({}: quant_method {})",
+        modelopt && qc == config.end() ? "hf_quant_config.json" : "config.json", method);
+  }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (config.value(key, false)) {
       problems.push_back(
@@ -163,9 +173,15 @@ BalanceLayout balance_layout(const Checkpoint& checkpoint) {
                                    model_type, rewrite_family_reason(model_type, arch)));
   }
   for (std::string& p : family.problems) problems.push_back(std::move(p));
-  // A family with no rule: its tensors are not looked at one by one (each
-  // would only repeat that its block is not a known one).
-  if (!kSafeArchitectures.contains(arch)) return layout;
+  if (!family.quantized.empty()) {
+    problems.push_back(family.quantized +
+                       ": balance rewrites BF16, F16 and F32 weights only; balance the 16-bit "
+                       "model it was made from");
+  }
+  // A family with no rule, or a quantized input: its tensors are not looked
+  // at one by one (each would only repeat that its block is not a known one,
+  // or that its dtype is not rewritten).
+  if (!kSafeArchitectures.contains(arch) || !family.quantized.empty()) return layout;
   const bool moe_family = arch == "Qwen3MoeForCausalLM" || arch == "MixtralForCausalLM";
   const MoeNames& moe = arch == "MixtralForCausalLM" ? kMixtral : kQwen3Moe;
   layout.heads = family.heads;

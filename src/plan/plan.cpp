@@ -787,6 +787,9 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   check_plan_options(given);
   QuantizePlan plan = start_plan(checkpoint, given);
   poll_cancel();
+  // A transform that refuses INPUT says so before any rule of the plan
+  // (cli.md: exit 2, with every reason).
+  if (!given.transform.empty()) plan.rewrite = plan_transform(checkpoint, given.transform);
   plan_conversion(checkpoint, plan);
   detail::decide_fates(checkpoint, plan);
   check_converted_fused_layers(plan);
@@ -797,9 +800,8 @@ QuantizePlan make_plan(const Checkpoint& checkpoint, const PlanOptions& given) {
   poll_cancel();
   plan_index_and_config(checkpoint, plan, std::move(weight_map));
   count_linear_params(checkpoint, plan);
-  if (!given.transform.empty()) {
-    plan.rewrite = plan_transform(checkpoint, given.transform);
-    if (plan.config.is_object()) plan.config["ctquant_transform"] = plan.rewrite->record();
+  if (plan.rewrite && plan.config.is_object()) {
+    plan.config["ctquant_transform"] = plan.rewrite->record();
   }
   return plan;
 }

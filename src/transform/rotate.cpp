@@ -137,7 +137,6 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
     layout.problems = std::move(family.problems);
     return layout;
   }
-  const json& config = *checkpoint.config;
   if (!kRotateArchitectures.contains(family.arch)) {
     std::string why = rewrite_family_reason(family.model_type, family.arch);
     if (why.find("mixture of experts") != std::string::npos) {
@@ -151,17 +150,10 @@ RotateLayout rotate_layout(const Checkpoint& checkpoint) {
   for (std::string& p : family.problems) problems.push_back(std::move(p));
   // A quantized input (FP8, AWQ, ModelOpt, compressed-tensors) is one
   // reason, not one per tensor it stores.
-  const bool modelopt = std::find(checkpoint.other_files.begin(), checkpoint.other_files.end(),
-                                  "hf_quant_config.json") != checkpoint.other_files.end();
-  if (config.contains("quantization_config") || modelopt) {
-    const auto qc = config.find("quantization_config");
-    const std::string method = qc != config.end() && qc->is_object()
-                                   ? qc->value("quant_method", std::string("unknown"))
-                                   : std::string("modelopt");
-    problems.push_back(fmt::format(
-        "INPUT is quantized ({}: quant_method {}): the rotation rewrites BF16, F16 and F32 "
-        "weights only; rotate the 16-bit model it was made from",
-        modelopt && qc == config.end() ? "hf_quant_config.json" : "config.json", method));
+  if (!family.quantized.empty()) {
+    problems.push_back(family.quantized +
+                       ": the rotation rewrites BF16, F16 and F32 weights only; rotate the "
+                       "16-bit model it was made from");
     return layout;
   }
   const TensorEntry* embed = checkpoint.find(kEmbed);

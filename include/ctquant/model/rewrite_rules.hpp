@@ -74,6 +74,12 @@ struct RewriteFamily {
   std::uint64_t kv_heads = 0;  // num_key_value_heads (heads when absent)
   std::uint64_t head_dim = 0;  // head_dim, or hidden_size / heads
   std::vector<std::string> problems;
+  // "INPUT is quantized (config.json: quant_method fp8)" when config.json
+  // has a quantization_config or hf_quant_config.json sits beside it (FP8,
+  // AWQ, ModelOpt, compressed-tensors): one reason for the whole input, not
+  // one per tensor it stores; "" for a 16-bit input. Not in `problems`:
+  // each rewrite says what it would need instead.
+  std::string quantized;
 };
 RewriteFamily rewrite_family(const Checkpoint& checkpoint);
 
