@@ -76,8 +76,8 @@ TEST(PathPolicy, PartAndFinalizeWithTheStageEqualToInputLeaveInputIntact) {
   test::expect_message(part.err, {"--stage " + model.string() + " is the INPUT " + model.string()});
   const CommandResult fin = test::run_ctquant({"finalize", out, "--stage", model.string()});
   EXPECT_EQ(fin.exit_code, 2) << fin.err;
-  test::expect_message(fin.err, {"--stage " + model.string(), "holds 'config.json' but no " +
-                                                                   std::string(kStageMarkerName)});
+  test::expect_message(fin.err, {"--stage " + model.string(),
+                                 "holds 'config.json' but no " + std::string(kStageMarkerName)});
   EXPECT_EQ(test::snapshot_files(model), before);
   EXPECT_FALSE(fs::exists(out));
 }
@@ -92,8 +92,8 @@ TEST(PathPolicy, StageHoldingTheUsersFilesIsRefused) {
   test::write_file(mine / "config.json", "{\"mine\": true}\n");
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--resume"}, std::vector<std::string>{"--part", "1/2"}}) {
-    std::vector<std::string> args = {"quantize", model.string(), (tmp / "out").string(),
-                                     "--stage", mine.string()};
+    std::vector<std::string> args = {"quantize", model.string(), (tmp / "out").string(), "--stage",
+                                     mine.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     const CommandResult r = test::run_ctquant(args);
     EXPECT_EQ(r.exit_code, 2) << r.err;
@@ -114,7 +114,8 @@ TEST(PathPolicy, ReportAndRecipeInsideInputAreRefusedBeforeTheRun) {
   const std::string shard = (model / "model.safetensors").string();
   const std::string config = (model / "config.json").string();
   const std::string out = (tmp / "out").string();
-  const CommandResult report = test::run_ctquant({"quantize", model.string(), out, "--report", shard});
+  const CommandResult report =
+      test::run_ctquant({"quantize", model.string(), out, "--report", shard});
   EXPECT_EQ(report.exit_code, 2) << report.err;
   test::expect_message(report.err, {"--report " + shard + " lies inside INPUT " + model.string()});
   const CommandResult recipe =
@@ -163,39 +164,67 @@ TEST(PathPolicy, EveryRuleOfTheTableNamesBothPaths) {
   const std::string i = in.string();
   const std::string o = out.string();
   const std::vector<Case> cases = {
-      {"OUTPUT in INPUT", paths([&](RunPaths& p) { p.output = in / "w4"; }),
+      {"OUTPUT in INPUT",
+       paths([&](RunPaths& p) { p.output = in / "w4"; }),
        {"OUTPUT " + i + "/w4 lies inside INPUT " + i}},
-      {"OUTPUT over INPUT", paths([&](RunPaths& p) { p.output = tmp.path(); p.force = true; }),
+      {"OUTPUT over INPUT",
+       paths([&](RunPaths& p) {
+         p.output = tmp.path();
+         p.force = true;
+       }),
        {"OUTPUT " + tmp.path().string() + " contains INPUT " + i}},
-      {"stage is INPUT", paths([&](RunPaths& p) { p.stage = in; }),
+      {"stage is INPUT",
+       paths([&](RunPaths& p) { p.stage = in; }),
        {"--stage " + i + " is the INPUT " + i}},
-      {"stage in INPUT", paths([&](RunPaths& p) { p.stage = in / "st"; }),
+      {"stage in INPUT",
+       paths([&](RunPaths& p) { p.stage = in / "st"; }),
        {"--stage " + i + "/st lies inside INPUT " + i}},
-      {"stage over INPUT", paths([&](RunPaths& p) { p.stage = tmp.path(); }),
+      {"stage over INPUT",
+       paths([&](RunPaths& p) { p.stage = tmp.path(); }),
        {"--stage " + tmp.path().string() + " contains INPUT " + i}},
       {"default stage over INPUT",
-       paths([&](RunPaths& p) { p.stage = tmp.path(); p.stage_named = false; }),
+       paths([&](RunPaths& p) {
+         p.stage = tmp.path();
+         p.stage_named = false;
+       }),
        {"the staging directory " + tmp.path().string() + " contains INPUT"}},
       {"report is an input file",
        paths([&](RunPaths& p) { p.report = in / "model.safetensors"; }),
        {"--report " + i + "/model.safetensors lies inside INPUT " + i}},
-      {"recipe in INPUT", paths([&](RunPaths& p) { p.recipe = in / "recipe.yaml"; }),
+      {"recipe in INPUT",
+       paths([&](RunPaths& p) { p.recipe = in / "recipe.yaml"; }),
        {"--write-recipe " + i + "/recipe.yaml lies inside INPUT " + i}},
-      {"stage is OUTPUT", paths([&](RunPaths& p) { p.stage = out; }),
+      {"stage is OUTPUT",
+       paths([&](RunPaths& p) { p.stage = out; }),
        {"--stage " + o + " is OUTPUT " + o}},
-      {"stage in OUTPUT", paths([&](RunPaths& p) { p.stage = out / "st"; }),
+      {"stage in OUTPUT",
+       paths([&](RunPaths& p) { p.stage = out / "st"; }),
        {"--stage " + o + "/st lies inside OUTPUT " + o}},
-      {"OUTPUT in stage", paths([&](RunPaths& p) { p.stage = tmp / "st"; p.output = tmp / "st" / "o"; }),
+      {"OUTPUT in stage",
+       paths([&](RunPaths& p) {
+         p.stage = tmp / "st";
+         p.output = tmp / "st" / "o";
+       }),
        {"--stage " + (tmp / "st").string() + " contains OUTPUT"}},
-      {"report in OUTPUT", paths([&](RunPaths& p) { p.report = out / "r.json"; }),
+      {"report in OUTPUT",
+       paths([&](RunPaths& p) { p.report = out / "r.json"; }),
        {"--report " + o + "/r.json lies inside OUTPUT " + o}},
-      {"recipe in OUTPUT", paths([&](RunPaths& p) { p.recipe = out / "r.yaml"; }),
+      {"recipe in OUTPUT",
+       paths([&](RunPaths& p) { p.recipe = out / "r.yaml"; }),
        {"--write-recipe " + o + "/r.yaml lies inside OUTPUT " + o}},
-      {"report in stage", paths([&](RunPaths& p) { p.stage = tmp / "st"; p.report = tmp / "st" / "r"; }),
+      {"report in stage",
+       paths([&](RunPaths& p) {
+         p.stage = tmp / "st";
+         p.report = tmp / "st" / "r";
+       }),
        {"--report " + (tmp / "st" / "r").string() + " lies inside --stage"}},
       {"recipe is report",
-       paths([&](RunPaths& p) { p.report = tmp / "r"; p.recipe = tmp / "x" / ".." / "r"; }),
-       {"--write-recipe", "is --report " + (tmp / "r").string(), "give the two files separate paths"}},
+       paths([&](RunPaths& p) {
+         p.report = tmp / "r";
+         p.recipe = tmp / "x" / ".." / "r";
+       }),
+       {"--write-recipe", "is --report " + (tmp / "r").string(),
+        "give the two files separate paths"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.rule);
@@ -236,9 +265,9 @@ TEST(PathPolicy, SingleFileInputGuardsItsConfig) {
   p.output = model / "w4";
   EXPECT_NO_THROW(check_run_paths(p));
   p.recipe = model / "config.json";
-  test::expect_message(policy_error(p).what(),
-                       {"--write-recipe " + (model / "config.json").string() +
-                        " is INPUT's config.json"});
+  test::expect_message(
+      policy_error(p).what(),
+      {"--write-recipe " + (model / "config.json").string() + " is INPUT's config.json"});
 }
 
 // ---- the state of each path ----
@@ -278,6 +307,51 @@ TEST(PathPolicy, ReportAndRecipeMustBeFilesInAWritableDirectory) {
   }
 }
 
+// A directory the run cannot create its files in is refused before INPUT is
+// read (exit 1, nothing written; the refusal once came after planning and
+// any --observer auto measuring), and a dry run warns. Run as an
+// unprivileged user (setpriv when the tests run as root, who writes
+// anywhere).
+TEST(PathPolicy, UnwritableOutputDirectoryIsRefusedBeforeAnyWork) {
+  TempDir tmp;
+  const fs::path model = copy_model(tmp);
+  fs::create_directory(tmp / "ro");
+  const auto everyone = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                        fs::perms::others_read | fs::perms::others_exec;
+  fs::permissions(tmp.path(), everyone);
+  for (const auto& e : fs::recursive_directory_iterator(model)) {
+    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
+  }
+  fs::permissions(model, everyone);
+  fs::permissions(tmp / "ro", everyone & ~fs::perms::owner_write);
+  const std::string as_user =
+      ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "";
+  if (!as_user.empty() &&
+      test::run_shell(as_user + "\"$CTQUANT\" --version >/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "the ctquant binary cannot be run as an unprivileged user here";
+  }
+  const std::string out = (tmp / "ro" / "out").string();
+  const auto run = [&](const std::string& options) {
+    return test::run_shell(as_user + "\"$CTQUANT\" quantize '" + model.string() + "' '" + out +
+                           "' --ignore lm_head " + options);
+  };
+  const std::string why = "cannot write in " + (tmp / "ro").string() + " (Permission denied)";
+  const CommandResult measured = run("--observer auto");
+  EXPECT_EQ(measured.exit_code, 1) << measured.err;
+  test::expect_message(measured.err,
+                       {why + ", where the run would create its files. Nothing "
+                              "was written"},
+                       {"choosing", "temporary directory"});
+  const CommandResult part = run("--part 1/1");
+  EXPECT_EQ(part.exit_code, 1) << part.err;
+  test::expect_message(part.err, {why + ", where the run would create its staging directory"});
+  const CommandResult dry = run("--dry-run");
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;
+  test::expect_message(dry.err, {"warning: a run would fail: " + why});
+  EXPECT_FALSE(fs::exists(out));
+  fs::permissions(tmp / "ro", fs::perms::owner_write, fs::perm_options::add);
+}
+
 // A stage ctquant made carries the marker; it is accepted again (resume),
 // and finalize removes the marker with the stage.
 TEST(PathPolicy, StageCtquantMadeIsMarkedAndRemovedByFinalize) {
@@ -291,11 +365,11 @@ TEST(PathPolicy, StageCtquantMadeIsMarkedAndRemovedByFinalize) {
   ASSERT_EQ(part.exit_code, 0) << part.err;
   EXPECT_TRUE(fs::is_regular_file(stage / kStageMarkerName));
   EXPECT_EQ(stage_refusal(stage), "");
-  const CommandResult again = test::run_ctquant({"quantize", model.string(), out.string(),
-                                                 "--part", "1/1", "--stage", stage.string(),
-                                                 "--resume"});
+  const CommandResult again = test::run_ctquant({"quantize", model.string(), out.string(), "--part",
+                                                 "1/1", "--stage", stage.string(), "--resume"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  const CommandResult fin = test::run_ctquant({"finalize", out.string(), "--stage", stage.string()});
+  const CommandResult fin =
+      test::run_ctquant({"finalize", out.string(), "--stage", stage.string()});
   ASSERT_EQ(fin.exit_code, 0) << fin.err;
   EXPECT_FALSE(fs::exists(stage));
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));

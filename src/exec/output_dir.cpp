@@ -2,9 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,10 +20,10 @@
 #include <fmt/format.h>
 
 #include "ctquant/exec/path_policy.hpp"
+#include "ctquant/format/safetensors_writer.hpp"
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/fs.hpp"
-#include "ctquant/format/safetensors_writer.hpp"
 #include "util/input_file.hpp"
 
 namespace ctquant {
@@ -135,6 +135,28 @@ void check_output_parent(const fs::path& output) {
   }
 }
 
+std::vector<std::string> unwritable_run_directories(const fs::path& output, bool creates_output,
+                                                    const fs::path* stage) {
+  std::vector<std::pair<fs::path, const char*>> dirs;
+  std::error_code ec;
+  if (creates_output) dirs.emplace_back(absolute_normal(output).parent_path(), "its files");
+  if (stage != nullptr) {
+    const fs::path s = absolute_normal(*stage);
+    if (fs::is_directory(s, ec)) {
+      dirs.emplace_back(s, "its staged files");
+    } else {
+      dirs.emplace_back(s.parent_path(), "its staging directory");
+    }
+  }
+  std::vector<std::string> out;
+  for (const auto& [dir, what] : dirs) {
+    if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) == 0) continue;
+    out.push_back(fmt::format("cannot write in {} ({}), where the run would create {}",
+                              dir.string(), std::strerror(errno), what));
+  }
+  return out;
+}
+
 StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool force)
     : output_(absolute_normal(output)), force_(force) {
   RunPaths paths;
@@ -153,9 +175,8 @@ StagedOutput::StagedOutput(const fs::path& output, const fs::path& input, bool f
       return;
     }
     if (ec) {
-      const std::string what =
-          fmt::format("{}: cannot create the temporary directory of OUTPUT {}",
-                      candidate.string(), output.string());
+      const std::string what = fmt::format("{}: cannot create the temporary directory of OUTPUT {}",
+                                           candidate.string(), output.string());
       if (ec.value() == ENOSPC || ec.value() == EDQUOT) throw_write_error(what, ec.value());
       throw io_error(fmt::format("{}: {}", what, ec.message()));
     }
@@ -325,8 +346,8 @@ bool process_may_run(int pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
 fs::path temp_sibling(const fs::path& path) {
   static std::random_device rd;
   const fs::path abs = absolute_normal(path);
-  return abs.parent_path() / fmt::format(".{}{}{}-{:08x}", abs.filename().string(),
-                                         kTempDirMarker, ::getpid(), rd());
+  return abs.parent_path() /
+         fmt::format(".{}{}{}-{:08x}", abs.filename().string(), kTempDirMarker, ::getpid(), rd());
 }
 
 }  // namespace
@@ -352,7 +373,9 @@ std::vector<Leftover> find_leftovers(const fs::path& target) {
 }
 
 StagedFile::StagedFile(const fs::path& path, std::string_view text, bool fsync, std::string label)
-    : path_(absolute_normal(path)), temp_(temp_sibling(path)), fsync_(fsync),
+    : path_(absolute_normal(path)),
+      temp_(temp_sibling(path)),
+      fsync_(fsync),
       label_(std::move(label)) {
   const int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {

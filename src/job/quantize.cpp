@@ -302,6 +302,21 @@ void check_split_groups_found(const QuantizeOptions& options, const LintPolicy& 
   }
 }
 
+// The directories a run creates its files in, checked before INPUT is read
+// rather than when the first file is made (after the plan and any
+// measuring): OUTPUT's directory, which takes the temporary directory
+// renamed into place, and with --part or --resume the staging directory (or
+// the directory that would hold it). Exit 1, the operating system's refusal
+// a run would meet at the end (cli.md, exit codes); a dry run warns.
+void refuse_unwritable_directories(const QuantizeOptions& options, const fs::path& stage) {
+  const bool staged = options.part || options.resume;
+  for (const std::string& why :
+       unwritable_run_directories(options.output, !options.part, staged ? &stage : nullptr)) {
+    if (!options.dry_run) throw Error(ErrorKind::kIo, why + ". Nothing was written");
+    if (options.logger) options.logger->warn("a run would fail: {}", why);
+  }
+}
+
 // --transform NAME of a row that mixes rows (rotate), or of any row with
 // --observer auto, --target-bits or --more-bits: the rewritten source is
 // written beside OUTPUT (a dry run: its headers only, in the temporary
@@ -436,6 +451,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
   paths.report = options.report_file;
   paths.recipe = options.recipe_file;
   check_run_paths(paths);
+  refuse_unwritable_directories(options, stage);
   if (log) log_leftovers(*log, options, staged_run ? nullptr : &stage);
   check_cancel(options.cancel);
   Checkpoint checkpoint =

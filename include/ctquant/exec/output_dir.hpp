@@ -93,6 +93,17 @@ void check_output_replaceable(const std::filesystem::path& output, bool force);
 // exist. Part of check_run_paths; StagedOutput checks it again.
 void check_output_parent(const std::filesystem::path& output);
 
+// Why the process cannot create files in the directories a run writes in,
+// one line each ("cannot write in DIR (Permission denied), where the run
+// would create its files"); empty when it can. The directories: OUTPUT's
+// (when creates_output), and the staging directory's (itself when it
+// exists, else the directory that would hold it) when stage is set.
+// Checked with access(2), so root is refused only on a read-only
+// filesystem. Throws nothing.
+std::vector<std::string> unwritable_run_directories(const std::filesystem::path& output,
+                                                    bool creates_output,
+                                                    const std::filesystem::path* stage);
+
 // How remove_directory removes.
 enum class DirectoryRemoval {
   kTree,     // the directory and everything in it
@@ -105,8 +116,7 @@ enum class DirectoryRemoval {
 // emptied. A path that is not a directory (a symbolic link to one included)
 // is left alone. Returns false, with ec set, when it could not remove it
 // (a non-empty directory under kIfEmpty: ENOTEMPTY).
-bool remove_directory(const std::filesystem::path& dir, DirectoryRemoval how,
-                      std::error_code& ec);
+bool remove_directory(const std::filesystem::path& dir, DirectoryRemoval how, std::error_code& ec);
 
 // What an earlier run left beside a path it writes: a temporary sibling
 // `.<name>.ctquant-tmp-<pid>-*` (a temporary output directory, the old
@@ -114,7 +124,7 @@ bool remove_directory(const std::filesystem::path& dir, DirectoryRemoval how,
 // longer runs (kill -9, a second SIGINT, a power loss).
 struct Leftover {
   std::filesystem::path path;
-  int pid = 0;             // the process that made it
+  int pid = 0;              // the process that made it
   std::uint64_t bytes = 0;  // of the regular files in it
   bool directory = false;
 };
