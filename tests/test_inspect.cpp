@@ -183,17 +183,21 @@ TEST(InspectCli, DryRunPrintsThePlanAndWritesNothing) {
       test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run",
                          "--ignore", kDFlashIgnore[0], "--ignore", kDFlashIgnore[1]});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(r.out.starts_with("plan: W4A16 (4-bit int, symmetric, group size 128; pack-quantized)"));
+  EXPECT_TRUE(
+      r.out.starts_with("plan: W4A16 (4-bit int, symmetric, group size 128; pack-quantized)"));
   // The entries are the draft's defaults: each says why.
-  EXPECT_TRUE(contains(r.out, "\n  re:.*qkv_proj$: 2 modules (default)\n    why: DFlash qkv_proj: "
-                              "vLLM builds the context-KV buffer by reading qkv_proj.weight "
-                              "directly"))
+  EXPECT_TRUE(contains(r.out,
+                       "\n  re:.*qkv_proj$: 2 modules (default)\n    why: DFlash qkv_proj: "
+                       "vLLM builds the context-KV buffer by reading qkv_proj.weight "
+                       "directly"))
       << r.out;
-  EXPECT_TRUE(contains(r.out, "[vllm/model_executor/models/qwen3_dflash.py@036a00d1]\n"
-                              "    layers.0.self_attn.qkv_proj\n"))
+  EXPECT_TRUE(contains(r.out,
+                       "[vllm/model_executor/models/qwen3_dflash.py@036a00d1]\n"
+                       "    layers.0.self_attn.qkv_proj\n"))
       << r.out;
-  EXPECT_TRUE(contains(r.out, "roles: DFlash draft (vllm/model_executor/models/qwen3_dflash.py@"
-                              "036a00d1)\n"))
+  EXPECT_TRUE(contains(r.out,
+                       "roles: DFlash draft (vllm/model_executor/models/qwen3_dflash.py@"
+                       "036a00d1)\n"))
       << r.out;
   EXPECT_TRUE(contains(r.out, "  quantize  fc.weight"));
   EXPECT_TRUE(contains(r.out, "expected output size: "));
@@ -211,11 +215,12 @@ TEST(InspectPlan, Nvfp4ShowsWhichModulesShareAGlobalScale) {
   const Checkpoint checkpoint = open_checkpoint(test::input_of(llama));
   const QuantizePlan plan = make_plan(checkpoint, test::plan_of(llama));
   const std::string text = render_plan_text(checkpoint, plan);
-  EXPECT_TRUE(contains(text, "scales from max |w| taken before quantizing (NVFP4 global scales, "
-                             "per-tensor FP8 scales): 2 sets of fused partners that share one "
-                             "(docs/schemes.md section 7), 2 modules with their own\n"
-                             "  model.layers.0.self_attn.{q_proj, k_proj, v_proj}\n"
-                             "  model.layers.0.mlp.{gate_proj, up_proj}\n"))
+  EXPECT_TRUE(contains(text,
+                       "scales from max |w| taken before quantizing (NVFP4 global scales, "
+                       "per-tensor FP8 scales): 2 sets of fused partners that share one "
+                       "(docs/schemes.md section 7), 2 modules with their own\n"
+                       "  model.layers.0.self_attn.{q_proj, k_proj, v_proj}\n"
+                       "  model.layers.0.mlp.{gate_proj, up_proj}\n"))
       << text;
   const json sets = plan_json(checkpoint, plan).at("amax_sets");
   EXPECT_TRUE(std::find(sets.begin(), sets.end(),
@@ -243,8 +248,9 @@ TEST(InspectPlan, Nvfp4ShowsWhichModulesShareAGlobalScale) {
     }
   }
   EXPECT_GT(moe_shared, 0u) << moe_sets.dump();
-  EXPECT_TRUE(contains(render_plan_text(moe_checkpoint, moe_plan), ".self_attn.{q_proj, k_proj, "
-                                                                   "v_proj}\n"));
+  EXPECT_TRUE(contains(render_plan_text(moe_checkpoint, moe_plan),
+                       ".self_attn.{q_proj, k_proj, "
+                       "v_proj}\n"));
 
   // A scheme without a pre-pass says nothing of it.
   const test::GoldenCase w4 = test::find_case("llama-bf16");
@@ -270,8 +276,7 @@ TEST(InspectCli, DryRunEndsWithTheLintCount) {
       test::run_ctquant({"quantize", dflash_input().string(), (dir / "out").string(), "--dry-run",
                          "--ignore", "no_such_module"});
   ASSERT_EQ(warned.exit_code, 0) << warned.err;
-  EXPECT_TRUE(contains(warned.out, "\nlint: 0 errors, 2 warnings, "))
-      << warned.out;
+  EXPECT_TRUE(contains(warned.out, "\nlint: 0 errors, 2 warnings, ")) << warned.out;
   EXPECT_TRUE(contains(warned.out, "info (each on stderr)\n")) << warned.out;
   EXPECT_TRUE(contains(warned.err, "L1")) << warned.err;
   EXPECT_FALSE(fs::exists(dir / "out"));
@@ -285,6 +290,15 @@ TEST(InspectCli, DryRunStoppedByLintStillPrintsThePlan) {
   EXPECT_TRUE(r.out.starts_with("plan: "));
   EXPECT_TRUE(contains(r.out, "  quantize  layers.0.self_attn.qkv_proj.weight"));
   EXPECT_TRUE(contains(r.err, "L4 error"));
+  // The roles and the options say that the defaults were not applied.
+  EXPECT_TRUE(contains(r.out,
+                       "  draft module kept (draft model, kept in 16 bits by default; not "
+                       "with --no-default-ignore): 4\n"))
+      << r.out;
+  EXPECT_TRUE(contains(r.out,
+                       "  ignore        none given, and no module role's default "
+                       "(--no-default-ignore)\n"))
+      << r.out;
 }
 
 // A plan the input does not allow (in_features 256 of the draft's tensors is

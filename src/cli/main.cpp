@@ -137,7 +137,10 @@ int run_inspect(const InspectArgs& args, bool plan_requested,
     print_json_report(doc);
   } else {
     std::string text = ctquant::render_inspect_text(report);
-    if (resolved) text += ctquant::render_recipe_origins(resolved->effective);
+    if (resolved) {
+      text += ctquant::render_recipe_origins(
+          resolved->effective, report.plan ? report.plan->options.default_ignore : true);
+    }
     print_text_report(text);
   }
   if (report.plan_error) {

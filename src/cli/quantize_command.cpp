@@ -187,10 +187,11 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
                         const std::vector<ctquant::Finding>& findings) {
     if (args.dry_run && !args.json) {
       // The findings themselves are logged on stderr, as in a real run.
-      print_text_report(ctquant::render_plan_text(checkpoint, plan) +
-                        ctquant::render_recipe_origins(resolved.effective) +
-                        fmt::format("lint: {}{}\n", ctquant::findings_summary(findings),
-                                    findings.empty() ? "" : " (each on stderr)"));
+      print_text_report(
+          ctquant::render_plan_text(checkpoint, plan) +
+          ctquant::render_recipe_origins(resolved.effective, plan.options.default_ignore) +
+          fmt::format("lint: {}{}\n", ctquant::findings_summary(findings),
+                      findings.empty() ? "" : " (each on stderr)"));
     }
     if (want_report) plan_report = ctquant::report_plan_json(checkpoint, plan);
   };

@@ -465,7 +465,7 @@ json effective_recipe_json(const EffectiveRecipe& r) {
   return j;
 }
 
-std::string render_recipe_origins(const EffectiveRecipe& r) {
+std::string render_recipe_origins(const EffectiveRecipe& r, bool default_ignore) {
   std::string text = "options:\n";
   auto line = [&](const char* key, const std::string& value, const ValueOrigin& origin) {
     text += fmt::format("  {:<13} {}  ({})\n", key, value, origin.describe());
@@ -482,15 +482,19 @@ std::string render_recipe_origins(const EffectiveRecipe& r) {
   // The entries given; the list written to config.json also holds the
   // module roles' defaults (unless --no-default-ignore), which the plan's
   // "ignore entries" section lists.
-  if (r.ignore.empty()) {
-    text += fmt::format(
-        "  {:<13} none given{}; the module roles' defaults (not with --no-default-ignore)\n",
-        "ignore",
-        r.ignore_origin.describe() == "default" ? "" : " (" + r.ignore_origin.describe() + ")");
+  const std::string given = r.ignore.empty() ? "none given" : list_text(r.ignore);
+  const std::string origin = r.ignore.empty() ? (r.ignore_origin.describe() == "default"
+                                                     ? std::string()
+                                                     : " (" + r.ignore_origin.describe() + ")")
+                                              : "  (" + r.ignore_origin.describe() + ")";
+  if (!default_ignore) {
+    text += fmt::format("  {:<13} {}{}, and no module role's default (--no-default-ignore)\n",
+                        "ignore", given, origin);
+  } else if (r.ignore.empty()) {
+    text += fmt::format("  {:<13} none given{}; the module roles' defaults\n", "ignore", origin);
   } else {
-    text += fmt::format(
-        "  {:<13} {}  ({}), added to the module roles' defaults (not with --no-default-ignore)\n",
-        "ignore", list_text(r.ignore), r.ignore_origin.describe());
+    text += fmt::format("  {:<13} {}{}, added to the module roles' defaults\n", "ignore", given,
+                        origin);
   }
   return text;
 }

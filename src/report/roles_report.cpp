@@ -40,18 +40,22 @@ std::string render_roles_text(const Checkpoint& checkpoint, const QuantizePlan& 
   std::vector<std::string> order;
   for (const ModuleInfo& m : r.modules) {
     if (m.action == DefaultAction::kQuantize) continue;
-    const std::string key =
-        fmt::format("{} ({}, {})", role_name(m.role), component_name(m.component),
-                    m.action == DefaultAction::kKeep ? "kept in 16 bits" : "refused");
+    // --no-default-ignore drops the keep defaults: the plan's fates say what
+    // becomes of these modules.
+    const std::string key = fmt::format(
+        "{} ({}, {})", role_name(m.role), component_name(m.component),
+        m.action != DefaultAction::kKeep ? "refused"
+        : plan.options.default_ignore    ? "kept in 16 bits"
+                                      : "kept in 16 bits by default; not with --no-default-ignore");
     if (kept[key]++ == 0) order.push_back(key);
   }
   for (const auto& key : order) text += fmt::format("  {}: {}\n", key, kept[key]);
   for (const StackedExperts& s : r.stacked) {
     // How gate and up share the rows: only a gate_up tensor holds both.
     const std::string rows = s.kind != StackedExperts::Kind::kGateUp ? ""
-                             : !s.interleave_known                    ? ", interleaving unknown"
-                             : s.interleaved                          ? ", gate/up interleaved"
-                                                                      : ", gate rows then up rows";
+                             : !s.interleave_known                   ? ", interleaving unknown"
+                             : s.interleaved                         ? ", gate/up interleaved"
+                                                                     : ", gate rows then up rows";
     text += fmt::format(
         "  stacked experts {} ({}): E={}, I={}, H={}, orientation {} ({}){}; vLLM loads {}{}\n",
         s.tensor, kind_name(s.kind), s.experts, s.intermediate, s.hidden,
@@ -85,7 +89,7 @@ std::string render_ignore_text(const QuantizePlan& plan) {
     // A default entry lists the modules it was made for (an embedding is
     // never a module section 2 could quantize, so it matches none there).
     const auto& modules = default_entry && i < plan.ignore_keeps.size() ? plan.ignore_keeps[i]
-                                                                         : plan.ignore_matches[i];
+                                                                        : plan.ignore_matches[i];
     text += fmt::format("  {}: {}{}\n", o.ignore[i], plural(modules.size(), "module"),
                         default_entry ? " (default)" : "");
     if (default_entry && i < plan.ignore_reasons.size()) {
@@ -113,17 +117,18 @@ json roles_json(const Checkpoint& checkpoint, const QuantizePlan& plan) {
   }
   json stacked = json::array();
   for (const StackedExperts& s : r.stacked) {
-    stacked.push_back(json{{"tensor", s.tensor},
-                           {"moe_layer", s.moe_layer},
-                           {"kind", kind_name(s.kind)},
-                           {"experts", s.experts},
-                           {"intermediate", s.intermediate},
-                           {"hidden", s.hidden},
-                           {"orientation", orientation_name(s.orientation)},
-                           {"proof", proof_name(s.proof)},
-                           {"interleaved", s.interleave_known ? json(s.interleaved) : json(nullptr)},
-                           {"vllm_loads_stacked", s.vllm_loads_stacked},
-                           {"problem", s.problem}});
+    stacked.push_back(
+        json{{"tensor", s.tensor},
+             {"moe_layer", s.moe_layer},
+             {"kind", kind_name(s.kind)},
+             {"experts", s.experts},
+             {"intermediate", s.intermediate},
+             {"hidden", s.hidden},
+             {"orientation", orientation_name(s.orientation)},
+             {"proof", proof_name(s.proof)},
+             {"interleaved", s.interleave_known ? json(s.interleaved) : json(nullptr)},
+             {"vllm_loads_stacked", s.vllm_loads_stacked},
+             {"problem", s.problem}});
   }
   json unindexed = json::array();
   for (const auto& [file, tensor] : checkpoint.unindexed) {
@@ -144,13 +149,13 @@ json ignore_json(const QuantizePlan& plan) {
   json out = json::array();
   for (std::size_t i = 0; i < plan.options.ignore.size(); ++i) {
     const bool default_entry = i < plan.n_default_ignore;
-    out.push_back(json{{"entry", plan.options.ignore[i]},
-                       {"default", default_entry},
-                       {"reason", i < plan.ignore_reasons.size() ? plan.ignore_reasons[i] : ""},
-                       {"keeps", default_entry && i < plan.ignore_keeps.size()
-                                     ? json(plan.ignore_keeps[i])
-                                     : json::array()},
-                       {"modules", plan.ignore_matches[i]}});
+    out.push_back(
+        json{{"entry", plan.options.ignore[i]},
+             {"default", default_entry},
+             {"reason", i < plan.ignore_reasons.size() ? plan.ignore_reasons[i] : ""},
+             {"keeps", default_entry && i < plan.ignore_keeps.size() ? json(plan.ignore_keeps[i])
+                                                                     : json::array()},
+             {"modules", plan.ignore_matches[i]}});
   }
   return out;
 }

@@ -55,12 +55,12 @@ struct ValueOrigin {
 // The quantize options given on the command line, before defaults.
 struct CommandLinePlan {
   std::optional<std::string> scheme;
-  std::optional<long long> group_size;  // -1: channel-wise
-  std::vector<std::string> ignore;      // empty: not given
-  std::vector<std::string> targets;     // empty: not given
-  std::vector<std::string> scheme_for;  // PATTERN=PRESET, tried before the scheme
-  std::string quantization_config;      // a QuantizationConfig JSON file, or empty
-  std::optional<std::string> observer;  // --observer: every group's weight observer
+  std::optional<long long> group_size;       // -1: channel-wise
+  std::vector<std::string> ignore;           // empty: not given
+  std::vector<std::string> targets;          // empty: not given
+  std::vector<std::string> scheme_for;       // PATTERN=PRESET, tried before the scheme
+  std::string quantization_config;           // a QuantizationConfig JSON file, or empty
+  std::optional<std::string> observer;       // --observer: every group's weight observer
   std::vector<std::string> observer_kwargs;  // --observer-kwarg KEY=VALUE
 };
 
@@ -119,6 +119,8 @@ std::string recipe_yaml(const EffectiveRecipe& recipe, const QuantizePlan& plan)
 nlohmann::json effective_recipe_json(const EffectiveRecipe& recipe);
 
 // Lines for `--dry-run` and logs: "  scheme   W4A16   (recipe.yaml:5)" per value.
-std::string render_recipe_origins(const EffectiveRecipe& recipe);
+// default_ignore: whether the module roles' default ignore entries are added
+// (false with --no-default-ignore), which the ignore line says.
+std::string render_recipe_origins(const EffectiveRecipe& recipe, bool default_ignore = true);
 
 }  // namespace ctquant
