@@ -345,6 +345,31 @@ TEST(LintL3, ExpertsOfOneLayerSplitIsError) {
                        "expert weights quantized one way, 3 not"));
 }
 
+// Every member quantized, but by two scheme groups (--scheme-for targets
+// that take q_proj apart): the fix is one scheme for all of them, not an
+// ignore entry to narrow (nothing is ignored).
+TEST(LintL3, QkvSplitBetweenTwoSchemesNamesTheGroups) {
+  test::TempDir dir;
+  test::write_sparse_checkpoint(dir.path(), llama_layer(), kLlamaConfig);
+  const Checkpoint checkpoint = open_checkpoint(dir.path());
+  PlanOptions options;
+  options.default_ignore = false;
+  options.groups.clear();
+  add_scheme_group(options, scheme_for_group("re:.*q_proj$=W8A16"));
+  SchemeGroup rest = preset_group("W4A16");
+  rest.targets = {"Linear"};
+  add_scheme_group(options, rest);
+  const QuantizePlan plan = make_plan(checkpoint, options);
+  const auto l3 = with_id(run_lint(checkpoint, plan, LintOptions{1}), "L3");
+  ASSERT_EQ(l3.size(), 1u);
+  EXPECT_EQ(l3[0].fix,
+            "give them one scheme (the targets of the groups W4A16, W8A16 take k_proj, v_proj "
+            "apart from q_proj: make one group's targets take all of them) or keep them all "
+            "in 16 bits (--ignore 're:^model\\.layers\\.0\\.self_attn\\.(k_proj|q_proj|"
+            "v_proj)$')");
+  EXPECT_FALSE(contains(l3[0].fix, "narrow the ignore entry"));
+}
+
 TEST(LintL3, WholeGroupIgnoredIsFine) {
   const Linted r = lint_layout(llama_layer(), kLlamaConfig, {"re:.*[qkv]_proj$"});
   EXPECT_TRUE(with_id(r.findings, "L3").empty());

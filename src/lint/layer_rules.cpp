@@ -76,6 +76,10 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
     std::size_t n_quantized = 0;
     std::size_t n_kept = 0;
     bool top_level = false;
+    // Every member is quantized, by more than one scheme group: the "kept"
+    // members are those of another group, named in `schemes`.
+    bool by_scheme = false;
+    std::set<std::string> schemes;
   };
   std::map<std::string, Split> splits;
   std::vector<std::string> split_order;
@@ -90,6 +94,7 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
       if (ctx.weights[i].quantized) schemes.insert(ctx.weights[i].group);
     }
     if ((quantized.empty() || kept.empty()) && schemes.size() <= 1) continue;
+    const bool by_scheme = kept.empty();
     if (kept.empty()) {
       // Two schemes: the members of the smaller part count as "kept" apart.
       for (std::size_t i : g.members) {
@@ -111,6 +116,10 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
     if (inserted) split_order.push_back(pattern);
     Split& s = it->second;
     s.parents.push_back(g.parent);
+    s.by_scheme = by_scheme;
+    for (const SchemeGroup* scheme : schemes) {
+      if (scheme != nullptr) s.schemes.insert(scheme->name);
+    }
     for (std::size_t i : g.members) {
       s.tensors.push_back(ctx.weights[i].tensor);
       s.member_names.insert(last_component(ctx.weights[i].module));
@@ -152,9 +161,17 @@ void lint_fused_groups(const LintContext& ctx, std::vector<Finding>& out) {
           join(kept, 8), join(reasons, 3, "; "), kind);
       std::vector<std::string> members;
       for (const auto& t : s.tensors) members.push_back(module_of(t));
+      const std::vector<std::string> scheme_names(s.schemes.begin(), s.schemes.end());
       f.fix =
-          fmt::format("quantize them all (narrow the ignore entry that takes {} out) or none ({})",
-                      join(kept, 8), detail::set_ignore_fix(f, ctx.plan.roles, members));
+          s.by_scheme
+              ? fmt::format(
+                    "give them one scheme (the targets of the groups {} take {} apart from {}: "
+                    "make one group's targets take all of them) or keep them all in 16 bits ({})",
+                    join(scheme_names, 4), join(kept, 8), join(quantized, 8),
+                    detail::set_ignore_fix(f, ctx.plan.roles, members))
+              : fmt::format(
+                    "quantize them all (narrow the ignore entry that takes {} out) or none ({})",
+                    join(kept, 8), detail::set_ignore_fix(f, ctx.plan.roles, members));
     }
     out.push_back(std::move(f));
   }
