@@ -6,9 +6,9 @@
 // only the files it had not finished, with identical output; a changed plan
 // (options, headers, weights) is not resumed. Finalize's refusals are
 // tests/test_finalize.cpp.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -46,8 +46,7 @@ const fs::path kGoldenExpected = test::golden_dir() / "dflash-bf16-sharded" / "e
 const std::vector<std::string> kGoldenIgnore = {"--ignore", "re:.*qkv_proj$", "--ignore",
                                                 "re:.*g_proj$"};
 
-std::vector<std::string> with(std::vector<std::string> args,
-                              const std::vector<std::string>& more) {
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
@@ -65,9 +64,9 @@ void run_parts_with_xargs(const fs::path& in, const fs::path& out, unsigned n,
                           const std::vector<std::string>& extra) {
   std::string parts;
   for (unsigned i = 1; i <= n; ++i) parts += fmt::format("{}/{}\\n", i, n);
-  const CommandResult r = test::run_shell(fmt::format(
-      "printf '{}' | xargs -P {} -I PART \"$CTQUANT\" quantize{} --part PART -q", parts, n,
-      shell_words(with({in.string(), out.string()}, extra))));
+  const CommandResult r = test::run_shell(
+      fmt::format("printf '{}' | xargs -P {} -I PART \"$CTQUANT\" quantize{} --part PART -q", parts,
+                  n, shell_words(with({in.string(), out.string()}, extra))));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(fs::exists(out)) << "a part created OUTPUT";
   const CommandResult f = test::run_ctquant({"finalize", out.string()});
@@ -118,8 +117,8 @@ TEST_F(Parts, SyntheticCheckpointHasTwentyShards) {
 
 TEST_F(Parts, TwoPartsThroughXargsEqualOneProcessOnTheGoldenCase) {
   const fs::path one = tmp_ / "one";
-  ASSERT_EQ(test::run_ctquant(with({"quantize", kGoldenInput.string(), one.string(), "-q"},
-                                   kGoldenIgnore))
+  ASSERT_EQ(test::run_ctquant(
+                with({"quantize", kGoldenInput.string(), one.string(), "-q"}, kGoldenIgnore))
                 .exit_code,
             0);
   const fs::path out = tmp_ / "out";
@@ -133,18 +132,20 @@ TEST_F(Parts, TwoPartsThroughXargsEqualOneProcessOnTheGoldenCase) {
 // it does not write.
 TEST_F(Parts, PartsEqualOneProcessOnTheShardedNvfp4Case) {
   const fs::path in = test::golden_dir() / "sharded-bf16-nvfp4a16" / "input";
-  const std::vector<std::string> args = {"--scheme", "NVFP4A16", "--ignore", "lm_head", "--ignore",
-                                         "model.embed_tokens"};
+  const std::vector<std::string> args = {"--scheme", "NVFP4A16", "--ignore",
+                                         "lm_head",  "--ignore", "model.embed_tokens"};
   const fs::path one = tmp_ / "one";
-  const CommandResult r = test::run_ctquant(with({"quantize", in.string(), one.string(), "-q"}, args));
+  const CommandResult r =
+      test::run_ctquant(with({"quantize", in.string(), one.string(), "-q"}, args));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const unsigned n : {2u, 3u}) {
     SCOPED_TRACE(fmt::format("{} parts", n));
     const fs::path out = tmp_ / fmt::format("out{}", n);
     run_parts_with_xargs(in, out, n, args);
     EXPECT_EQ(test::diff_bytes(out, one), "");
-    EXPECT_EQ(test::diff_golden(out, test::golden_dir() / "sharded-bf16-nvfp4a16" / "expected", true),
-              "");
+    EXPECT_EQ(
+        test::diff_golden(out, test::golden_dir() / "sharded-bf16-nvfp4a16" / "expected", true),
+        "");
   }
 }
 
@@ -157,8 +158,8 @@ TEST_F(Parts, ThreePartsThroughXargsEqualOneProcessOnTwentyShards) {
 TEST(PartSpecs, ParseAndRefuse) {
   EXPECT_EQ(parse_part("2/3"), (PartSpec{2, 3}));
   EXPECT_EQ(parse_part("1/1"), (PartSpec{1, 1}));
-  for (const char* bad : {"0/3", "4/3", "x", "1/0", "/3", "3/", "1/3/4", "-1/3", " 1/3", "1/100001",
-                          "2"}) {
+  for (const char* bad :
+       {"0/3", "4/3", "x", "1/0", "/3", "3/", "1/3/4", "-1/3", " 1/3", "1/100001", "2"}) {
     try {
       parse_part(bad);
       ADD_FAILURE() << "accepted --part " << bad;
@@ -317,8 +318,8 @@ std::size_t kill_after_files(const std::vector<std::string>& args, const fs::pat
 TEST_F(Parts, KillDashNineThenResumeRedoesOnlyUnfinishedFiles) {
   const fs::path out = tmp_ / "out";
   const fs::path log = stage_of(out) / "part-00002-of-00003.log";
-  const std::vector<std::string> args = {"quantize", synthetic().string(), out.string(),
-                                         "--part", "2/3", "--threads", "1"};
+  const std::vector<std::string> args = {"quantize", synthetic().string(), out.string(), "--part",
+                                         "2/3",      "--threads",          "1"};
   std::size_t finished = 0;
   for (int attempt = 0; attempt < 5 && finished == 0; ++attempt) {
     fs::remove_all(stage_of(out));
@@ -358,7 +359,7 @@ TEST_F(Parts, OneProcessResumeAfterKillDashNine) {
   const fs::path out = tmp_ / "out";
   const fs::path log = stage_of(out) / "part-00001-of-00001.log";
   const std::vector<std::string> args = {"quantize", synthetic().string(), out.string(),
-                                         "--resume", "--threads", "1"};
+                                         "--resume", "--threads",          "1"};
   std::size_t finished = 0;
   for (int attempt = 0; attempt < 5 && finished == 0; ++attempt) {
     fs::remove_all(stage_of(out));
@@ -427,6 +428,27 @@ TEST(Resume, ChangedOptionsAreRefusedSayingWhichRunHadWhich) {
   EXPECT_NE(r.err.substr(earlier, now - earlier).find("o_proj"), std::string::npos) << r.err;
 }
 
+// A group whose weights change is renamed (W4A16 is config_group_0 at group
+// size 64): the two are compared field by field, so the changed field is
+// shown, not two cut-off dumps of the whole group.
+TEST(Resume, RenamedGroupShowsTheFieldThatChanged) {
+  TempDir tmp;
+  const fs::path out = tmp / "out";
+  ASSERT_EQ(run_part(kGoldenInput, out, "1/2").exit_code, 0);
+  const CommandResult r =
+      test::run_ctquant(with({"quantize", kGoldenInput.string(), out.string(), "--part", "1/2",
+                              "--resume", "--group-size", "64"},
+                             kGoldenIgnore));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  test::expect_message(
+      r.err,
+      {"  - options: quantization_config.config_groups.W4A16: named W4A16 in the part written "
+       "earlier, config_group_0 in this run\n",
+       "  - options: quantization_config.config_groups.W4A16.weights.group_size: 128 in the part "
+       "written earlier, 64 in this run\n"},
+      {"...", "absent"});
+}
+
 TEST(Resume, ChangedInputIsRefusedNamingIt) {
   TempDir tmp;
   test::copy_dir(kGoldenInput, tmp / "in");
@@ -435,12 +457,12 @@ TEST(Resume, ChangedInputIsRefusedNamingIt) {
   json config = test::read_json(tmp / "in" / "config.json");
   config["rope_theta"] = 12345;
   test::write_file(tmp / "in" / "config.json", config.dump(2));
-  const CommandResult r = test::run_ctquant(with(
-      {"quantize", (tmp / "in").string(), out.string(), "--part", "1/2", "--resume"},
-      kGoldenIgnore));
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", (tmp / "in").string(), out.string(), "--part", "1/2", "--resume"},
+           kGoldenIgnore));
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  test::expect_message(r.err, {"cannot resume part 1/2: the plan changed",
-                               "input config.json: differs"});
+  test::expect_message(r.err,
+                       {"cannot resume part 1/2: the plan changed", "input config.json: differs"});
 }
 
 // The input's weights changed since the part ran, its layout did not:
@@ -465,9 +487,9 @@ TEST(Resume, CompletePartKeepsEverything) {
   TempDir tmp;
   const fs::path out = tmp / "out";
   ASSERT_EQ(run_part(kGoldenInput, out, "2/2").exit_code, 0);
-  const CommandResult r = test::run_ctquant(with(
-      {"quantize", kGoldenInput.string(), out.string(), "--part", "2/2", "--resume"},
-      kGoldenIgnore));
+  const CommandResult r = test::run_ctquant(
+      with({"quantize", kGoldenInput.string(), out.string(), "--part", "2/2", "--resume"},
+           kGoldenIgnore));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json record = read_record(out, 2, 2);
   EXPECT_EQ(record["files_written"], 0);

@@ -180,6 +180,24 @@ void json_changes(const json& before, const json& now, const std::string& path,
     std::set<std::string> keys;
     for (const auto& [k, v] : before.items()) keys.insert(k);
     for (const auto& [k, v] : now.items()) keys.insert(k);
+    // One object key gone and one come (a config group renamed because its
+    // weights changed, e.g. W4A16 to config_group_0 with --group-size 64):
+    // the two are compared field by field, so the change itself is shown.
+    std::vector<std::string> gone;
+    std::vector<std::string> came;
+    for (const std::string& k : keys) {
+      if (!now.contains(k)) gone.push_back(k);
+      if (!before.contains(k)) came.push_back(k);
+    }
+    if (gone.size() == 1 && came.size() == 1 && before[gone[0]].is_object() &&
+        now[came[0]].is_object()) {
+      const std::string sub = path.empty() ? gone[0] : path + "." + gone[0];
+      out.push_back(
+          fmt::format("{}: named {} {}, {} {}", sub, gone[0], sides.before, came[0], sides.now));
+      json_changes(before[gone[0]], now[came[0]], sub, sides, out, limit);
+      keys.erase(gone[0]);
+      keys.erase(came[0]);
+    }
     for (const std::string& k : keys) {
       const std::string sub = path.empty() ? k : path + "." + k;
       if (!before.contains(k)) {
