@@ -524,6 +524,9 @@ TEST(BitOptions, BadInputIsAUsageErrorNamingTheReasonAndWritesNothing) {
   const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
       {{"--target-bits", "4"}, {"--target-bits 4: below the 4.1250 bits per weight of W4A16"}},
       {{"--target-bits", "17"}, {"--target-bits 17", "at most 16"}},
+      {{"--target-bits", ""}, {"--target-bits: expected a finite number of bits per weight"}},
+      {{"--target-bits", "1e400"}, {"--target-bits: expected a finite number of bits per weight"}},
+      {{"--target-bits", "5x"}, {"--target-bits: expected a finite number of bits per weight"}},
       {{"--scheme", "NVFP4A16", "--target-bits", "5"},
        {"--target-bits: scheme NVFP4A16 cannot mix", "mixed-precision"}},
       {{"--scheme", "W8A16", "--more-bits", "layers"},

@@ -59,14 +59,16 @@ TEST(Cli, QuantizePrintsSummaryOnStderr) {
 TEST(Cli, SummarySaysShareOfLinearWeightsQuantized) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
-  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
-                                       "--ignore", "re:.*down_proj$"});
+  const CommandResult r = run_ctquant(
+      {"quantize", (tmp / "in").string(), (tmp / "out").string(), "--ignore", "re:.*down_proj$"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "1 tensors quantized (W4A16), 3 copied; 50.0% of linear weight "
-                              "parameters quantized;"))
+  EXPECT_TRUE(contains(r.err,
+                       "1 tensors quantized (W4A16), 3 copied; 50.0% of linear weight "
+                       "parameters quantized;"))
       << r.err;
-  EXPECT_TRUE(contains(r.err, "L15: 50.0% of the linear layers' weight parameters would be "
-                              "quantized (2048 of 4096"))
+  EXPECT_TRUE(contains(r.err,
+                       "L15: 50.0% of the linear layers' weight parameters would be "
+                       "quantized (2048 of 4096"))
       << r.err;
   EXPECT_TRUE(contains(r.err, "fix: remove the ignore entry 're:.*down_proj$'")) << r.err;
 }
@@ -82,6 +84,16 @@ TEST(Cli, QuietPrintsNothingOnSuccess) {
     EXPECT_EQ(r.err, "");
     EXPECT_TRUE(fs::exists(out / "model.safetensors"));
   }
+}
+
+TEST(Cli, QuietAndVerboseTogetherAreAUsageError) {
+  TempDir tmp;
+  write_small_checkpoint(tmp / "in");
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "-q", "-v"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "--quiet excludes --verbose")) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "out"));
 }
 
 TEST(Cli, VerboseShowsDebugDetail) {
@@ -155,8 +167,8 @@ TEST(Cli, EverySubcommandHasAHelpEntryAndAManPageSection) {
       // The section: its title, then the command's help without its first
       // two lines (description, usage) and the exit-status footer.
       const std::size_t body = own.out.find('\n', own.out.find('\n') + 1) + 1;
-      const std::string section = "\nctquant " + name + ":\n" +
-                                  own.out.substr(body, own.out.find("Exit status: ") - body);
+      const std::string section =
+          "\nctquant " + name + ":\n" + own.out.substr(body, own.out.find("Exit status: ") - body);
       EXPECT_TRUE(contains(man.out, section)) << man.out;
     }
   }
@@ -316,8 +328,9 @@ TEST(Cli, DryRunWritesNothing) {
   const CommandResult r =
       run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(), "--dry-run"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.err, "ctquant: dry run: 2 tensors quantized (W4A16), 2 copied; 100.0% "
-                              "of linear weight parameters quantized"))
+  EXPECT_TRUE(contains(r.err,
+                       "ctquant: dry run: 2 tensors quantized (W4A16), 2 copied; 100.0% "
+                       "of linear weight parameters quantized"))
       << r.err;
   EXPECT_FALSE(fs::exists(tmp / "out"));
   EXPECT_EQ(temp_leftovers(tmp.path()), std::vector<std::string>{});
@@ -332,10 +345,9 @@ TEST(Cli, DryRunWritesNothing) {
 TEST(Cli, IgnoreAndTargetsReachConfig) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
-  const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
-                                       "-q", "--ignore", "re:.*q_proj$", "--ignore",
-                                       "model.layers.0.mlp.down_proj", "--targets", "Linear",
-                                       "--allow-unloadable"});
+  const CommandResult r = run_ctquant(
+      {"quantize", (tmp / "in").string(), (tmp / "out").string(), "-q", "--ignore", "re:.*q_proj$",
+       "--ignore", "model.layers.0.mlp.down_proj", "--targets", "Linear", "--allow-unloadable"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
   EXPECT_EQ(qc["ignore"], json({"lm_head", "re:.*q_proj$", "model.layers.0.mlp.down_proj"}));
@@ -377,8 +389,9 @@ TEST(Cli, IgnoreAndTargetsReachConfig) {
   ASSERT_EQ(logged.exit_code, 0) << logged.err;
   EXPECT_TRUE(contains(logged.err, "warning: L12: 1 output head lm_head would be packed"))
       << logged.err;
-  EXPECT_TRUE(contains(logged.err, "(an error that --allow-unloadable lets through: vLLM may "
-                                   "refuse this output)"))
+  EXPECT_TRUE(contains(logged.err,
+                       "(an error that --allow-unloadable lets through: vLLM may "
+                       "refuse this output)"))
       << logged.err;
   EXPECT_FALSE(contains(logged.err, "error:")) << logged.err;
 }
@@ -409,8 +422,8 @@ TEST(Cli, SchemesAndChannelWise) {
     }
     const CommandResult r = run_ctquant(args);
     ASSERT_EQ(r.exit_code, 0) << c.scheme << r.err;
-    const json w = read_json(
-        out / "config.json")["quantization_config"]["config_groups"][c.key]["weights"];
+    const json w =
+        read_json(out / "config.json")["quantization_config"]["config_groups"][c.key]["weights"];
     EXPECT_EQ(w["num_bits"], c.num_bits) << c.scheme;
     EXPECT_EQ(w["symmetric"], c.symmetric) << c.scheme;
     EXPECT_EQ(w["group_size"], c.group) << c.scheme;
@@ -423,8 +436,8 @@ TEST(Cli, SchemeForAndQuantizationConfig) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
   const std::string in = (tmp / "in").string();
-  const CommandResult r = run_ctquant({"quantize", in, (tmp / "out").string(), "-q",
-                                       "--scheme-for", "re:.*self_attn\\..*=W8A16"});
+  const CommandResult r = run_ctquant(
+      {"quantize", in, (tmp / "out").string(), "-q", "--scheme-for", "re:.*self_attn\\..*=W8A16"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json qc = read_json(tmp / "out" / "config.json")["quantization_config"];
   EXPECT_EQ(qc["config_groups"]["W8A16"]["targets"], json({"re:.*self_attn\\..*"}));
@@ -439,9 +452,9 @@ TEST(Cli, SchemeForAndQuantizationConfig) {
                                  .find("model.layers.0.self_attn.q_proj.weight")
                                  ->shape[1]);
 
-  write_file(tmp / "qc.json", R"({"config_groups": {"W8A16": ["re:.*mlp.*"]}, "ignore": ["lm_head"]})");
-  for (const auto& [args, fragment] :
-       std::vector<std::pair<std::vector<std::string>, std::string>>{
+  write_file(tmp / "qc.json",
+             R"({"config_groups": {"W8A16": ["re:.*mlp.*"]}, "ignore": ["lm_head"]})");
+  for (const auto& [args, fragment] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--scheme-for", "W8A16"}, "expected PATTERN=PRESET"},
            {{"--scheme-for", "re:.*=W5A16"}, "unknown scheme 'W5A16'"},
            {{"--quantization-config", (tmp / "qc.json").string(), "--scheme", "W8A16"},
@@ -460,15 +473,14 @@ TEST(Cli, SchemeForAndQuantizationConfig) {
     EXPECT_TRUE(contains(bad.err, fragment)) << bad.err;
     EXPECT_FALSE(fs::exists(tmp / "bad"));
   }
-  const CommandResult cfg = run_ctquant({"quantize", in, (tmp / "cfg").string(), "-q",
-                                         "--quantization-config", (tmp / "qc.json").string(),
-                                         "--ignore", "model.embed_tokens"});
+  const CommandResult cfg =
+      run_ctquant({"quantize", in, (tmp / "cfg").string(), "-q", "--quantization-config",
+                   (tmp / "qc.json").string(), "--ignore", "model.embed_tokens"});
   ASSERT_EQ(cfg.exit_code, 0) << cfg.err;
   const json qc2 = read_json(tmp / "cfg" / "config.json")["quantization_config"];
   EXPECT_EQ(qc2["ignore"], json({"lm_head", "model.embed_tokens"}));
   EXPECT_EQ(qc2["config_groups"]["W8A16"]["targets"], json({"re:.*mlp.*"}));
 }
-
 
 // --quantization-config is read by the JSON reader: its nesting, size and
 // repeated keys are bounded like config.json's, a usage error (exit 2).
@@ -476,16 +488,17 @@ TEST(Cli, QuantizationConfigIsReadWithTheJsonReadersBounds) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
   const fs::path deep = tmp / "deep.json";
-  write_file(deep, "{\"config_groups\": " + std::string(100'000, '[') +
-                       std::string(100'000, ']') + "}");
+  write_file(deep,
+             "{\"config_groups\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}");
   const fs::path twice = tmp / "twice.json";
-  write_file(twice, R"({"config_groups": {"g": {"targets": ["Linear"]}}, "ignore": [], "ignore": ["lm_head"]})");
+  write_file(
+      twice,
+      R"({"config_groups": {"g": {"targets": ["Linear"]}}, "ignore": [], "ignore": ["lm_head"]})");
   for (const auto& [file, rule] : {std::pair{deep, "JSON nests deeper than 128 levels"},
                                    std::pair{twice, "key 'ignore' appears twice"}}) {
     SCOPED_TRACE(file.string());
-    const CommandResult r =
-        run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
-                     "--quantization-config", file.string()});
+    const CommandResult r = run_ctquant({"quantize", (tmp / "in").string(), (tmp / "out").string(),
+                                         "--quantization-config", file.string()});
     EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_TRUE(contains(r.err, file.string() + ": " + rule)) << r.err;
     EXPECT_FALSE(fs::exists(tmp / "out"));
@@ -499,8 +512,7 @@ TEST(Cli, QuantizationConfigIsReadWithTheJsonReadersBounds) {
 TEST(Cli, StdoutWriteErrorsExitOne) {
   TempDir tmp;
   write_small_checkpoint(tmp / "in");
-  ASSERT_EQ(run_ctquant({"quantize", (tmp / "in").string(), (tmp / "ref").string()}).exit_code,
-            0);
+  ASSERT_EQ(run_ctquant({"quantize", (tmp / "in").string(), (tmp / "ref").string()}).exit_code, 0);
   const auto quoted = [](const fs::path& p) {
     std::string word(1, '\'');
     word += p.string();
@@ -527,14 +539,16 @@ TEST(Cli, StdoutWriteErrorsExitOne) {
     SCOPED_TRACE(command);
     const CommandResult r = run_shell("\"$CTQUANT\" " + command + " > /dev/full");
     EXPECT_EQ(r.exit_code, 1) << r.err;
-    EXPECT_TRUE(contains(r.err, "ctquant: error: cannot write to standard output: No space left "
-                                "on device"))
+    EXPECT_TRUE(contains(r.err,
+                         "ctquant: error: cannot write to standard output: No space left "
+                         "on device"))
         << r.err;
     EXPECT_FALSE(fs::exists(tmp / "out"));
   }
   // A run that commits OUTPUT and then cannot print its report says that
   // OUTPUT is complete.
-  const CommandResult r = run_shell("\"$CTQUANT\" quantize " + in + " " + out + " --json > /dev/full");
+  const CommandResult r =
+      run_shell("\"$CTQUANT\" quantize " + in + " " + out + " --json > /dev/full");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_TRUE(contains(r.err, "cannot write to standard output")) << r.err;
   EXPECT_TRUE(contains(r.err, "OUTPUT " + (tmp / "out").string() + " was written and is complete"))
@@ -591,8 +605,7 @@ TEST(Cli, ProgressBarRedrawsOneLineOnATerminal) {
   write_large_checkpoint(tmp / "in", 8, 1024, 2048);  // 32 MiB: several updates
   const std::string command = "\"$CTQUANT\" quantize '" + (tmp / "in").string() + "' '" +
                               (tmp / "out").string() + "' --threads 1";
-  const CommandResult r =
-      run_shell("script -qfec \"" + command + "\" /dev/null < /dev/null");
+  const CommandResult r = run_shell("script -qfec \"" + command + "\" /dev/null < /dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string& captured = r.out;  // what the terminal received
   EXPECT_TRUE(contains(captured, "\r\033[Kctquant: ")) << captured;
@@ -614,7 +627,8 @@ TEST(Cli, ProgressBarRedrawsOneLineOnATerminal) {
   EXPECT_TRUE(contains(screen.back(), "max |W-Q|")) << screen.back();
   for (const std::string& line : screen) {
     EXPECT_FALSE(contains(line, "\\x")) << line;
-    EXPECT_FALSE(contains(line, " tensors  ")) << "a progress line was left on the screen: " << line;
+    EXPECT_FALSE(contains(line, " tensors  "))
+        << "a progress line was left on the screen: " << line;
     EXPECT_EQ(line.find('\033'), std::string::npos) << line;
   }
 }

@@ -478,6 +478,13 @@ TEST(ObserverCli, InfNanAnd1e39KwargsAreRefusedNamingTheKwarg) {
                          "--observer-kwarg", "patience=1e39"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   expect_message(r.err, {"observer_kwargs.patience 1e+39 is not a whole number"});
+  // A kwarg given twice is refused, not resolved silently to the last value.
+  const test::CommandResult twice =
+      test::run_ctquant({"quantize", in, (tmp / "out").string(), "--observer", "memoryless_mse",
+                         "--observer-kwarg", "grid=20", "--observer-kwarg", "grid=30"});
+  EXPECT_EQ(twice.exit_code, 2) << twice.err;
+  expect_message(twice.err, {"--observer-kwarg 'grid=30': grid is given twice"});
+  EXPECT_FALSE(std::filesystem::exists(tmp / "out"));
 }
 
 // int(maxshrink * grid) is counted in double before any conversion: 1e23 *

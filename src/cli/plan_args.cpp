@@ -116,9 +116,9 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* app, PlanArgs& args) {
              "--transform", args.transform,
              "Rewrite the BF16 model before quantizing into one computing the same function: "
              "balance (per input column, t = mean |W| over the rows of every Linear reading it, "
-             "W / t, the norm or producing rows times t; Llama, Mistral and Qwen3) or rotate "
-             "(offline Hadamard R1 and R2, norms folded, a tied head untied; also Qwen3-MoE "
-             "and Mixtral; writes the rotated source beside OUTPUT first). docs/cli.md")
+             "W / t, the norm or producing rows times t; Llama, Mistral, Qwen3, Qwen3-MoE and "
+             "Mixtral) or rotate (offline Hadamard R1 and R2, norms folded, a tied head untied; "
+             "the same families; writes the rotated source beside OUTPUT first). docs/cli.md")
           ->check(CLI::Validator(
               [](std::string& text) -> std::string {
                 return text.empty() ? "is empty: name a transform (balance, rotate)" : "";
@@ -209,8 +209,10 @@ void add_revision_option(CLI::App* app, std::optional<std::string>& revision) {
 void add_verbosity_flags(CLI::App* app, int& verbosity) {
   app->add_flag_function(
       "-q,--quiet", [&](std::int64_t) { verbosity = -1; }, "Print errors only");
+  CLI::Option* quiet = app->get_option("--quiet");
   app->add_flag_function(
-      "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail");
+         "-v,--verbose", [&](std::int64_t) { verbosity = 1; }, "Print debug detail")
+      ->excludes(quiet);
 }
 
 }  // namespace ctquant::cli

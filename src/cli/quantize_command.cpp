@@ -1,6 +1,8 @@
 #include "cli/quantize_command.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include <unistd.h>
 
@@ -74,11 +76,24 @@ void add_quantize_options(CLI::App* quantize, QuantizeArgs& q, int& verbosity) {
       ->check(non_empty_path());
   add_revision_option(quantize, q.revision);
   add_plan_options(quantize, q.plan);
-  quantize->add_option(
-      "--target-bits", q.target_bits,
-      "B: raise the modules whose weight error drops most per extra byte to W8A16 or a smaller "
-      "group size while the quantized modules average at most B bits per weight (codes, scales, "
-      "zero points); measured before writing (docs/observers.md)");
+  quantize
+      ->add_option(
+          "--target-bits", q.target_bits,
+          "B: raise the modules whose weight error drops most per extra byte to W8A16 or a smaller "
+          "group size while the quantized modules average at most B bits per weight (codes, "
+          "scales, "
+          "zero points); measured before writing (docs/observers.md)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // CLI11 leaves an empty value unset and reads 1e400 as inf.
+            char* end = nullptr;
+            const double b = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+            if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(b)) {
+              return "expected a finite number of bits per weight, e.g. 5";
+            }
+            return "";
+          },
+          "B"));
   quantize
       ->add_option("--more-bits", q.more_bits,
                    "layers: llama.cpp's use_more_bits rule, down_proj at W8A16 in the first and "

@@ -130,6 +130,12 @@ void resolve_observer_option(EffectiveRecipe& r, const RecipeSpec* recipe,
       throw usage_error(
           fmt::format("--observer-kwarg '{}': expected KEY=VALUE, e.g. norm=2.4", kv));
     }
+    // A key given twice: the JSON object would keep one value silently (a
+    // config file's repeated key is refused too).
+    if (r.observer_kwargs.contains(kv.substr(0, eq))) {
+      throw usage_error(fmt::format(
+          "--observer-kwarg '{}': {} is given twice; give each kwarg once", kv, kv.substr(0, eq)));
+    }
     const std::string text = kv.substr(eq + 1);
     const json value = json::parse(text, nullptr, false);
     if (value.is_discarded() || !value.is_number()) {
