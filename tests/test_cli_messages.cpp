@@ -142,6 +142,33 @@ TEST(CliMessages, MissingConfigJsonStopsTheRunUnlessAllowed) {
   }
 }
 
+// A config.json that names no architecture: vLLM picks the model class from
+// `architectures` alone. With no model_type either nothing loads the output
+// (error); with one, transformers does (warning).
+TEST(CliMessages, ConfigJsonWithoutArchitecturesIsNamed) {
+  TempDir tmp;
+  const std::vector<FakeTensor> tensors = {
+      random_weight("model.layers.0.mlp.down_proj.weight", DType::kBF16, 8, 128, 1)};
+  write_checkpoint(tmp / "empty", tensors, json::object());
+  const CommandResult r =
+      run_ctquant({"quantize", (tmp / "empty").string(), (tmp / "out").string()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  expect_message(r.err, {"L19 error: config.json names no model architecture (no `architectures` "
+                         "key)",
+                         "No model architectures are specified",
+                         "with no model_type either transformers' AutoConfig refuses it",
+                         "--allow-unloadable"});
+  EXPECT_FALSE(fs::exists(tmp / "out"));
+  write_checkpoint(tmp / "typed", tensors,
+                   {{"model_type", "llama"}, {"architectures", json::array()}});
+  const CommandResult typed =
+      run_ctquant({"quantize", (tmp / "typed").string(), (tmp / "out").string()});
+  EXPECT_EQ(typed.exit_code, 0) << typed.err;
+  expect_message(typed.err, {"ctquant: warning: L19: config.json names no model architecture "
+                             "(`architectures` is [])",
+                             "transformers maps its model_type to a class"});
+}
+
 TEST(CliMessages, EmptyPathArgumentsAreUsageErrorsNamingTheArgument) {
   TempDir tmp;
   const std::string in = sample_input().string();

@@ -89,8 +89,9 @@ std::vector<std::string> with_layer_members(const RoleAnalysis& roles,
 std::string layer_note(const RoleAnalysis& roles, const std::vector<std::string>& modules) {
   return with_layer_members(roles, modules).size() == modules.size()
              ? std::string()
-             : std::string(" (with the rest of its fused or MoE layer: vLLM builds the layer "
-                           "with one scheme)");
+             : std::string(
+                   " (with the rest of its fused or MoE layer: vLLM builds the layer "
+                   "with one scheme)");
 }
 
 std::vector<std::string> keep_entries(const RoleAnalysis& roles,
@@ -139,9 +140,8 @@ std::vector<RolesLint::Mismatch> RolesLint::find_mismatches() const {
     }
     const bool packed = planned_packed(m);
     const VllmExpectation e = rules_.expect(m);
-    const bool agree =
-        (e.state == VllmExpectation::State::kPacked && packed) ||
-        (e.state == VllmExpectation::State::kUnquantized && !packed && !e.unmatched);
+    const bool agree = (e.state == VllmExpectation::State::kPacked && packed) ||
+                       (e.state == VllmExpectation::State::kUnquantized && !packed && !e.unmatched);
     if (!agree) out.push_back(Mismatch{&m, e, packed});
   }
   return out;
@@ -188,10 +188,10 @@ void RolesLint::literal_entries(std::vector<Finding>& out) const {
     for (const ModuleInfo* m : miss.modules) {
       f.tensors.push_back(m->tensor);
       modules.push_back(m->module);
-      names.push_back(m->role == ModuleRole::kExpert
-                          ? fmt::format("'{}' (probed as '{}.0.gate_proj')", m->vllm_layer,
-                                        m->vllm_layer)
-                          : fmt::format("'{}'", m->vllm_name));
+      names.push_back(
+          m->role == ModuleRole::kExpert
+              ? fmt::format("'{}' (probed as '{}.0.gate_proj')", m->vllm_layer, m->vllm_layer)
+              : fmt::format("'{}'", m->vllm_name));
     }
     f.message = fmt::format(
         "ignore entry '{}' is a literal name; vLLM matches {} against its own module names, "
@@ -232,15 +232,16 @@ void RolesLint::stacked_experts(std::vector<Finding>& out) const {
       }
       const VllmExpectation e = rules_.expect(m);
       const bool packed = states.contains(true);
-      if (states.size() == 1 &&
-          ((e.state == VllmExpectation::State::kPacked) == packed) &&
+      if (states.size() == 1 && ((e.state == VllmExpectation::State::kPacked) == packed) &&
           e.state != VllmExpectation::State::kRefused) {
         continue;
       }
       unignored.push_back(m.tensor);
       unignored_modules.push_back(m.module);
       why.push_back(fmt::format("split into per-expert modules {} ; vLLM: {}",
-                                states.size() > 1 ? "partly packed" : packed ? "packed" : "kept",
+                                states.size() > 1 ? "partly packed"
+                                : packed          ? "packed"
+                                                  : "kept",
                                 e.why));
       continue;
     }
@@ -248,10 +249,10 @@ void RolesLint::stacked_experts(std::vector<Finding>& out) const {
     const StackedExperts& s = plan_.roles.stacked[*m.stacked];
     if (!s.vllm_loads_stacked) {
       refused.push_back(m.tensor);
-      refused_text.push_back(fmt::format(
-          "{} {} (E={}, I={}, H={}, {} {}{})", m.tensor, shape_string(m.shape), s.experts,
-          s.intermediate, s.hidden, orientation_name(s.orientation), proof_name(s.proof),
-          s.problem.empty() ? "" : "; " + s.problem));
+      refused_text.push_back(fmt::format("{} {} (E={}, I={}, H={}, {} {}{})", m.tensor,
+                                         shape_string(m.shape), s.experts, s.intermediate, s.hidden,
+                                         orientation_name(s.orientation), proof_name(s.proof),
+                                         s.problem.empty() ? "" : "; " + s.problem));
       continue;
     }
     const VllmExpectation e = rules_.expect(m);
@@ -328,11 +329,12 @@ void RolesLint::unloadable_modules(std::vector<Finding>& out) const {
         "find the tensor it reads",
         plural(f.tensors.size(), role_name(role)), join(modules[role], 4),
         f.tensors.size() == 1 ? "it" : "them", join(why, 2, "; "));
-    f.fix = fmt::format("keep {} in 16 bits: {}{}", f.tensors.size() == 1 ? "it" : "them",
-                        set_ignore_fix(f, plan_.roles, modules[role]),
-                        plan_.options.default_ignore
-                            ? ""
-                            : " (the default ignore list has them; --no-default-ignore dropped it)");
+    f.fix =
+        fmt::format("keep {} in 16 bits: {}{}", f.tensors.size() == 1 ? "it" : "them",
+                    set_ignore_fix(f, plan_.roles, modules[role]),
+                    plan_.options.default_ignore
+                        ? ""
+                        : " (the default ignore list has them; --no-default-ignore dropped it)");
     out.push_back(std::move(f));
   }
 }
@@ -409,20 +411,20 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
     const std::string modules = join(g.modules, 4);
     switch (g.kind) {
       case 0:
-        f.message = fmt::format(
-            "vLLM would refuse to build {} from the written ignore list: {}",
-            plural(layers.size(), "layer"), g.why);
-        f.fix = fmt::format(
-            "keep the whole fused layer or MoE layer in 16 bits, or none of it: {}",
-            set_ignore_fix(f, plan_.roles, g.modules));
+        f.message = fmt::format("vLLM would refuse to build {} from the written ignore list: {}",
+                                plural(layers.size(), "layer"), g.why);
+        f.fix = fmt::format("keep the whole fused layer or MoE layer in 16 bits, or none of it: {}",
+                            set_ignore_fix(f, plan_.roles, g.modules));
         break;
       case 1:
         f.message = fmt::format(
             "{} would be packed, but vLLM evaluates the written ignore list on its own names "
             "and leaves {} unquantized ({}), so it would look for a 16-bit .weight",
             modules, layers.size() == 1 ? "its layer" : "their layers", g.why);
-        f.fix = "narrow the ignore entry that matches vLLM's name, or keep the module in 16 bits "
-                "too: " + set_ignore_fix(f, plan_.roles, g.modules);
+        f.fix =
+            "narrow the ignore entry that matches vLLM's name, or keep the module in 16 bits "
+            "too: " +
+            set_ignore_fix(f, plan_.roles, g.modules);
         break;
       case 2:
         f.message = fmt::format(
@@ -433,11 +435,9 @@ void RolesLint::vllm_expectations(std::vector<Finding>& out) const {
                             set_ignore_fix(f, plan_.roles, g.modules));
         break;
       default:
-        f.message = fmt::format(
-            "{} {} neither ignored nor matched by a target in vLLM: {}", modules,
-            g.modules.size() == 1 ? "is" : "are", g.why);
-        f.fix = fmt::format("name {} in the ignore list: {}",
-                            g.modules.size() == 1 ? "it" : "them",
+        f.message = fmt::format("{} {} neither ignored nor matched by a target in vLLM: {}",
+                                modules, g.modules.size() == 1 ? "is" : "are", g.why);
+        f.fix = fmt::format("name {} in the ignore list: {}", g.modules.size() == 1 ? "it" : "them",
                             set_ignore_fix(f, plan_.roles, g.modules));
         break;
     }
@@ -453,8 +453,8 @@ bool is_tower(Component c) {
 }
 
 std::string percent(std::uint64_t part, std::uint64_t whole) {
-  return fmt::format("{:.1f}%", whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) /
-                                                        static_cast<double>(whole));
+  return fmt::format(
+      "{:.1f}%", whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
 
 }  // namespace
@@ -542,10 +542,9 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
       proto.option = fmt::format("remove the ignore entry '{}'", entry);
       proto.removes = entry;
     } else if (ignore_entry) {
-      key = fmt::format("the default ignore list ({})",
-                        *ignore_entry < plan_.ignore_reasons.size()
-                            ? plan_.ignore_reasons[*ignore_entry]
-                            : plan_.options.ignore[*ignore_entry]);
+      key = fmt::format("the default ignore list ({})", *ignore_entry < plan_.ignore_reasons.size()
+                                                            ? plan_.ignore_reasons[*ignore_entry]
+                                                            : plan_.options.ignore[*ignore_entry]);
       if (is_tower(m.component)) {
         proto.option = "--quantize-vision quantizes vision and audio towers and projectors";
         proto.vision = true;
@@ -557,8 +556,7 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
     if (inserted) order.push_back(key);
     it->second.params += params;
     it->second.modules.push_back(module);
-    if (m.action == DefaultAction::kKeep && !is_tower(m.component) &&
-        it->second.needed.empty()) {
+    if (m.action == DefaultAction::kKeep && !is_tower(m.component) && it->second.needed.empty()) {
       it->second.needed = m.reason;
     }
     if (std::find(tensors.begin(), tensors.end(), m.tensor) == tensors.end()) {
@@ -626,13 +624,13 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
       k.vision = false;
     }
     reasons.push_back(fmt::format(
-        "{} in {} ({}, e.g. {}): {}{}", percent(k.params, total), plural(k.modules.size(), "weight"),
-        k.option.empty() ? "no option changes it" : k.option, k.modules.front(), key,
+        "{} in {} ({}, e.g. {}): {}{}", percent(k.params, total),
+        plural(k.modules.size(), "weight"), k.option.empty() ? "no option changes it" : k.option,
+        k.modules.front(), key,
         k.needed.empty() || key.find(k.needed) != std::string::npos
             ? std::string()
             : fmt::format(", which also keeps what vLLM needs in 16 bits ({})", k.needed)));
-    if (!k.option.empty() &&
-        std::find(options.begin(), options.end(), k.option) == options.end()) {
+    if (!k.option.empty() && std::find(options.begin(), options.end(), k.option) == options.end()) {
       options.push_back(k.option);
       // The machine-applicable fix: the first (largest) reason an option
       // changes.
@@ -647,10 +645,9 @@ void RolesLint::sixteen_bit_share(std::vector<Finding>& out) const {
       "output heads not counted){}{}; in 16 bits: {}",
       percent(quantized, total), quantized, total,
       low ? fmt::format(", below {:.0f}%", 100.0 * kMinQuantizedShare) : "",
-      whole_layers == 0
-          ? std::string()
-          : fmt::format(", and the experts of {} stay in 16 bits as a whole",
-                        plural(whole_layers, "MoE layer")),
+      whole_layers == 0 ? std::string()
+                        : fmt::format(", and the experts of {} stay in 16 bits as a whole",
+                                      plural(whole_layers, "MoE layer")),
       join(reasons, 4, "; "));
   // The option for the largest share an option changes (run_lint keeps it
   // only if the changed run passes lint).
@@ -682,11 +679,11 @@ void RolesLint::engine_modules(std::vector<Finding>& out) const {
       f.tensors.push_back(m->tensor);
       modules.push_back(m->module);
     }
-    f.message = fmt::format("{} would be packed ({}): {}", kind->what, join(modules, 4),
-                            kind->engines);
-    f.fix = fmt::format("to serve the output with every engine, keep {} in 16 bits: {}",
-                        modules.size() == 1 ? "it" : "them",
-                        set_ignore_fix(f, plan_.roles, modules));
+    f.message =
+        fmt::format("{} would be packed ({}): {}", kind->what, join(modules, 4), kind->engines);
+    f.fix =
+        fmt::format("to serve the output with every engine, keep {} in 16 bits: {}",
+                    modules.size() == 1 ? "it" : "them", set_ignore_fix(f, plan_.roles, modules));
     out.push_back(std::move(f));
   }
 }
@@ -731,7 +728,43 @@ void RolesLint::missing_head(std::vector<Finding>& out) const {
 }
 
 void RolesLint::missing_config(std::vector<Finding>& out) const {
-  if (checkpoint_.config) return;
+  if (checkpoint_.config) {
+    // A config.json that names no architecture: vLLM picks the model class
+    // from `architectures` alone and raises "No model architectures are
+    // specified" without one (inspect_model_cls in
+    // vllm/model_executor/models/registry.py; ModelConfig.architectures in
+    // vllm/config/model.py reads hf_config.architectures).
+    const auto it = checkpoint_.config->find("architectures");
+    const bool named = it != checkpoint_.config->end() && it->is_array() && !it->empty() &&
+                       std::all_of(it->begin(), it->end(), [](const nlohmann::json& a) {
+                         return a.is_string() && !a.get_ref<const std::string&>().empty();
+                       });
+    if (named) return;
+    // Without model_type either, transformers' AutoConfig refuses it too:
+    // nothing could load the output. With one, transformers' Auto classes
+    // still map it to a class, and only vLLM refuses: a warning.
+    const auto type = checkpoint_.config->find("model_type");
+    const bool typed = type != checkpoint_.config->end() && type->is_string() &&
+                       !type->get_ref<const std::string&>().empty();
+    Finding f;
+    f.id = "L19";
+    f.severity = typed ? Severity::kWarning : Severity::kError;
+    f.message = fmt::format(
+        "config.json names no model architecture ({}): vLLM picks the model class from "
+        "`architectures` and refuses a config without one (\"No model architectures are "
+        "specified\", inspect_model_cls in vllm/model_executor/models/registry.py){}",
+        it == checkpoint_.config->end() ? "no `architectures` key"
+                                        : "`architectures` is " + it->dump(),
+        typed ? "; transformers maps its model_type to a class"
+              : ", and with no model_type either transformers' AutoConfig refuses it: the "
+                "output could not be loaded");
+    f.fix = fmt::format(
+        "copy the model's own config.json into INPUT (it lists the class, e.g. "
+        "\"architectures\": [\"LlamaForCausalLM\"]){}",
+        typed ? "" : ", or pass --allow-unloadable to write the tensors anyway");
+    out.push_back(std::move(f));
+    return;
+  }
   Finding f;
   f.id = "L19";
   f.severity = Severity::kError;
@@ -783,9 +816,9 @@ std::optional<NearMiss> entry_near_miss(const QuantizePlan& plan, const ModuleNa
       found == index.by_suffix.end() ? std::vector<std::string>{} : found->second;
   if (!suffixed.empty() && ignore) {
     NearMiss miss;
-    miss.found = fmt::format("this checkpoint's {} '{}'",
-                             suffixed.size() == 1 ? "module is" : "modules are",
-                             join(suffixed, 4, "', '"));
+    miss.found =
+        fmt::format("this checkpoint's {} '{}'", suffixed.size() == 1 ? "module is" : "modules are",
+                    join(suffixed, 4, "', '"));
     miss.entries = keep_entries(plan.roles, suffixed);
     miss.fix = fmt::format("use {} instead (matches the checkpoint's and vLLM's names){}",
                            option_list(option, miss.entries), layer_note(plan.roles, suffixed));
