@@ -1279,6 +1279,37 @@ TEST(LintL17, UntiedConfigWithoutHeadTensorWarnsAndStrictStops) {
           .empty());
 }
 
+// ---- L20 ----
+
+// config.json declares 4 layers and the checkpoint holds layers 0 and 2
+// with the embedding: a warning naming 1 and 3; --strict stops. All four
+// layers, or a sample without the embedding, or no num_hidden_layers:
+// nothing.
+TEST(LintL20, DeclaredLayersWithoutTensorsWarnAndStrictStops) {
+  std::vector<FakeSpec> model = llama_layer("model.layers.0.");
+  for (const FakeSpec& s : llama_layer("model.layers.2.")) model.push_back(s);
+  model.push_back({"model.embed_tokens.weight", {32000, 2048}});
+  model.push_back({"lm_head.weight", {32000, 2048}});
+  json config = kLlamaConfig;
+  config["num_hidden_layers"] = 4;
+  const Linted r = lint_layout(model, config, {"lm_head"});
+  const auto l20 = with_id(r.findings, "L20");
+  ASSERT_EQ(l20.size(), 1u);
+  EXPECT_EQ(l20[0].severity, Severity::kWarning);
+  EXPECT_TRUE(contains(l20[0].message,
+                       "config.json says num_hidden_layers 4, but the checkpoint "
+                       "holds no tensor of 2 of them (layers 1, 3)"))
+      << l20[0].message;
+  EXPECT_TRUE(contains(l20[0].message, "uninitialised"));
+  EXPECT_FALSE(blocking_findings(r.findings, true, false).empty());
+  config["num_hidden_layers"] = 3;
+  for (const FakeSpec& s : llama_layer("model.layers.1.")) model.push_back(s);
+  EXPECT_TRUE(with_id(lint_layout(model, config, {"lm_head"}).findings, "L20").empty());
+  config["num_hidden_layers"] = 8;
+  EXPECT_TRUE(with_id(lint_layout(llama_layer(), config, {}).findings, "L20").empty());
+  EXPECT_TRUE(with_id(lint_layout(model, kLlamaConfig, {"lm_head"}).findings, "L20").empty());
+}
+
 // ---- the rule table ----
 
 // docs/cli.md's lint table: each row's id, severity column and anchor.
@@ -1314,7 +1345,7 @@ const std::string& cli_md() {
 
 TEST(LintRuleTable, IdsAndSeveritiesAreThoseOfCliMd) {
   const std::map<std::string, CliLintRow> rows = cli_lint_rows(cli_md());
-  ASSERT_EQ(rows.size(), 19u) << "docs/cli.md's lint table";
+  ASSERT_EQ(rows.size(), 20u) << "docs/cli.md's lint table";
   std::set<std::string> ids;
   for (const LintRule& rule : lint_rules()) {
     EXPECT_TRUE(ids.insert(std::string(rule.id)).second) << rule.id << " twice in the table";

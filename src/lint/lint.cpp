@@ -220,7 +220,10 @@ constexpr LintRule kLintRules[] = {
      on_roles<&RolesLint::engine_modules>},
     {"L17", kWarning, kOnly, "untied model without an output head", "lint-l17",
      on_roles<&RolesLint::missing_head>},
-    {"L19", kError, kOnly, "no config.json", "lint-l19", on_roles<&RolesLint::missing_config>},
+    {"L19", kError, kWarning, "no config.json, or one naming no architecture", "lint-l19",
+     on_roles<&RolesLint::missing_config>},
+    {"L20", kWarning, kOnly, "decoder layers config.json declares are missing", "lint-l20",
+     on_roles<&RolesLint::missing_layers>},
 };
 
 std::vector<Finding> lint_all(const Checkpoint& checkpoint, const QuantizePlan& plan,

@@ -727,6 +727,53 @@ void RolesLint::missing_head(std::vector<Finding>& out) const {
   out.push_back(std::move(f));
 }
 
+// ---- L20 ----
+void RolesLint::missing_layers(std::vector<Finding>& out) const {
+  const std::optional<std::uint64_t> declared = plan_.roles.dims.layers;
+  if (!declared || *declared == 0) return;
+  // Drafts number their layers after their target's (and are served with
+  // it); a sample of some layers has no embedding, and is not a model.
+  if (plan_.roles.family != nullptr && !plan_.roles.family->top_level_quant_config) return;
+  std::set<std::uint64_t> present;
+  bool embedding = false;
+  for (const ModuleInfo& m : plan_.roles.modules) {
+    embedding = embedding || m.role == ModuleRole::kEmbedding;
+    if (m.component != Component::kLanguage) continue;
+    // The number after the first "layers" component.
+    const std::string name = "." + m.module;
+    const auto at = name.find(".layers.");
+    if (at == std::string::npos) continue;
+    const std::size_t from = at + 8;
+    std::size_t to = from;
+    while (to < name.size() && to - from < 9 && name[to] >= '0' && name[to] <= '9') ++to;
+    if (to == from || (to < name.size() && name[to] != '.')) continue;
+    present.insert(std::stoull(name.substr(from, to - from)));
+  }
+  if (!embedding || present.empty()) return;
+  std::vector<std::string> missing;
+  std::uint64_t n_missing = 0;
+  for (std::uint64_t l = 0; l < *declared; ++l) {
+    if (present.contains(l)) continue;
+    ++n_missing;
+    if (missing.size() < 8) missing.push_back(std::to_string(l));
+  }
+  if (n_missing == 0) return;
+  Finding f;
+  f.id = "L20";
+  f.severity = Severity::kWarning;
+  f.message = fmt::format(
+      "config.json says num_hidden_layers {}, but the checkpoint holds no tensor of {} of them "
+      "(layers {}{}): vLLM builds every layer config.json declares and checks that every weight "
+      "was loaded only for unquantized models (default_loader.py@00b5ad07), so the quantized "
+      "OUTPUT would load with those layers uninitialised; transformers would initialise them "
+      "randomly",
+      *declared, n_missing, join(missing, 8), n_missing > missing.size() ? ", ..." : "");
+  f.fix =
+      "quantize the whole model (a partial download lacks them), or set num_hidden_layers to "
+      "the layers the checkpoint holds";
+  out.push_back(std::move(f));
+}
+
 void RolesLint::missing_config(std::vector<Finding>& out) const {
   if (checkpoint_.config) {
     // A config.json that names no architecture: vLLM picks the model class

@@ -7,9 +7,9 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,6 +30,7 @@ class RolesLint {
   void engine_modules(std::vector<Finding>& out) const;      // L16
   void missing_head(std::vector<Finding>& out) const;        // L17
   void missing_config(std::vector<Finding>& out) const;      // L19
+  void missing_layers(std::vector<Finding>& out) const;      // L20
 
  private:
   struct Mismatch {

@@ -35,7 +35,7 @@ enum class Severity { kInfo, kWarning, kError };
 const char* severity_name(Severity severity);
 
 struct Finding {
-  std::string id;  // "L1" .. "L19"
+  std::string id;  // "L1" .. "L20"
   Severity severity = Severity::kWarning;
   std::vector<std::string> tensors;  // input tensors concerned (may be empty for L1)
   std::string message;               // what was found, naming entries, tensors and shapes
@@ -75,7 +75,7 @@ struct LintRun;  // what the rules read, made once per run (src/lint/lint.cpp)
 // registerCheck: its id, its severities, a title, where docs/cli.md
 // describes it, and the function that checks it.
 struct LintRule {
-  std::string_view id;             // "L1" .. "L19"
+  std::string_view id;             // "L1" .. "L20"
   Severity severity;               // of its findings
   std::optional<Severity> also;    // a second severity some of its findings have, or none
   std::string_view title;          // what it finds, in a few words
