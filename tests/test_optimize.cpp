@@ -149,6 +149,15 @@ TEST(Optimize, RefusesAnObserverGivenBesideIt) {
   expect_message(file.err, {"--optimize chooses each group's observer, and config group "
                             "'group_0' names one (memoryless_mse)"});
   EXPECT_FALSE(fs::exists(tmp / "b"));
+  // A --scheme-for @OBSERVER names one too, min-max included (the group
+  // would otherwise be named W4A16_memoryless_minmax and hold another).
+  const CommandResult named =
+      run_ctquant({"quantize", input.string(), (tmp / "c").string(), "--optimize", "--scheme-for",
+                   "re:.*mlp.*=W4A16@memoryless_minmax"});
+  EXPECT_EQ(named.exit_code, 2) << named.err;
+  expect_message(named.err, {"--optimize chooses each group's observer, and --scheme-for "
+                             "'re:.*mlp.*=W4A16@memoryless_minmax' names one"});
+  EXPECT_FALSE(fs::exists(tmp / "c"));
 }
 
 }  // namespace

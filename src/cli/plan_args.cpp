@@ -185,6 +185,18 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
               : "the recipe's weight_observer",
           *plan.effective.observer));
     }
+    // A --scheme-for @OBSERVER is asked for by name, min-max included (a
+    // written config's group naming memoryless_minmax, its default, takes
+    // the table's choice).
+    for (const std::string& spec : args.scheme_for) {
+      if (const auto eq = spec.rfind('=');
+          eq != std::string::npos && spec.find('@', eq) != std::string::npos) {
+        throw ctquant::usage_error(fmt::format(
+            "--optimize chooses each group's observer, and --scheme-for '{}' names one: drop "
+            "the @OBSERVER, or drop --optimize",
+            spec));
+      }
+    }
     for (const ctquant::SchemeGroup& g : plan.options.groups) {
       if (g.weights.observer != "memoryless_minmax" || !g.weights.observer_kwargs.empty()) {
         throw ctquant::usage_error(fmt::format(
