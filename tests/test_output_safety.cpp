@@ -358,7 +358,7 @@ TEST(OutputSafety, ForceRefusesOutputThatChangedDuringTheRun) {
     test::write_file(output / "projects" / "plan.txt", "mine");
     const auto before = test::snapshot_files(output);
     try {
-      staged.commit();
+      (void)staged.commit();
       ADD_FAILURE() << output << " was replaced";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
@@ -380,7 +380,7 @@ TEST(OutputSafety, ForceRefusesOutputThatAppearedDuringTheRun) {
     fs::create_directories(output);
     test::write_file(output / "notes.txt", "mine");
     try {
-      staged.commit();
+      (void)staged.commit();
       ADD_FAILURE() << output << " was replaced";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();

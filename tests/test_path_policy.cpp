@@ -352,6 +352,46 @@ TEST(PathPolicy, UnwritableOutputDirectoryIsRefusedBeforeAnyWork) {
   fs::permissions(tmp / "ro", fs::perms::owner_write, fs::perm_options::add);
 }
 
+// --force replaces an OUTPUT whose entries the user may not remove (its
+// directory is read-only to them): the run succeeds, OUTPUT holds the new
+// checkpoint, and the old one, left under its temporary name, is named
+// with the command that removes it (it was left silently, and the next run
+// took it for a run that did not finish).
+TEST(PathPolicy, ForceNamesTheReplacedOutputItCouldNotRemove) {
+  TempDir tmp;
+  const fs::path model = copy_model(tmp);
+  const auto everyone = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                        fs::perms::others_read | fs::perms::others_exec;
+  fs::permissions(tmp.path(), everyone);
+  for (const auto& e : fs::recursive_directory_iterator(model)) {
+    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
+  }
+  fs::permissions(model, everyone);
+  fs::create_directory(tmp / "rw");
+  fs::permissions(tmp / "rw", fs::perms::all);
+  fs::create_directory(tmp / "rw" / "out");
+  test::write_file(tmp / "rw" / "out" / "model.safetensors", "old");
+  fs::permissions(tmp / "rw" / "out", everyone & ~fs::perms::owner_write);
+  const std::string as_user =
+      ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "";
+  if (!as_user.empty() &&
+      test::run_shell(as_user + "\"$CTQUANT\" --version >/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "the ctquant binary cannot be run as an unprivileged user here";
+  }
+  const CommandResult r =
+      test::run_shell(as_user + "\"$CTQUANT\" quantize '" + model.string() + "' '" +
+                      (tmp / "rw" / "out").string() + "' --ignore lm_head --force");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  test::expect_message(r.err, {"warning: OUTPUT holds the new checkpoint, but the one --force "
+                               "replaced could not be removed",
+                               "rm -rf "});
+  EXPECT_TRUE(fs::exists(tmp / "rw" / "out" / "config.json"));
+  EXPECT_EQ(test::temp_leftovers(tmp / "rw").size(), 1u);
+  for (const std::string& left : test::temp_leftovers(tmp / "rw")) {
+    EXPECT_NE(r.err.find(left), std::string::npos) << left << "\n" << r.err;
+  }
+}
+
 // A stage ctquant made carries the marker; it is accepted again (resume),
 // and finalize removes the marker with the stage.
 TEST(PathPolicy, StageCtquantMadeIsMarkedAndRemovedByFinalize) {

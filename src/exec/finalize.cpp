@@ -437,7 +437,7 @@ class Finalization {
     summary_.bytes = total_ + manifest.size;
     if (options_.before_commit) options_.before_commit(summary_);
     check_cancel(options_.cancel);
-    staged.commit();
+    if (const std::string left = staged.commit(); !left.empty() && log_) log_->warn("{}", left);
   }
 
   // The stage: the files placed, the records, logs, locks and work

@@ -24,6 +24,7 @@
 #include "ctquant/source/checkpoint.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/fs.hpp"
+#include "ctquant/util/text.hpp"
 #include "util/input_file.hpp"
 
 namespace ctquant {
@@ -135,6 +136,23 @@ void check_output_parent(const fs::path& output) {
   }
 }
 
+namespace {
+
+// Removes the OUTPUT --force replaced, now under a temporary name; "" or
+// the warning that it could not be (e.g. its files are not writable).
+std::string removal_warning(const fs::path& old) {
+  std::error_code ec;
+  remove_directory(old, DirectoryRemoval::kTree, ec);
+  if (!ec && !fs::exists(fs::symlink_status(old, ec))) return "";
+  return fmt::format(
+      "OUTPUT holds the new checkpoint, but the one --force replaced could not be removed "
+      "({}): it is left as {}; remove it: rm -rf {}",
+      ec ? ec.message() : std::string("some of its entries remain"), old.string(),
+      shell_word(old.string()));
+}
+
+}  // namespace
+
 std::vector<std::string> unwritable_run_directories(const fs::path& output, bool creates_output,
                                                     const fs::path* stage) {
   std::vector<std::pair<fs::path, const char*>> dirs;
@@ -203,7 +221,7 @@ bool flags_unsupported(int error) { return error == EINVAL || error == ENOSYS ||
 
 }  // namespace
 
-void StagedOutput::commit() {
+std::string StagedOutput::commit() {
   std::error_code ec;
   const bool output_exists = fs::exists(fs::symlink_status(output_, ec));
   if (output_exists && !force_) {
@@ -216,7 +234,7 @@ void StagedOutput::commit() {
     if (rename_with_flags(temp_, output_, RENAME_NOREPLACE)) {
       committed_ = true;
       fsync_directory_best_effort(output_.parent_path());
-      return;
+      return "";
     }
     const int error = errno;
     if (error == EEXIST) {
@@ -249,8 +267,7 @@ void StagedOutput::commit() {
       }
       committed_ = true;
       fsync_directory_best_effort(output_.parent_path());
-      remove_directory(temp_, DirectoryRemoval::kTree, ec);
-      return;
+      return removal_warning(temp_);
     }
     const int error = errno;
     if (!flags_unsupported(error)) {
@@ -290,7 +307,7 @@ void StagedOutput::commit() {
   }
   committed_ = true;
   fsync_directory_best_effort(output_.parent_path());
-  if (!aside.empty()) remove_directory(aside, DirectoryRemoval::kTree, ec);
+  return aside.empty() ? std::string() : removal_warning(aside);
 }
 
 bool remove_directory(const fs::path& dir, DirectoryRemoval how, std::error_code& ec) {

@@ -672,7 +672,7 @@ QuantizeSummary quantize(const QuantizeOptions& options) {
     check_cancel(options.cancel);
   }
   lap();
-  staged.commit();
+  if (const std::string left = staged.commit(); !left.empty() && log) log->warn("{}", left);
   summary.phases.commit = lap();
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return summary;

@@ -43,8 +43,10 @@ class StagedOutput {
   // force may replace (see check_output_replaceable); otherwise it is put
   // back. Throws Error{kUsage} when OUTPUT appeared and force is false, or
   // changed into something force may not replace; Error{kIo} when a rename
-  // fails.
-  void commit();
+  // fails. Returns "" or, when the replaced OUTPUT could not be removed
+  // (OUTPUT holds the new checkpoint; the run succeeded), a warning naming
+  // what is left and the command that removes it.
+  [[nodiscard]] std::string commit();
 
  private:
   std::filesystem::path output_;
