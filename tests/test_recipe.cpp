@@ -128,7 +128,8 @@ struct Refused {
 
 TEST(Recipe, CalibrationBasedUpstreamRecipesAreRefusedNamingTheModifier) {
   const Refused cases[] = {
-      {"upstream/new_quant_group.yaml", {"new_quant_group.yaml:16:", "GPTQModifier", "calibration"}},
+      {"upstream/new_quant_group.yaml",
+       {"new_quant_group.yaml:16:", "GPTQModifier", "calibration"}},
       {"upstream/new_quant_channel.yaml",
        {"new_quant_channel.yaml:15:", "GPTQModifier", "oneshot"}},
       {"upstream/recipe_w4a16_awq_sym.yaml",
@@ -168,15 +169,15 @@ TEST(Recipe, Fp8RecipesGiveTheirSchemes) {
   const std::vector<std::string> vision_ignore = {"lm_head", "re:vision_tower.*",
                                                   "re:.*multi_modal_projector.*", "re:.*visual.*",
                                                   "re:.*vision_model.*"};
-  EXPECT_EQ(
-      plan_of(llama_input(), options_from_recipe(recipes_dir() / "upstream/recipe_fp8_dynamic.yaml")),
-      plan_of(llama_input(),
-              options_from_command_line(cl("FP8_DYNAMIC", std::nullopt, vision_ignore, {"Linear"}))));
+  EXPECT_EQ(plan_of(llama_input(),
+                    options_from_recipe(recipes_dir() / "upstream/recipe_fp8_dynamic.yaml")),
+            plan_of(llama_input(), options_from_command_line(cl("FP8_DYNAMIC", std::nullopt,
+                                                                vision_ignore, {"Linear"}))));
   EXPECT_EQ(
       plan_of(llama_input(), options_from_recipe(recipes_dir() / "written/fp8_dynamic_rtn.yaml")),
-      plan_of(llama_input(), options_from_command_line(cl("FP8_DYNAMIC", std::nullopt,
-                                                          {"lm_head", "re:.*mlp.gate[.].*"},
-                                                          {"Linear"}))));
+      plan_of(llama_input(),
+              options_from_command_line(
+                  cl("FP8_DYNAMIC", std::nullopt, {"lm_head", "re:.*mlp.gate[.].*"}, {"Linear"}))));
   struct Groups {
     const char* recipe;
     std::vector<std::pair<std::string, int>> format_and_modules;  // per group, in order
@@ -204,9 +205,9 @@ TEST(Recipe, Fp8RecipesGiveTheirSchemes) {
 TEST(Recipe, Nvfp4RecipeGivesTheNvfp4Plan) {
   EXPECT_EQ(
       plan_of(llama_input(), options_from_recipe(recipes_dir() / "written/nvfp4a16_rtn.yaml")),
-      plan_of(llama_input(), options_from_command_line(cl("NVFP4A16", std::nullopt,
-                                                          {"lm_head", "re:.*mlp.gate[.].*"},
-                                                          {"Linear"}))));
+      plan_of(llama_input(),
+              options_from_command_line(
+                  cl("NVFP4A16", std::nullopt, {"lm_head", "re:.*mlp.gate[.].*"}, {"Linear"}))));
 }
 
 // ---- bad recipes: named cases, each with its file:line and key ----
@@ -224,7 +225,8 @@ TEST(Recipe, BadRecipesAreUsageErrorsNamingFileLineAndKey) {
       {"unknown_top_level_key",
        "args: {}\nquant_stage:\n  quant_modifiers:\n    QuantizationModifier: {scheme: W4A16}\n",
        {"r.yaml:1:", "unknown key 'args'"}},
-      {"unknown_group_key", "quant_stage:\n  quant_mods:\n    QuantizationModifier: {}\n",
+      {"unknown_group_key",
+       "quant_stage:\n  quant_mods:\n    QuantizationModifier: {}\n",
        {"r.yaml:2:", "unknown key 'quant_mods'"}},
       {"unknown_modifier",
        "quant_stage:\n  quant_modifiers:\n    FooModifier: {}\n",
@@ -257,7 +259,8 @@ TEST(Recipe, BadRecipesAreUsageErrorsNamingFileLineAndKey) {
        "a_stage:\n  x_modifiers:\n    QuantizationModifier: {scheme: W4A16}\n"
        "b_stage:\n  y_modifiers:\n    QuantizationModifier: {scheme: W8A16}\n",
        {"r.yaml:6:", "second QuantizationModifier", "line 3"}},
-      {"no_quantization_modifier", "quant_stage:\n  quant_modifiers: {}\n",
+      {"no_quantization_modifier",
+       "quant_stage:\n  quant_modifiers: {}\n",
        {"r.yaml", "no QuantizationModifier"}},
       {"input_observer",
        "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      scheme: W4A16\n"
@@ -275,7 +278,8 @@ TEST(Recipe, BadRecipesAreUsageErrorsNamingFileLineAndKey) {
        {"r.yaml:10:", "maxshrnk", "maxshrink"}},
       {"actorder",
        "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      config_groups:\n"
-       "        g:\n          targets: [Linear]\n          weights: {num_bits: 4, actorder: group}\n",
+       "        g:\n          targets: [Linear]\n          weights: {num_bits: 4, actorder: "
+       "group}\n",
        {"r.yaml:7:", "actorder", "GPTQ"}},
       {"static_input_activations",
        "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n      config_groups:\n"
@@ -403,8 +407,7 @@ TEST(Recipe, CommandLineOverridesTheRecipeAndSaysWhereEachValueCameFrom) {
                    {"scheme        W4A16  (" + file + ":6)", "ignore", file + ":5"});
   }
   {
-    const EffectiveRecipe r =
-        resolve_recipe(&spec, cl("W8A16", 64, {"lm_head"}, {"re:.*mlp.*"}));
+    const EffectiveRecipe r = resolve_recipe(&spec, cl("W8A16", 64, {"lm_head"}, {"re:.*mlp.*"}));
     EXPECT_EQ(*r.scheme, "W8A16");
     EXPECT_EQ(r.scheme_origin.describe(), "command line");
     EXPECT_EQ(r.group_size_origin.describe(), "command line");
@@ -442,13 +445,15 @@ TEST(Recipe, OptionsThatDoNotApplyToConfigGroupsAreUsageErrors) {
   const RecipeSpec spec = parse_recipe(recipes_dir() / "written/w4a16_asym_g64_groups.yaml");
   expect_message(usage_error_of([&] { resolve_recipe(&spec, cl(std::nullopt, 32, {}, {})); }),
                  {"--group-size 32", "w4a16_asym_g64_groups.yaml:4: config_groups"});
-  expect_message(
-      usage_error_of([&] { resolve_recipe(&spec, cl(std::nullopt, std::nullopt, {}, {"Linear"})); }),
-      {"--targets", "w4a16_asym_g64_groups.yaml:4: config_groups"});
+  expect_message(usage_error_of([&] {
+                   resolve_recipe(&spec, cl(std::nullopt, std::nullopt, {}, {"Linear"}));
+                 }),
+                 {"--targets", "w4a16_asym_g64_groups.yaml:4: config_groups"});
   expect_message(usage_error_of([&] { resolve_recipe(&spec, cl("W8A16", std::nullopt, {}, {})); }),
                  {"--scheme W8A16", "w4a16_asym_g64_groups.yaml:4: config_groups"});
   // --ignore applies to every group.
-  const EffectiveRecipe r = resolve_recipe(&spec, cl(std::nullopt, std::nullopt, {"re:.*head$"}, {}));
+  const EffectiveRecipe r =
+      resolve_recipe(&spec, cl(std::nullopt, std::nullopt, {"re:.*head$"}, {}));
   EXPECT_EQ(plan_options_for(r).ignore, std::vector<std::string>{"re:.*head$"});
 }
 
@@ -459,7 +464,7 @@ TEST(Recipe, WrittenRecipeReadsBackIntoTheSamePlan) {
       cl("W4A16", std::nullopt, {"lm_head", "re:.*down_proj$"}, {}),
       cl("w8a16", std::nullopt, {}, {"re:.*self_attn.*"}),
       cl("W4A16_ASYM", 64, {"lm_head"}, {}),  // a preset changed: written as config_groups
-      cl("W4A16", -1, {}, {}),                 // channel-wise
+      cl("W4A16", -1, {}, {}),                // channel-wise
   };
   test::TempDir dir;
   const Checkpoint checkpoint = open_checkpoint(llama_input(), OpenOptions{});
@@ -499,9 +504,9 @@ TEST(Recipe, WrittenRecipeOfAPresetIsTheSchemeForm) {
 TEST(RecipeCli, DryRunSaysWhereEachValueCameFrom) {
   test::TempDir dir;
   const fs::path recipe = recipes_dir() / "written/w4a16_rtn.yaml";
-  const auto r = test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(),
-                                    "--recipe", recipe.string(), "--ignore", "lm_head",
-                                    "--dry-run"});
+  const auto r =
+      test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(), "--recipe",
+                         recipe.string(), "--ignore", "lm_head", "--dry-run"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_message(r.out, {"scheme        W4A16  (" + recipe.string() + ":6)",
                          "targets       [\"Linear\"]  (" + recipe.string() + ":4)",
@@ -509,13 +514,59 @@ TEST(RecipeCli, DryRunSaysWhereEachValueCameFrom) {
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
+// --ignore replaces the recipe's ignore list: the recipe's entries it drops
+// are named in a warning (what they kept in 16 bits is quantized); a
+// replaced scheme is an info line.
+TEST(RecipeCli, ReplacedIgnoreListIsAWarningNamingTheDroppedEntries) {
+  test::TempDir dir;
+  test::write_file(dir / "r.yaml",
+                   "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
+                   "      scheme: W4A16\n      ignore: [lm_head, 're:.*down_proj$']\n");
+  const auto r = test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(),
+                                    "--recipe", (dir / "r.yaml").string(), "--scheme", "W8A16",
+                                    "--ignore", "lm_head", "--dry-run"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_message(
+      r.err, {"info: --scheme W8A16 replaces the recipe's scheme (" + (dir / "r.yaml").string() +
+                  ":4: W4A16)",
+              "warning: --ignore replaces the recipe's ignore list (" + (dir / "r.yaml").string() +
+                  ":5): its entries [\"re:.*down_proj$\"] are "
+                  "not applied"});
+}
+
+// A bad pattern in a recipe or a --quantization-config file is named where
+// it was written, not by --ignore or --targets.
+TEST(RecipeCli, BadPatternIsNamedByItsFileAndKey) {
+  test::TempDir dir;
+  test::write_file(dir / "r.yaml",
+                   "quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
+                   "      scheme: W4A16\n      ignore: [lm_head, 're:(bad']\n");
+  const auto recipe = test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(),
+                                         "--recipe", (dir / "r.yaml").string()});
+  EXPECT_EQ(recipe.exit_code, 2) << recipe.err;
+  expect_message(recipe.err,
+                 {(dir / "r.yaml").string() + ":5: ignore 're:(bad': invalid regular expression"},
+                 {"--ignore"});
+  test::write_file(dir / "q.json",
+                   R"({"config_groups": {"g": {"targets": ["re:(bad"], "weights": {"num_bits": 4,
+                   "type": "int", "symmetric": true, "strategy": "group", "group_size": 128}}}})");
+  const auto config = test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(),
+                                         "--quantization-config", (dir / "q.json").string()});
+  EXPECT_EQ(config.exit_code, 2) << config.err;
+  expect_message(config.err,
+                 {"--quantization-config " + (dir / "q.json").string() +
+                  ": config_groups.g.targets 're:(bad': invalid regular expression"},
+                 {"--targets"});
+  EXPECT_FALSE(fs::exists(dir / "out"));
+}
+
 TEST(RecipeCli, BadRecipeExitsTwoAndWritesNothing) {
   test::TempDir dir;
   test::write_file(dir / "bad.yaml", "quant_stage:\n  quant_modifiers:\n    GPTQModifier: {}\n");
-  const auto r = test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(),
-                                    "--recipe", (dir / "bad.yaml").string(), "--write-recipe",
-                                    (dir / "w.yaml").string(), "--report",
-                                    (dir / "r.json").string()});
+  const auto r =
+      test::run_ctquant({"quantize", llama_input().string(), (dir / "out").string(), "--recipe",
+                         (dir / "bad.yaml").string(), "--write-recipe", (dir / "w.yaml").string(),
+                         "--report", (dir / "r.json").string()});
   EXPECT_EQ(r.exit_code, 2);
   expect_message(r.err, {"bad.yaml:3:", "GPTQModifier", "calibration"});
   EXPECT_FALSE(fs::exists(dir / "out"));
@@ -536,10 +587,10 @@ TEST(RecipeCli, GroupSizeWithRecipeConfigGroupsExitsTwo) {
 
 TEST(RecipeCli, WriteRecipeRoundTripsThroughTheBinary) {
   test::TempDir dir;
-  const auto first = test::run_ctquant(
-      {"quantize", llama_input().string(), (dir / "a").string(), "--scheme", "W4A16_ASYM",
-       "--group-size", "64", "--ignore", "re:.*down_proj$", "--write-recipe",
-       (dir / "recipe.yaml").string(), "--no-sync", "-q"});
+  const auto first =
+      test::run_ctquant({"quantize", llama_input().string(), (dir / "a").string(), "--scheme",
+                         "W4A16_ASYM", "--group-size", "64", "--ignore", "re:.*down_proj$",
+                         "--write-recipe", (dir / "recipe.yaml").string(), "--no-sync", "-q"});
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const auto second =
       test::run_ctquant({"quantize", llama_input().string(), (dir / "b").string(), "--recipe",

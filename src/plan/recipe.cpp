@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/config.hpp"
+#include "ctquant/format/matcher.hpp"
 #include "ctquant/util/error.hpp"
 #include "ctquant/util/text.hpp"
 #include "ctquant/util/version.hpp"
@@ -86,6 +87,14 @@ std::string origin_label(const ValueOrigin& origin, const std::string& key,
   if (origin.kind == ValueOrigin::Kind::kRecipe)
     return fmt::format("{}: {}", origin.describe(), key);
   return option;
+}
+
+// Compiles entries (ignore or targets) now, so that a bad pattern is named
+// by where it was written ("r.yaml:5: ignore 're:(': invalid regular
+// expression ..."), not by a command-line option the user did not give.
+void check_patterns(const std::vector<std::string>& entries, ModuleMatcher::Role role,
+                    const std::string& what) {
+  const ModuleMatcher matcher(entries, role, what.c_str());
 }
 
 // A preset as the registry spells it ("W4A16" for "w4a16", as
@@ -231,6 +240,12 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
       }
     }
     const PlanOptions file = read_quantization_config(cli.quantization_config);
+    const std::string label = "--quantization-config " + cli.quantization_config + ": ";
+    check_patterns(file.ignore, ModuleMatcher::Role::kIgnore, label + "ignore");
+    for (const SchemeGroup& g : file.groups) {
+      check_patterns(g.targets, ModuleMatcher::Role::kTargets,
+                     label + "config_groups." + g.name + ".targets");
+    }
     // Each group as the file gives it (format null: no module yet).
     std::vector<ConfigGroup> config_groups;
     for (const SchemeGroup& g : file.groups) {
@@ -297,6 +312,12 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
   } else if (cli.scheme) {
     r.scheme = canonical_preset_name(*cli.scheme);
     r.scheme_origin = command_line_origin();
+    if (recipe != nullptr && recipe->scheme &&
+        canonical_preset_name(recipe->scheme->value) != *r.scheme) {
+      r.overridden.push_back(fmt::format("--scheme {} replaces the recipe's scheme ({}:{}: {})",
+                                         *r.scheme, recipe->file, recipe->scheme->line,
+                                         recipe->scheme->value));
+    }
   } else if (recipe != nullptr && recipe->scheme) {
     r.scheme = canonical_preset_name(recipe->scheme->value);
     r.scheme_origin = recipe_origin(*recipe, recipe->scheme->line);
@@ -318,9 +339,16 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
     if (!cli.targets.empty()) {
       r.targets = cli.targets;
       r.targets_origin = command_line_origin();
+      if (recipe != nullptr && recipe->targets && recipe->targets->value != cli.targets) {
+        r.overridden.push_back(fmt::format("--targets replaces the recipe's targets ({}:{}: {})",
+                                           recipe->file, recipe->targets->line,
+                                           list_text(recipe->targets->value)));
+      }
     } else if (recipe != nullptr && recipe->targets) {
       r.targets = recipe->targets->value;
       r.targets_origin = recipe_origin(*recipe, recipe->targets->line);
+      check_patterns(r.targets, ModuleMatcher::Role::kTargets,
+                     fmt::format("{}:{}: targets", recipe->file, recipe->targets->line));
     } else {
       r.targets = kDefaultTargets;
     }
@@ -330,9 +358,26 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
   if (!cli.ignore.empty()) {
     r.ignore = cli.ignore;
     r.ignore_origin = command_line_origin();
+    if (recipe != nullptr && recipe->ignore) {
+      std::vector<std::string> dropped;
+      for (const std::string& e : recipe->ignore->value) {
+        if (std::find(cli.ignore.begin(), cli.ignore.end(), e) == cli.ignore.end()) {
+          dropped.push_back(e);
+        }
+      }
+      if (!dropped.empty()) {
+        r.overridden.push_back(fmt::format(
+            "--ignore replaces the recipe's ignore list ({}:{}): its entries {} are not applied, "
+            "so what they kept in 16 bits is quantized unless another entry keeps it; give them "
+            "to --ignore too to keep them",
+            recipe->file, recipe->ignore->line, list_text(dropped)));
+      }
+    }
   } else if (recipe != nullptr && recipe->ignore) {
     r.ignore = recipe->ignore->value;
     r.ignore_origin = recipe_origin(*recipe, recipe->ignore->line);
+    check_patterns(r.ignore, ModuleMatcher::Role::kIgnore,
+                   fmt::format("{}:{}: ignore", recipe->file, recipe->ignore->line));
   } else if (recipe != nullptr) {
     // llm-compressor's QuantizationModifier ignores nothing unless told.
     r.ignore = {};
@@ -385,6 +430,8 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
     const json one = {{"config_groups", {{name, r.config_groups->at(name)}}}};
     PlanOptions parsed = plan_options_from_config(one, where("config_groups." + name));
     SchemeGroup& group = parsed.groups.front();
+    check_patterns(group.targets, ModuleMatcher::Role::kTargets,
+                   where("config_groups." + name + ".targets"));
     const SchemeFamily* family = group.family();
     const std::string why = family != nullptr ? family->supports(group.weights) : std::string();
     if (family == nullptr || !why.empty()) {

@@ -86,6 +86,11 @@ struct EffectiveRecipe {
   ValueOrigin targets_origin;
   ValueOrigin ignore_origin;
   const RecipeSpec* recipe = nullptr;  // the recipe read, if any (for messages)
+  // One line per recipe value a command-line option replaced, starting with
+  // the option ("--ignore replaces the recipe's ignore list (r.yaml:5) ...");
+  // logged, the ignore line as a warning: a replaced ignore list quantizes
+  // what the recipe kept in 16 bits.
+  std::vector<std::string> overridden;
 };
 
 // Merges a recipe (or none) with the command line: a command-line value
