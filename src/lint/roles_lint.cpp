@@ -802,7 +802,8 @@ void RolesLint::missing_config(std::vector<Finding>& out) const {
         "specified\", inspect_model_cls in vllm/model_executor/models/registry.py){}",
         it == checkpoint_.config->end() ? "no `architectures` key"
                                         : "`architectures` is " + it->dump(),
-        typed ? "; transformers maps its model_type to a class"
+        typed ? "; a warning, not an error, because transformers maps its model_type to a class "
+                "(--error L19 makes it stop the run)"
               : ", and with no model_type either transformers' AutoConfig refuses it: the "
                 "output could not be loaded");
     f.fix = fmt::format(
