@@ -307,6 +307,32 @@ TEST(PathPolicy, ReportAndRecipeMustBeFilesInAWritableDirectory) {
   }
 }
 
+// For the tests of what an unprivileged user may not write: a copy of the
+// model every user can read (tmp made traversable), and the prefix that runs
+// a shell command as such a user (setpriv to nobody when the tests run as
+// root, who writes anywhere; "" otherwise), or kCannotDrop.
+constexpr fs::perms kEveryoneReads = fs::perms::owner_all | fs::perms::group_read |
+                                     fs::perms::group_exec | fs::perms::others_read |
+                                     fs::perms::others_exec;
+constexpr const char* kCannotDrop = "the ctquant binary cannot be run as an unprivileged user here";
+
+fs::path readable_model(const TempDir& tmp) {
+  const fs::path model = copy_model(tmp);
+  fs::permissions(tmp.path(), kEveryoneReads);
+  for (const auto& e : fs::recursive_directory_iterator(model)) {
+    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
+  }
+  fs::permissions(model, kEveryoneReads);
+  return model;
+}
+
+std::string unprivileged_prefix() {
+  if (::geteuid() != 0) return "";
+  const std::string prefix = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  return test::run_shell(prefix + "\"$CTQUANT\" --version >/dev/null").exit_code == 0 ? prefix
+                                                                                      : kCannotDrop;
+}
+
 // A directory the run cannot create its files in is refused before INPUT is
 // read (exit 1, nothing written; the refusal once came after planning and
 // any --observer auto measuring), and a dry run warns. Run as an
@@ -314,22 +340,11 @@ TEST(PathPolicy, ReportAndRecipeMustBeFilesInAWritableDirectory) {
 // anywhere).
 TEST(PathPolicy, UnwritableOutputDirectoryIsRefusedBeforeAnyWork) {
   TempDir tmp;
-  const fs::path model = copy_model(tmp);
+  const fs::path model = readable_model(tmp);
   fs::create_directory(tmp / "ro");
-  const auto everyone = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                        fs::perms::others_read | fs::perms::others_exec;
-  fs::permissions(tmp.path(), everyone);
-  for (const auto& e : fs::recursive_directory_iterator(model)) {
-    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
-  }
-  fs::permissions(model, everyone);
-  fs::permissions(tmp / "ro", everyone & ~fs::perms::owner_write);
-  const std::string as_user =
-      ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "";
-  if (!as_user.empty() &&
-      test::run_shell(as_user + "\"$CTQUANT\" --version >/dev/null").exit_code != 0) {
-    GTEST_SKIP() << "the ctquant binary cannot be run as an unprivileged user here";
-  }
+  fs::permissions(tmp / "ro", kEveryoneReads & ~fs::perms::owner_write);
+  const std::string as_user = unprivileged_prefix();
+  if (as_user == kCannotDrop) GTEST_SKIP() << kCannotDrop;
   const std::string out = (tmp / "ro" / "out").string();
   const auto run = [&](const std::string& options) {
     return test::run_shell(as_user + "\"$CTQUANT\" quantize '" + model.string() + "' '" + out +
@@ -359,25 +374,14 @@ TEST(PathPolicy, UnwritableOutputDirectoryIsRefusedBeforeAnyWork) {
 // took it for a run that did not finish).
 TEST(PathPolicy, ForceNamesTheReplacedOutputItCouldNotRemove) {
   TempDir tmp;
-  const fs::path model = copy_model(tmp);
-  const auto everyone = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                        fs::perms::others_read | fs::perms::others_exec;
-  fs::permissions(tmp.path(), everyone);
-  for (const auto& e : fs::recursive_directory_iterator(model)) {
-    fs::permissions(e.path(), fs::perms::others_read, fs::perm_options::add);
-  }
-  fs::permissions(model, everyone);
+  const fs::path model = readable_model(tmp);
   fs::create_directory(tmp / "rw");
   fs::permissions(tmp / "rw", fs::perms::all);
   fs::create_directory(tmp / "rw" / "out");
   test::write_file(tmp / "rw" / "out" / "model.safetensors", "old");
-  fs::permissions(tmp / "rw" / "out", everyone & ~fs::perms::owner_write);
-  const std::string as_user =
-      ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "";
-  if (!as_user.empty() &&
-      test::run_shell(as_user + "\"$CTQUANT\" --version >/dev/null").exit_code != 0) {
-    GTEST_SKIP() << "the ctquant binary cannot be run as an unprivileged user here";
-  }
+  fs::permissions(tmp / "rw" / "out", kEveryoneReads & ~fs::perms::owner_write);
+  const std::string as_user = unprivileged_prefix();
+  if (as_user == kCannotDrop) GTEST_SKIP() << kCannotDrop;
   const CommandResult r =
       test::run_shell(as_user + "\"$CTQUANT\" quantize '" + model.string() + "' '" +
                       (tmp / "rw" / "out").string() + "' --ignore lm_head --force");

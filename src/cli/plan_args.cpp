@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "ctquant/format/matcher.hpp"
+#include "ctquant/plan/quant_config.hpp"
 #include "ctquant/scheme/registry.hpp"
 #include "ctquant/transform/transform.hpp"
 #include "ctquant/util/error.hpp"
@@ -189,8 +190,7 @@ ResolvedPlan resolve_plan(const PlanArgs& args) {
     // written config's group naming memoryless_minmax, its default, takes
     // the table's choice).
     for (const std::string& spec : args.scheme_for) {
-      if (const auto eq = spec.rfind('=');
-          eq != std::string::npos && spec.find('@', eq) != std::string::npos) {
+      if (ctquant::scheme_for_names_observer(spec)) {
         throw ctquant::usage_error(fmt::format(
             "--optimize chooses each group's observer, and --scheme-for '{}' names one: drop "
             "the @OBSERVER, or drop --optimize",

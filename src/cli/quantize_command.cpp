@@ -212,13 +212,9 @@ int run_quantize(const QuantizeArgs& args, int verbosity, const std::vector<std:
   };
   options.logger->debug("{}", ctquant::render_recipe_origins(resolved.effective));
   for (const std::string& note : ctquant::take_observer_notes()) options.logger->info("{}", note);
-  // A replaced ignore list may quantize what the recipe kept: a warning.
-  for (const std::string& line : resolved.effective.overridden) {
-    if (line.starts_with("--ignore")) {
-      options.logger->warn("{}", line);
-    } else {
-      options.logger->info("{}", line);
-    }
+  for (const std::string& line : resolved.effective.overridden) options.logger->info("{}", line);
+  if (!resolved.effective.ignore_dropped.empty()) {
+    options.logger->warn("{}", resolved.effective.ignore_dropped);
   }
   for (const std::string& line : ctquant::render_optimize(resolved.optimized)) {
     options.logger->info("{}", line);

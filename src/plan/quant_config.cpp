@@ -107,6 +107,11 @@ void apply_group_size(SchemeGroup& group, long long group_size) {
   if (preset == nullptr || !(preset->weights == group.weights)) group.name = "config_group_0";
 }
 
+bool scheme_for_names_observer(const std::string& spec) {
+  const auto eq = spec.rfind('=');
+  return eq != std::string::npos && spec.find('@', eq) != std::string::npos;
+}
+
 SchemeGroup scheme_for_group(const std::string& spec) {
   const auto eq = spec.rfind('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size()) {

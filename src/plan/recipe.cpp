@@ -366,11 +366,11 @@ EffectiveRecipe resolve_recipe(const RecipeSpec* recipe, const CommandLinePlan& 
         }
       }
       if (!dropped.empty()) {
-        r.overridden.push_back(fmt::format(
+        r.ignore_dropped = fmt::format(
             "--ignore replaces the recipe's ignore list ({}:{}): its entries {} are not applied, "
             "so what they kept in 16 bits is quantized unless another entry keeps it; give them "
             "to --ignore too to keep them",
-            recipe->file, recipe->ignore->line, list_text(dropped)));
+            recipe->file, recipe->ignore->line, list_text(dropped));
       }
     }
   } else if (recipe != nullptr && recipe->ignore) {
@@ -400,7 +400,7 @@ PlanOptions plan_options_for(const EffectiveRecipe& r) {
     std::set<std::string> own_observer;
     for (const std::string& spec : r.scheme_for) {
       SchemeGroup g = scheme_for_group(spec);
-      if (spec.find('@', spec.rfind('=')) != std::string::npos) own_observer.insert(g.name);
+      if (scheme_for_names_observer(spec)) own_observer.insert(g.name);
       add_scheme_group(options, std::move(g));
     }
     SchemeGroup main;

@@ -40,6 +40,11 @@ void apply_group_size(SchemeGroup& group, long long group_size);
 // [PATTERN]. Throws Error{kUsage} for a malformed spec or an unknown preset.
 SchemeGroup scheme_for_group(const std::string& spec);
 
+// Whether `--scheme-for PATTERN=PRESET@OBSERVER` names its group's observer
+// (an '@' after the last '='): the more specific choice, which --observer
+// does not replace and --observer auto and --optimize refuse.
+bool scheme_for_names_observer(const std::string& spec);
+
 // Appends a group, merging it into an earlier group of the same name (one
 // config_groups key per preset): its targets are appended.
 void add_scheme_group(PlanOptions& options, SchemeGroup group);

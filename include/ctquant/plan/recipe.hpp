@@ -86,11 +86,13 @@ struct EffectiveRecipe {
   ValueOrigin targets_origin;
   ValueOrigin ignore_origin;
   const RecipeSpec* recipe = nullptr;  // the recipe read, if any (for messages)
-  // One line per recipe value a command-line option replaced, starting with
-  // the option ("--ignore replaces the recipe's ignore list (r.yaml:5) ...");
-  // logged, the ignore line as a warning: a replaced ignore list quantizes
-  // what the recipe kept in 16 bits.
+  // One line per recipe value a command-line option replaced ("--scheme
+  // W8A16 replaces the recipe's scheme (r.yaml:4: W4A16)"), logged as info;
+  // and, when --ignore replaces the recipe's ignore list, the line naming the
+  // recipe entries it drops, logged as a warning (what they kept in 16 bits
+  // is quantized), or "".
   std::vector<std::string> overridden;
+  std::string ignore_dropped;
 };
 
 // Merges a recipe (or none) with the command line: a command-line value
